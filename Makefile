@@ -1,0 +1,45 @@
+# Every target creates .venv/ from requirements.lock when it is missing.
+PY        ?= python3.11
+VENV      := .venv
+BIN       := $(VENV)/bin
+STAMP     := $(VENV)/.installed
+DS        ?= 2026-11-28
+SEED      ?= 7
+ROLLOUTS  ?= 240
+export AIRFLOW_HOME := $(CURDIR)/.airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__UNIT_TEST_MODE := False
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN := sqlite:///$(CURDIR)/.airflow/airflow.db
+export REASSEMBLER_INPUT ?= $(CURDIR)/data/input
+export REASSEMBLER_OUTPUT ?= $(CURDIR)/data/output
+
+.PHONY: venv run test bench lock clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python scripts/run_nightly.py --ds $(DS) --seed $(SEED) --rollouts $(ROLLOUTS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python scripts/benchmark.py
+
+lock:
+	rm -rf /tmp/reassembler-lock && $(PY) -m venv /tmp/reassembler-lock
+	/tmp/reassembler-lock/bin/pip install --quiet "apache-airflow==3.3.2" "duckdb==2.0.0" "pyarrow==26.0.1" "numpy>=2.4,<2.5" pytest hypothesis pytest-timeout setuptools wheel
+	{ echo "# Fully pinned environment for the reassembler (Python 3.11). Regenerate with: make lock"; \
+	  /tmp/reassembler-lock/bin/pip freeze --all | grep -v "^pip=="; } > requirements.lock
+
+clean:
+	rm -rf $(VENV) .airflow data

@@ -1,0 +1,82 @@
+"""Build one night: load -> plan shards -> reassemble each shard -> verify and publish.
+
+The steps are separate functions because the Airflow DAG runs them as separate tasks
+(the shards in parallel, each opening the warehouse read-only); `build_night` runs them
+one after the other for the command line. Both paths run exactly this code.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from .publish import NightNumbers, publish_staged, staging_dir, verify_staged
+from .read import LoadSummary, find_night, load_night
+from .rollout import Options
+from .shard import ShardResult, run_shard
+from .warehouse import DuckDBSettings, connect, sql
+
+
+def new_run_id(ds: str) -> str:
+    return f"cli__{ds}__{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%fZ')}"
+
+
+def load_step(input_dir, output_dir, ds: str, shards: int = 1,
+              settings: DuckDBSettings = DuckDBSettings()) -> LoadSummary:
+    """Replace the night in the warehouse and split its groups into `shards` shards."""
+    if shards < 1:
+        raise ValueError("shards must be >= 1")
+    night = find_night(input_dir, ds)
+    shutil.rmtree(Path(output_dir) / "_staging" / ds, ignore_errors=True)  # earlier failed runs
+    with connect(output_dir, settings) as con:
+        summary = load_night(con, night)
+        con.execute(sql("plan_shards"), {"ds": ds, "shards": shards})
+    return summary
+
+
+def shard_step(input_dir, output_dir, ds: str, shard: int, run_id: str, options: Options = Options(),
+               settings: DuckDBSettings = DuckDBSettings(), log: Callable[[str], None] | None = None,
+               batch_rows: int = 4096) -> ShardResult:
+    night = find_night(input_dir, ds)
+    with connect(output_dir, settings, read_only=True) as con:
+        return run_shard(con, night, shard, options, run_id, staging_dir(output_dir, ds, run_id),
+                         batch_rows=batch_rows, log=log)
+
+
+def publish_step(input_dir, output_dir, ds: str, run_id: str, options: Options = Options(),
+                 settings: DuckDBSettings = DuckDBSettings(), max_mask_rate: float = 1.0,
+                 seconds: float | None = None) -> NightNumbers:
+    staging = staging_dir(output_dir, ds, run_id)
+    with connect(output_dir, settings) as con:
+        numbers = verify_staged(con, staging, ds, max_mask_rate)
+        publish_staged(con, Path(output_dir), staging, ds, run_id, numbers, {
+            "input_dir": str(Path(input_dir).resolve()), "mode": options.mode,
+            "offchain": options.offchain, "options": json.dumps(asdict(options), sort_keys=True),
+            "seconds": seconds,
+        })
+    return numbers
+
+
+@dataclass(frozen=True)
+class BuildSummary:
+    run_id: str
+    load: LoadSummary
+    numbers: NightNumbers
+    seconds: float
+
+
+def build_night(input_dir, output_dir, ds: str, options: Options = Options(), shards: int = 1,
+                settings: DuckDBSettings = DuckDBSettings(), max_mask_rate: float = 1.0,
+                run_id: str | None = None, log: Callable[[str], None] | None = None) -> BuildSummary:
+    started = time.perf_counter()
+    run_id = run_id or new_run_id(ds)
+    load = load_step(input_dir, output_dir, ds, shards, settings)
+    for k in range(shards):
+        shard_step(input_dir, output_dir, ds, k, run_id, options, settings, log)
+    seconds = time.perf_counter() - started
+    numbers = publish_step(input_dir, output_dir, ds, run_id, options, settings, max_mask_rate, seconds)
+    return BuildSummary(run_id, load, numbers, time.perf_counter() - started)

@@ -1,0 +1,79 @@
+"""Finalize: verify one chain by the leaf-to-root walk and every per-call check (CONTRACT.md 3.3).
+
+The walk follows parent_call_id from the leaf through the rollout's whole ledger
+(missing_parent, lineage_cycle) and must give back the chain (order_mismatch). Then, root
+to leaf, each call passes all its checks before the next call is looked at; the chain hash
+is recomputed from the recomputed parent's, and the leaf's cumulative_hash must be the
+hash of the whole joined row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .calls import Call
+from .digests import chain_hash, cumulative_hash
+from .reasons import Masked, Reason
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A verified chain: one training row."""
+
+    calls: list[Call]
+
+    @property
+    def token_rows(self) -> list[int]:
+        return [c.token_row for c in self.calls]
+
+
+def walk_to_root(leaf: Call, by_id: dict[str, Call]) -> list[Call]:
+    """The calls from `leaf` up to its root, root first."""
+    walk: list[Call] = []
+    seen: set[str] = set()
+    call = leaf
+    while True:
+        if call.model_call_id in seen:
+            raise Masked(Reason.LINEAGE_CYCLE, f"{call.model_call_id} reached twice from {leaf.model_call_id}",
+                         call.model_call_id)
+        seen.add(call.model_call_id)
+        walk.append(call)
+        if call.is_root:
+            break
+        parent = by_id.get(call.parent_call_id)
+        if parent is None:
+            raise Masked(Reason.MISSING_PARENT, f"{call.model_call_id} has parent {call.parent_call_id}, "
+                         "which is not in the ledger", call.model_call_id)
+        call = parent
+    walk.reverse()
+    return walk
+
+
+def finalize_chain(chain: list[Call], by_id: dict[str, Call], batch, trace: list[str] | None = None) -> Segment:
+    leaf = chain[-1]
+    walk = walk_to_root(leaf, by_id)
+    if trace is not None:
+        trace.append("finalize: walk " + " -> ".join(c.model_call_id for c in reversed(walk)))
+    if [c.model_call_id for c in walk] != [c.model_call_id for c in chain]:
+        raise Masked(Reason.ORDER_MISMATCH,
+                     f"walk [{', '.join(c.model_call_id for c in walk)}] != chain "
+                     f"[{', '.join(c.model_call_id for c in chain)}]", leaf.model_call_id)
+    parent_hash = None
+    for k, call in enumerate(chain):
+        call.check_record(batch)
+        if k > 0 and chain[k - 1].cum_len != call.prev_len:
+            raise Masked(Reason.PARENT_LENGTH_MISMATCH,
+                         f"parent {chain[k - 1].model_call_id} cum_len {chain[k - 1].cum_len} != prev_len {call.prev_len}",
+                         call.model_call_id)
+        call.check_tokens(batch)
+        ids_be = batch.be_views(call.token_row)[0]
+        recomputed = chain_hash(parent_hash, ids_be)
+        if recomputed != call.chain_hash:
+            raise Masked(Reason.CHAIN_HASH_MISMATCH, f"recomputed {recomputed[:16]}.. != ledger {call.chain_hash[:16]}..",
+                         call.model_call_id)
+        parent_hash = recomputed
+    joined = cumulative_hash([batch.be_views(c.token_row)[0] for c in chain])
+    if joined != leaf.cumulative_hash:
+        raise Masked(Reason.CUMULATIVE_HASH_MISMATCH,
+                     f"hash of the joined row {joined[:16]}.. != leaf cumulative_hash {leaf.cumulative_hash[:16]}..",
+                     leaf.model_call_id)
+    return Segment(list(chain))

@@ -1,0 +1,42 @@
+"""Output items of a rollout: which ones the model generated, and their fingerprints.
+
+Fingerprint (CONTRACT.md 2.1), version 1:
+
+    sha256(b"rr-output-item-v1" || canonical_json(item without top-level "id", "status"))
+
+canonical_json: keys sorted at every level, separators (",", ":"), non-ASCII kept as UTF-8.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+FINGERPRINT_PREFIX = b"rr-output-item-v1"
+_GENERATED_TYPES = {"reasoning", "function_call"}
+
+
+def is_generated(item: dict) -> bool:
+    """Items the model wrote; everything else is an observation carried by the next call."""
+    kind = item.get("type")
+    if kind in _GENERATED_TYPES:
+        return True
+    return kind == "message" and item.get("role", "assistant") in ("assistant", None)
+
+
+def canonical_json(value) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def fingerprint(item: dict) -> str:
+    body = {k: v for k, v in item.items() if k not in ("id", "status")}
+    return hashlib.sha256(FINGERPRINT_PREFIX + canonical_json(body)).hexdigest()
+
+
+def generated_items(output: list) -> list[tuple[str | None, str]]:
+    """(id, fingerprint) of each generated item of an output, in order."""
+    out = []
+    for item in output:
+        if isinstance(item, dict) and is_generated(item):
+            item_id = item.get("id")
+            out.append((item_id if isinstance(item_id, str) and item_id else None, fingerprint(item)))
+    return out

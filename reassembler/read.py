@@ -1,0 +1,286 @@
+"""Read one night of capture (CONTRACT.md section 2) into the DuckDB warehouse.
+
+- rollouts and ledger JSONL are parsed line by line (records.py) and inserted in chunks;
+  a line that is not JSON, or not the shape of its record, becomes a reject row;
+- token Parquet is not copied: each file's schema is checked (a missing column or an
+  unsupported type stops the night with exit 2) and the files are exposed to SQL through
+  `token_rows_sql`, which normalizes every accepted alternative type.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .records import RecordError, parse_ledger_row, parse_rollout
+from .warehouse import run_script, sql
+
+CHUNK_ROWS = 20_000
+RAW_CHARS = 300
+
+
+class InputError(Exception):
+    """Unusable input: the night cannot be built. The message is one line naming the file."""
+
+
+@dataclass(frozen=True)
+class NightFiles:
+    root: Path
+    ds: str
+    rollouts: list[str]  # paths relative to their partition folder, in reading order
+    ledger: list[str]
+    tokens: list[str]
+
+    def path(self, kind: str, rel: str) -> Path:
+        return self.root / kind / f"ds={self.ds}" / rel
+
+
+def find_night(input_dir: str | Path, ds: str) -> NightFiles:
+    root = Path(input_dir)
+    found = {}
+    for kind, pattern in (("rollouts", "*.jsonl"), ("ledger", "**/*.jsonl"), ("tokens", "*.parquet")):
+        part = root / kind / f"ds={ds}"
+        if not part.is_dir():
+            raise InputError(f"{part}: input partition folder is missing")
+        found[kind] = sorted(p.relative_to(part).as_posix() for p in part.glob(pattern) if p.is_file())
+    return NightFiles(root, ds, found["rollouts"], found["ledger"], found["tokens"])
+
+
+# ---------------------------------------------------------------- JSON lines -> warehouse
+
+_ITEMS = pa.list_(pa.struct([("id", pa.string()), ("fingerprint", pa.string())]))
+ROLLOUT_BATCH = pa.schema([
+    ("rollout_seq", pa.int64()), ("rollout_id", pa.string()), ("group_id", pa.string()),
+    ("slot", pa.int32()), ("reward", pa.float64()), ("reward_problem", pa.string()),
+    ("failure_reason", pa.string()), ("terminal_model_call_id", pa.string()),
+    ("generated_items", _ITEMS), ("n_output_items", pa.int32()), ("metadata", pa.string()),
+    ("source_file", pa.string()), ("source_line", pa.int64()),
+])
+LEDGER_BATCH = pa.schema(
+    [("capture_seq", pa.int64()), ("rollout_id", pa.string()), ("model_call_id", pa.string()),
+     ("parent_call_id", pa.string()), ("mode", pa.string())]
+    + [(k, pa.int64()) for k in ("prev_len", "delta_len", "cum_len", "weight_version",
+                                 "schema_version", "digest_version", "extras_digest_version")]
+    + [(k, pa.string()) for k in ("digest", "extras_digest", "chain_hash", "cumulative_hash",
+                                  "staging_key", "response_id")]
+    + [("admitted_at", pa.float64()), ("output_items", _ITEMS), ("failure_reason", pa.string()),
+       ("source_file", pa.string()), ("source_line", pa.int64())]
+)
+REJECT_BATCH = pa.schema([
+    ("source", pa.string()), ("file", pa.string()), ("line", pa.int64()), ("error", pa.string()),
+    ("raw", pa.string()), ("rollout_id", pa.string()), ("model_call_id", pa.string()),
+])
+
+
+class _Inserter:
+    """Buffers dict rows and inserts them through sql/<statement>.sql, CHUNK_ROWS at a time."""
+
+    def __init__(self, con, statement: str, schema: pa.Schema, ds: str):
+        self.con, self.statement, self.schema, self.ds = con, sql(statement), schema, ds
+        self.rows: list[dict] = []
+        self.count = 0
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            batch = pa.Table.from_pylist(self.rows, schema=self.schema)  # noqa: F841 (read by SQL)
+            self.con.execute(self.statement, {"ds": self.ds})
+            self.count += len(self.rows)
+            self.rows = []
+
+
+def _json_lines(path: Path, rel: str):
+    """(line number, raw bytes, decoded value or the error) of each non-blank line."""
+    try:
+        fh = open(path, "rb")
+    except OSError as e:
+        raise InputError(f"{rel}: cannot open ({e.strerror})") from e
+    with fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield number, raw, json.loads(raw)
+            except (ValueError, RecursionError) as e:
+                yield number, raw, RecordError(f"not valid JSON: {e}")
+
+
+def _raw_text(raw: bytes) -> str:
+    return raw[:RAW_CHARS].decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def _reject(rejects: _Inserter, source: str, rel: str, line: int, error: str, raw: bytes,
+            rollout_id=None, model_call_id=None) -> None:
+    rejects.add({"source": source, "file": rel, "line": line, "error": error[:500],
+                 "raw": _raw_text(raw), "rollout_id": rollout_id, "model_call_id": model_call_id})
+
+
+def _guess_ids(value) -> tuple[str | None, str | None]:
+    if isinstance(value, dict):
+        rid, cid = value.get("rollout_id"), value.get("model_call_id")
+        return (rid if isinstance(rid, str) else None, cid if isinstance(cid, str) else None)
+    return None, None
+
+
+@dataclass(frozen=True)
+class LoadSummary:
+    n_rollouts: int
+    n_ledger_rows: int
+    n_rejects: int
+    n_token_files: int
+
+
+def load_night(con: duckdb.DuckDBPyConnection, night: NightFiles) -> LoadSummary:
+    """Replace the night `night.ds` in the warehouse, in one transaction."""
+    ds = night.ds
+    tokens = token_rows_sql(night)  # fail on unusable token files before touching anything
+    con.execute("BEGIN TRANSACTION")
+    try:
+        run_script(con, "clear_night", {"ds": ds})
+        rollouts = _Inserter(con, "insert_rollouts", ROLLOUT_BATCH, ds)
+        ledger = _Inserter(con, "insert_ledger", LEDGER_BATCH, ds)
+        rejects = _Inserter(con, "insert_rejects", REJECT_BATCH, ds)
+
+        seen: set[str] = set()
+        for rel in night.rollouts:
+            for line, raw, value in _json_lines(night.path("rollouts", rel), rel):
+                try:
+                    if isinstance(value, RecordError):
+                        raise value
+                    row = parse_rollout(value)
+                    if row["rollout_id"] in seen:
+                        raise RecordError(f"rollout_id {row['rollout_id']} already seen in this night")
+                except RecordError as e:
+                    _reject(rejects, "rollouts", rel, line, str(e), raw, *_guess_ids(value))
+                    continue
+                seen.add(row["rollout_id"])
+                row.update(rollout_seq=len(seen), source_file=rel, source_line=line)
+                rollouts.add(row)
+
+        capture_seq = 0
+        for rel in night.ledger:
+            for line, raw, value in _json_lines(night.path("ledger", rel), rel):
+                capture_seq += 1
+                try:
+                    if isinstance(value, RecordError):
+                        raise value
+                    row = parse_ledger_row(value, rel)
+                except RecordError as e:
+                    _reject(rejects, "ledger", rel, line, str(e), raw, *_guess_ids(value))
+                    continue
+                row.update(capture_seq=capture_seq, source_file=rel, source_line=line)
+                ledger.add(row)
+        for inserter in (rollouts, ledger, rejects):
+            inserter.flush()
+        con.execute(sql("orphan_ledger_rejects"), {"ds": ds})
+        con.execute(sql("orphan_token_rejects", tokens=tokens), {"ds": ds})
+        n_rejects = con.execute("SELECT count(*) FROM rejects WHERE ds = $ds", {"ds": ds}).fetchone()[0]
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return LoadSummary(rollouts.count, ledger.count, n_rejects, len(night.tokens))
+
+
+# ---------------------------------------------------------------- token Parquet -> SQL
+
+_STRING_COLS = ("staging_key", "rollout_id", "model_call_id", "parent_call_id", "mode")
+_INT_COLS = ("prev_len", "delta_len", "cum_len", "weight_version",
+             "schema_version", "digest_version", "extras_digest_version")
+_DIGEST_COLS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
+LOGPROB_NAMES = ("generation_logprobs_delta", "generation_log_probs_delta")
+_F32_MAX = "3.4028234663852886e38"
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _list_value_type(t: pa.DataType) -> pa.DataType | None:
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return t.value_type
+    return None
+
+
+def _column_exprs(schema: pa.Schema, rel: str) -> dict[str, str]:
+    """The normalizing SQL expression of each varying column, or InputError."""
+    def need(name: str) -> pa.DataType:
+        if name not in schema.names:
+            raise InputError(f"{rel}: token file has no column {name}")
+        return schema.field(name).type
+
+    def bad(name: str, t, expected: str) -> InputError:
+        return InputError(f"{rel}: column {name} has type {t}, expected {expected}")
+
+    for name in _STRING_COLS:
+        t = need(name)
+        if not (_is_string(t) or pa.types.is_null(t)):
+            raise bad(name, t, "string")
+    for name in _INT_COLS:
+        t = need(name)
+        if not pa.types.is_integer(t):
+            raise bad(name, t, "int64")
+    exprs = {}
+    for name in _DIGEST_COLS:
+        t = need(name)
+        if _is_string(t):
+            exprs[name] = f"CAST({name} AS VARCHAR)"
+        elif pa.types.is_fixed_size_binary(t) and t.byte_width == 32:
+            exprs[name] = f"lower(hex({name}))"
+        else:
+            raise bad(name, t, "string (64 hex) or fixed_size_binary(32)")
+    t = need("token_ids_delta")
+    vt = _list_value_type(t)
+    if vt not in (pa.int64(), pa.int32()):
+        raise bad("token_ids_delta", t, "list<int64> or list<int32>")
+    t = need("token_mask_delta")
+    vt = _list_value_type(t)
+    if vt not in (pa.float32(), pa.bool_(), pa.int8()):
+        raise bad("token_mask_delta", t, "list<float32>, list<bool> or list<int8>")
+    exprs["mask"] = "CAST(token_mask_delta AS FLOAT[])"
+    lp_name = next((n for n in LOGPROB_NAMES if n in schema.names), None)
+    if lp_name is None:
+        raise InputError(f"{rel}: token file has no column generation_logprobs_delta")
+    t = schema.field(lp_name).type
+    vt = _list_value_type(t)
+    if vt == pa.float32():
+        exprs["logprobs"] = f"CAST({lp_name} AS FLOAT[])"
+    elif vt == pa.float64():
+        exprs["logprobs"] = (
+            f"list_transform({lp_name}, lambda x: CASE WHEN x > {_F32_MAX} THEN 'inf'::FLOAT "
+            f"WHEN x < -{_F32_MAX} THEN '-inf'::FLOAT ELSE x::FLOAT END)")
+    else:
+        raise bad(lp_name, t, "list<float32> or list<float64>")
+    return exprs
+
+
+def _sql_string(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def token_rows_sql(night: NightFiles) -> str:
+    """A SELECT over all the night's token files, normalized (sql/token_files.sql)."""
+    groups: dict[tuple, list[str]] = {}
+    for rel in night.tokens:
+        path = night.path("tokens", rel)
+        try:
+            schema = pq.read_schema(path)
+        except Exception as e:  # pyarrow raises several types for a broken footer
+            raise InputError(f"{rel}: unreadable Parquet file ({str(e).splitlines()[0]})") from e
+        exprs = _column_exprs(schema, rel)
+        groups.setdefault(tuple(sorted(exprs.items())), []).append(str(path))
+    if not groups:
+        return sql("token_empty")
+    parts = []
+    for key, paths in groups.items():
+        files = "[" + ", ".join(_sql_string(p) for p in paths) + "]"
+        parts.append(sql("token_files", files=files, **dict(key)))
+    return "\nUNION ALL\n".join(parts)

@@ -1,0 +1,153 @@
+"""Records of one night, parsed from their JSON lines (CONTRACT.md 2.1 and 2.2).
+
+`parse_rollout` and `parse_ledger_row` turn one decoded JSON value into a flat dict whose
+keys are the warehouse columns (sql/schema.sql), or raise `RecordError` with a one-line
+reason; the reader turns that into a reject row. Only the *shape* of a record is checked
+here (types, required fields). Whether its values make sense (modes, lengths, digests) is
+the algorithm's business, so that such a rollout is masked with a reason code instead of
+disappearing into the rejects table.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from .items import generated_items
+
+LINEAGE_SUFFIX = ".lineage.jsonl"
+HEX64 = re.compile(r"[0-9a-f]{64}")
+LEDGER_INTS = (
+    "prev_len", "delta_len", "cum_len", "weight_version",
+    "schema_version", "digest_version", "extras_digest_version",
+)
+LEDGER_DIGESTS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
+
+
+class RecordError(ValueError):
+    """A JSON line that does not have the shape of its record."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt_str(obj: dict, key: str) -> str | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise RecordError(f"{key} must be a string or null, got {type(v).__name__}")
+    return v
+
+
+def _nonempty_str(v) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def parse_rollout(obj) -> dict:
+    if not isinstance(obj, dict):
+        raise RecordError("a rollout line must be a JSON object")
+    rollout_id = _nonempty_str(obj.get("rollout_id"))
+    group_id = _nonempty_str(obj.get("group_id"))
+    if rollout_id is None:
+        raise RecordError("rollout_id is missing or not a non-empty string")
+    if group_id is None:
+        raise RecordError("group_id is missing or not a non-empty string")
+    slot = obj.get("slot")
+    if not _is_int(slot) or slot < 0 or slot >= 2**31:
+        raise RecordError("slot must be an integer >= 0")
+    output = obj.get("output")
+    if output is None and isinstance(obj.get("response"), dict):
+        output = obj["response"].get("output")
+    if not isinstance(output, list) or not all(isinstance(i, dict) for i in output):
+        raise RecordError("output (or response.output) must be a list of JSON objects")
+
+    reward, reward_problem = obj.get("reward"), None
+    if reward is None:
+        reward_problem = "reward is missing"
+    elif not isinstance(reward, (int, float)) or isinstance(reward, bool):
+        reward, reward_problem = None, f"reward is a {type(reward).__name__}, not a number"
+    elif not math.isfinite(reward):
+        reward, reward_problem = None, f"reward is {reward}"
+    metadata = obj.get("metadata")
+    return {
+        "rollout_id": rollout_id,
+        "group_id": group_id,
+        "slot": slot,
+        "reward": None if reward is None else float(reward),
+        "reward_problem": reward_problem,
+        "failure_reason": _opt_str(obj, "failure_reason"),
+        "terminal_model_call_id": _nonempty_str(_opt_str(obj, "terminal_model_call_id")),
+        "generated_items": [{"id": i, "fingerprint": f} for i, f in generated_items(output)],
+        "n_output_items": len(output),
+        "metadata": None if metadata is None else json.dumps(metadata, sort_keys=True, ensure_ascii=False),
+    }
+
+
+def rollout_id_from_path(rel_path: str) -> str | None:
+    """NeMo Gym's FileLineageStore writes `<rollout_id>.lineage.jsonl`, rows without ids."""
+    name = rel_path.rsplit("/", 1)[-1]
+    if name.endswith(LINEAGE_SUFFIX) and len(name) > len(LINEAGE_SUFFIX):
+        return name[: -len(LINEAGE_SUFFIX)]
+    return None
+
+
+def _output_items(v) -> list[dict]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise RecordError("output_items must be a list")
+    items = []
+    for it in v:
+        if not isinstance(it, dict) or not isinstance(it.get("fingerprint"), str):
+            raise RecordError("each output_items entry needs a string fingerprint")
+        items.append({"id": _nonempty_str(it.get("id")), "fingerprint": it["fingerprint"]})
+    return items
+
+
+def parse_ledger_row(obj, rel_path: str) -> dict:
+    if not isinstance(obj, dict):
+        raise RecordError("a ledger line must be a JSON object")
+    rollout_id = _nonempty_str(obj.get("rollout_id")) or rollout_id_from_path(rel_path)
+    if rollout_id is None:
+        raise RecordError("rollout_id is missing (and the file is not <rollout_id>.lineage.jsonl)")
+    call_id = _nonempty_str(obj.get("model_call_id"))
+    if call_id is None:
+        raise RecordError("model_call_id is missing or not a non-empty string")
+    row = {
+        "rollout_id": rollout_id,
+        "model_call_id": call_id,
+        "parent_call_id": _opt_str(obj, "parent_call_id"),
+        "failure_reason": _opt_str(obj, "failure_reason"),
+    }
+    poison = row["failure_reason"] is not None
+    staged = obj.get("staging_digest")
+    values = dict(obj, digest=staged if staged is not None else obj.get("digest"))
+    for key in ("mode",) + LEDGER_DIGESTS:
+        v = values.get(key)
+        if v is not None and not isinstance(v, str):
+            if not poison:
+                raise RecordError(f"{key} must be a string, got {type(v).__name__}")
+            v = None
+        if v is None and not poison:
+            raise RecordError(f"{key} is missing")
+        row[key] = v
+    for key in LEDGER_INTS:
+        v = values.get(key)
+        if not _is_int(v) or not -(2**63) <= v < 2**63:
+            if not poison:
+                raise RecordError(f"{key} must be an integer, got {json.dumps(v)[:40]}")
+            v = None
+        row[key] = v
+    row["staging_key"] = _nonempty_str(obj.get("staging_key")) or f"{rollout_id}/{call_id}"
+    row["response_id"] = _opt_str(obj, "response_id") if not poison else _nonempty_str(obj.get("response_id"))
+    admitted = obj.get("admitted_at")
+    row["admitted_at"] = float(admitted) if isinstance(admitted, (int, float)) and not isinstance(admitted, bool) else None
+    try:
+        row["output_items"] = _output_items(obj.get("output_items"))
+    except RecordError:
+        if not poison:
+            raise
+        row["output_items"] = []
+    return row

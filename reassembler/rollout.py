@@ -1,0 +1,131 @@
+"""One rollout, all or nothing: rollout checks, then select -> cut -> finalize (or the
+terminal walk), then the off-chain policy (CONTRACT.md 3.0 - 3.5).
+
+`reassemble_rollout` never raises for bad data: the first failing check becomes the
+outcome's reason, and the outcome carries the verified segments only when every check
+passed.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .calls import Call
+from .cut import cut_chains
+from .finalize import Segment, finalize_chain, walk_to_root
+from .reasons import Masked, Reason
+from .select import select_calls
+
+Mode = Literal["select", "terminal"]
+OffchainPolicy = Literal["selected", "strict"]
+
+
+@dataclass(frozen=True)
+class Options:
+    mode: Mode = "select"
+    offchain: OffchainPolicy = "selected"
+    std_normalize: bool = True
+    leave_one_out: bool = False
+
+    def __post_init__(self):
+        if self.mode not in ("select", "terminal"):
+            raise ValueError(f"mode must be select or terminal, not {self.mode!r}")
+        if self.offchain not in ("selected", "strict"):
+            raise ValueError(f"offchain must be selected or strict, not {self.offchain!r}")
+
+
+@dataclass
+class Outcome:
+    rollout: dict
+    n_ledger_calls: int
+    n_roots: int
+    reason: Reason | None = None
+    detail: str | None = None
+    failed_call_id: str | None = None
+    n_selected: int | None = None
+    n_offchain: int | None = None
+    n_offchain_faults: int | None = None
+    segments: list[Segment] = field(default_factory=list)
+    advantage: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def _rollout_checks(rollout: dict, calls: list[Call], options: Options) -> None:
+    if rollout["failure_reason"] is not None:
+        raise Masked(Reason.ROLLOUT_FAILED, rollout["failure_reason"])
+    if rollout["reward"] is None:
+        raise Masked(Reason.INVALID_REWARD, rollout.get("reward_problem") or "reward is missing")
+    if rollout.get("n_rejected"):
+        # Choice (README): a ledger line of this rollout could not be read, so its lineage
+        # is incomplete; it is masked rather than built from the remaining calls.
+        raise Masked(Reason.INVALID_RECORD, f"{rollout['n_rejected']} ledger rows rejected; first: "
+                     f"{rollout['first_rejected']}")
+    if not calls:
+        raise Masked(Reason.EMPTY_LEDGER, "no ledger row carries this rollout_id")
+    dups = [cid for cid, n in Counter(c.model_call_id for c in calls).items() if n > 1]
+    if dups:
+        raise Masked(Reason.DUPLICATE_CALL_ID, "model_call_id seen more than once: " + ", ".join(dups))
+    if options.offchain == "strict":
+        poison = [c for c in calls if c.is_poison]
+        if poison:
+            raise Masked(Reason.CAPTURE_POISONED,
+                         "poison rows: " + ", ".join(f"{c.model_call_id} ({c.failure_reason})" for c in poison))
+
+
+def _terminal_chain(rollout: dict, calls: list[Call], by_id: dict[str, Call], n_roots: int) -> list[Call]:
+    declared = rollout.get("terminal_model_call_id")
+    if declared is not None:
+        leaf = by_id.get(declared)
+        if leaf is None or leaf.is_poison:
+            raise Masked(Reason.MISSING_TERMINAL,
+                         f"declared terminal {declared} is {'a poison row' if leaf else 'not in the ledger'}", declared)
+    else:
+        leaf = next((c for c in reversed(calls) if not c.is_poison), None)
+        if leaf is None:
+            raise Masked(Reason.MISSING_TERMINAL, "no terminal declared and no non-poison call")
+    walk = walk_to_root(leaf, by_id)
+    if n_roots > 1:
+        raise Masked(Reason.HISTORY_REWRITTEN, f"the ledger holds {n_roots} roots", leaf.model_call_id)
+    # Ordinary capture rebuilds the row from the walked calls in capture order;
+    # finalize then checks that the lineage agrees with it (order_mismatch otherwise).
+    return sorted(walk, key=lambda c: c.capture_seq)
+
+
+def reassemble_rollout(rollout: dict, calls: list[Call], batch, options: Options = Options(),
+                       trace: list[str] | None = None) -> Outcome:
+    """`calls`: the rollout's ledger rows in capture order, joined to their token rows."""
+    out = Outcome(rollout, n_ledger_calls=len(calls), n_roots=sum(c.is_root for c in calls))
+    try:
+        _rollout_checks(rollout, calls, options)
+        by_id = {c.model_call_id: c for c in calls}
+        if options.mode == "select":
+            generated = [(i["id"], i["fingerprint"]) for i in rollout["generated_items"] or []]
+            selected = select_calls(generated, calls, rollout.get("terminal_model_call_id"), trace)
+            out.n_selected = len(selected)
+            chains = cut_chains(selected, trace)
+        else:
+            chain = _terminal_chain(rollout, calls, by_id, out.n_roots)
+            out.n_selected = len(chain)
+            chains = [chain]
+            if trace is not None:
+                trace.append("terminal: leaf " + chain[-1].model_call_id + ", one chain ["
+                             + ", ".join(c.model_call_id for c in chain) + "]")
+        on_chain = {id(c) for chain in chains for c in chain}
+        offchain = [c for c in calls if id(c) not in on_chain]
+        out.n_offchain = len(offchain)
+        out.n_offchain_faults = sum(c.record_fault(batch) is not None for c in offchain)
+        segments = [finalize_chain(chain, by_id, batch, trace) for chain in chains]
+        if options.offchain == "strict":
+            for c in offchain:
+                fault = c.record_fault(batch)
+                if fault is not None:
+                    raise fault
+        out.segments = segments
+    except Masked as m:
+        out.reason, out.detail, out.failed_call_id = m.reason, m.detail, m.call_id
+        out.segments = []
+    return out

@@ -1,0 +1,90 @@
+"""Output tables (CONTRACT.md 5.1 and 5.2): training rows and audit rows as Arrow.
+
+Training rows are gathered from the TokenBatch in one vectorized pass per batch of
+outcomes; nothing here touches tokens one at a time.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+ROW_SCHEMA = pa.schema([
+    ("row_id", pa.string()), ("rollout_id", pa.string()), ("group_id", pa.string()),
+    ("slot", pa.int32()), ("segment_index", pa.int32()), ("segment_count", pa.int32()),
+    ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+    ("logprobs", pa.list_(pa.float32())), ("prompt_len", pa.int32()), ("n_tokens", pa.int32()),
+    ("n_generated", pa.int32()), ("model_call_ids", pa.list_(pa.string())),
+    ("weight_version_min", pa.int64()), ("weight_version_max", pa.int64()),
+    ("reward", pa.float64()), ("advantage", pa.float64()), ("rollout_weight", pa.float64()),
+])
+
+AUDIT_SCHEMA = pa.schema([
+    ("rollout_id", pa.string()), ("group_id", pa.string()), ("slot", pa.int32()),
+    ("status", pa.string()), ("reason", pa.string()), ("detail", pa.string()),
+    ("failed_call_id", pa.string()), ("n_ledger_calls", pa.int32()), ("n_selected", pa.int32()),
+    ("n_segments", pa.int32()), ("n_offchain", pa.int32()), ("n_offchain_faults", pa.int32()),
+    ("n_tokens", pa.int64()), ("n_generated", pa.int64()), ("reward", pa.float64()),
+    ("advantage", pa.float64()), ("metadata", pa.string()), ("run_id", pa.string()),
+    ("n_roots", pa.int32()),
+])
+
+
+def rows_table(outcomes, batch) -> pa.Table:
+    """Training rows of the ok outcomes, in the order given (already output order)."""
+    meta = {name: [] for name in ROW_SCHEMA.names if name not in ("input_ids", "loss_mask", "logprobs")}
+    token_rows: list[int] = []
+    segs_per_row: list[int] = []
+    for o in outcomes:
+        if not o.ok:
+            continue
+        r = o.rollout
+        k = len(o.segments)
+        for index, seg in enumerate(o.segments):
+            rows = seg.token_rows
+            token_rows.extend(rows)
+            segs_per_row.append(len(rows))
+            versions = [c.weight_version for c in seg.calls]
+            meta["row_id"].append(f"{r['rollout_id']}_s{index}")
+            meta["rollout_id"].append(r["rollout_id"])
+            meta["group_id"].append(r["group_id"])
+            meta["slot"].append(r["slot"])
+            meta["segment_index"].append(index)
+            meta["segment_count"].append(k)
+            meta["prompt_len"].append(int(batch.zeros[rows[0]]))
+            meta["n_tokens"].append(int(batch.n_ids[rows].sum()))
+            meta["n_generated"].append(int(batch.ones[rows].sum()))
+            meta["model_call_ids"].append([c.model_call_id for c in seg.calls])
+            meta["weight_version_min"].append(min(versions))
+            meta["weight_version_max"].append(max(versions))
+            meta["reward"].append(r["reward"])
+            meta["advantage"].append(o.advantage)
+            meta["rollout_weight"].append(1.0 / k)
+    offsets, ids, mask, lp = batch.gather(np.asarray(token_rows, dtype=np.int64),
+                                          np.asarray(segs_per_row, dtype=np.int64))
+    columns = {name: pa.array(values, type=ROW_SCHEMA.field(name).type) for name, values in meta.items()}
+    off = pa.array(offsets, type=pa.int32())
+    columns["input_ids"] = pa.ListArray.from_arrays(off, pa.array(ids, type=pa.int32()))
+    columns["loss_mask"] = pa.ListArray.from_arrays(off, pa.array(mask, type=pa.int8()))
+    columns["logprobs"] = pa.ListArray.from_arrays(off, pa.array(lp, type=pa.float32()))
+    return pa.table([columns[n] for n in ROW_SCHEMA.names], schema=ROW_SCHEMA)
+
+
+def audit_table(outcomes, batch, run_id: str) -> pa.Table:
+    records = []
+    for o in outcomes:
+        r = o.rollout
+        rows = [row for s in o.segments for row in s.token_rows]
+        records.append({
+            "rollout_id": r["rollout_id"], "group_id": r["group_id"], "slot": r["slot"],
+            "status": "ok" if o.ok else "masked",
+            "reason": None if o.ok else o.reason.value,
+            "detail": o.detail, "failed_call_id": o.failed_call_id,
+            "n_ledger_calls": o.n_ledger_calls, "n_selected": o.n_selected,
+            "n_segments": len(o.segments), "n_offchain": o.n_offchain,
+            "n_offchain_faults": o.n_offchain_faults,
+            "n_tokens": int(batch.n_ids[rows].sum()) if rows else 0,
+            "n_generated": int(batch.ones[rows].sum()) if rows else 0,
+            "reward": r["reward"], "advantage": o.advantage, "metadata": r["metadata"],
+            "run_id": run_id, "n_roots": o.n_roots,
+        })
+    return pa.Table.from_pylist(records, schema=AUDIT_SCHEMA)

@@ -1,0 +1,134 @@
+"""Reassemble one shard of a night: stream its calls joined to their tokens, in batches of
+whole groups, and write its rows and audit rows to the run's staging folder.
+
+Memory is bounded by the batch: DuckDB streams the join (sql/shard_calls.sql) through
+`to_arrow_reader`, rows are cut at a group boundary once a batch holds `batch_rows` calls,
+and each batch is checked, built and written before the next one is read.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .advantage import assign_advantages
+from .calls import calls_from_rows
+from .read import NightFiles, token_rows_sql
+from .rollout import Options, Outcome, reassemble_rollout
+from .rows import AUDIT_SCHEMA, ROW_SCHEMA, audit_table, rows_table
+from .tokens import TokenBatch
+from .warehouse import sql
+
+TOKEN_COLUMNS = ("t_token_ids", "t_mask", "t_logprobs")
+ROW_GROUP_ROWS = 256
+
+
+@dataclass
+class ShardResult:
+    shard: int
+    n_rollouts: int = 0
+    n_ok: int = 0
+    n_rows: int = 0
+    n_tokens: int = 0
+    reasons: Counter = field(default_factory=Counter)
+
+    @property
+    def n_masked(self) -> int:
+        return self.n_rollouts - self.n_ok
+
+
+def _rollouts(con, ds: str, shard: int) -> Iterator[dict]:
+    reader = con.sql(sql("shard_rollouts"), params={"ds": ds, "shard": shard}).to_arrow_reader(1024)
+    for batch in reader:
+        yield from batch.to_pylist()
+
+
+def _units(call_batches, rollouts: Iterator[dict], batch_rows: int):
+    """(rollouts, call table) pairs, each holding whole groups, in output order."""
+    pending: list[pa.RecordBatch] = []
+    buffered = 0
+    queued = iter(rollouts)
+    head: list[dict] = []
+
+    def take_rollouts(before_group: str | None) -> list[dict]:
+        out = []
+        while True:
+            if not head:
+                nxt = next(queued, None)
+                if nxt is None:
+                    return out
+                head.append(nxt)
+            if before_group is not None and head[0]["group_id"] >= before_group:
+                return out
+            out.append(head.pop())
+
+    for batch in call_batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        buffered += batch.num_rows
+        if buffered < batch_rows:
+            continue
+        table = pa.Table.from_batches(pending)
+        groups = table.column("group_id")
+        last = groups[-1].as_py()
+        cut = pc.index(groups, last).as_py()
+        if cut == 0:  # one group fills the buffer: keep reading until it ends
+            continue
+        yield take_rollouts(last), table.slice(0, cut)
+        pending = table.slice(cut).to_batches()
+        buffered = table.num_rows - cut
+    table = pa.Table.from_batches(pending, schema=call_batches.schema)
+    yield take_rollouts(None), table
+
+
+def reassemble_unit(rollouts: list[dict], table: pa.Table, options: Options,
+                    trace: dict[str, list[str]] | None = None) -> tuple[list[Outcome], TokenBatch]:
+    batch = TokenBatch(*(table.column(c) for c in TOKEN_COLUMNS))
+    meta = table.drop_columns(list(TOKEN_COLUMNS)).to_pylist()
+    by_rollout: dict[str, list[dict]] = {}
+    for i, row in enumerate(meta):
+        row["_row"] = i
+        by_rollout.setdefault(row["rollout_id"], []).append(row)
+    outcomes = []
+    for r in rollouts:
+        calls = calls_from_rows(by_rollout.pop(r["rollout_id"], []))
+        outcomes.append(reassemble_rollout(r, calls, batch, options,
+                                           None if trace is None else trace.setdefault(r["rollout_id"], [])))
+    if by_rollout:
+        raise RuntimeError(f"internal: calls streamed for rollouts outside the batch: {sorted(by_rollout)[:3]}")
+    assign_advantages(outcomes, options.std_normalize, options.leave_one_out)
+    return outcomes, batch
+
+
+def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str, staging: Path,
+              batch_rows: int = 4096, log: Callable[[str], None] | None = None) -> ShardResult:
+    """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet."""
+    params = {"ds": night.ds, "shard": shard}
+    calls = con.cursor().sql(sql("shard_calls", tokens=token_rows_sql(night)), params=params)
+    reader = calls.to_arrow_reader(min(batch_rows, 2048))
+    result = ShardResult(shard)
+    name = f"part-{shard:05d}.parquet"
+    (staging / "rows").mkdir(parents=True, exist_ok=True)
+    (staging / "audit").mkdir(parents=True, exist_ok=True)
+    with pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA) as rows_out, \
+            pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA) as audit_out:
+        for rollouts, table in _units(reader, _rollouts(con.cursor(), night.ds, shard), batch_rows):
+            outcomes, batch = reassemble_unit(rollouts, table, options)
+            rows = rows_table(outcomes, batch)
+            if rows.num_rows:
+                rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
+            audit_out.write_table(audit_table(outcomes, batch, run_id))
+            result.n_rollouts += len(outcomes)
+            result.n_ok += sum(o.ok for o in outcomes)
+            result.n_rows += rows.num_rows
+            result.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
+            result.reasons.update(o.reason.value for o in outcomes if not o.ok)
+            if log:
+                log(f"shard {shard}: {result.n_rollouts} rollouts, {result.n_ok} ok, {result.n_rows} rows")
+    return result

@@ -1,0 +1,115 @@
+"""The token lists of a batch of call rows, flattened once and checked without Python loops.
+
+A `TokenBatch` holds the three list columns of the token rows of many calls as flat numpy
+arrays plus per-row start/length, and computes every per-token check of CONTRACT.md 3.3
+for all rows at once (counts per row via cumulative sums). Per-call code then only reads
+small per-row numbers and slices of the big-endian byte buffers used for the digests.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .digests import to_be_bytes
+from .reasons import Reason
+
+TOKEN_LIMIT = 2**31
+
+
+def _flatten(column: pa.ChunkedArray | pa.Array, fill, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat values, row starts, row lengths with -1 for a null list)."""
+    lengths = pc.list_value_length(column)
+    null = pc.is_null(lengths).to_numpy(zero_copy_only=False)
+    lengths = pc.fill_null(lengths, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    flat = pc.fill_null(pc.list_flatten(column), fill)
+    if isinstance(flat, pa.ChunkedArray):
+        flat = flat.combine_chunks() if flat.num_chunks else pa.array([], type=flat.type)
+    values = flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    lengths[null] = -1
+    return values, starts, lengths
+
+
+def _per_row(flags: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """How many flags are set inside each row's [start, start + length)."""
+    cs = np.zeros(len(flags) + 1, dtype=np.int64)
+    np.cumsum(flags, out=cs[1:])
+    ln = np.maximum(lengths, 0)
+    return cs[starts + ln] - cs[starts]
+
+
+class TokenBatch:
+    def __init__(self, ids, mask, logprobs):
+        self.ids, self.id_starts, self.n_ids = _flatten(ids, -1, np.int64)
+        self.mask, self.mask_starts, self.n_mask = _flatten(mask, np.nan, np.float32)
+        self.lp, self.lp_starts, self.n_lp = _flatten(logprobs, np.nan, np.float32)
+        m, lp = self.mask, self.lp
+
+        self.bad_ids = _per_row((self.ids < 0) | (self.ids >= TOKEN_LIMIT), self.id_starts, self.n_ids)
+        zero, one = m == 0, m == 1
+        self.bad_mask_values = _per_row(~(zero | one), self.mask_starts, self.n_mask)
+        # a 1 followed by a 0 inside a row: flag position j when mask[j] < mask[j-1]
+        drop = np.zeros(len(m), dtype=bool)
+        drop[1:] = m[1:] < m[:-1]
+        drop[self.mask_starts[self.n_mask > 0]] = False  # the first value of a row has no predecessor
+        self.mask_drops = _per_row(drop, self.mask_starts, self.n_mask)
+        self.ones = _per_row(one, self.mask_starts, self.n_mask)
+        self.zeros = _per_row(zero, self.mask_starts, self.n_mask)
+        self.bad_lp = _per_row(~np.isfinite(lp), self.lp_starts, self.n_lp)
+        if np.array_equal(self.mask_starts, self.lp_starts) and np.array_equal(self.n_mask, self.n_lp):
+            self.lp_under_zero = _per_row(zero & (lp != 0), self.mask_starts, self.n_mask)
+        else:  # rows of unequal lengths fail length_mismatch first; align the others row by row
+            self.lp_under_zero = np.zeros(len(self.n_mask), dtype=np.int64)
+            for i in np.flatnonzero((self.n_mask == self.n_lp) & (self.n_mask > 0)):
+                ms, ls, n = self.mask_starts[i], self.lp_starts[i], self.n_mask[i]
+                self.lp_under_zero[i] = np.count_nonzero(zero[ms:ms + n] & (lp[ls:ls + n] != 0))
+        self._be = None
+
+    def __len__(self) -> int:
+        return len(self.n_ids)
+
+    def token_fault(self, row: int) -> tuple[Reason, str] | None:
+        """First failing per-token check of one row, in the order of CONTRACT.md 3.3."""
+        if self.bad_ids[row]:
+            return Reason.INVALID_TOKEN, f"{self.bad_ids[row]} token ids outside [0, 2**31)"
+        if self.bad_mask_values[row]:
+            return Reason.INVALID_MASK, f"{self.bad_mask_values[row]} mask values other than 0/1"
+        if self.mask_drops[row]:
+            return Reason.INVALID_MASK, "a mask 1 comes before a mask 0"
+        if not self.ones[row]:
+            return Reason.EMPTY_GENERATION, "no token has mask 1"
+        if self.bad_lp[row]:
+            return Reason.INVALID_LOGPROB, f"{self.bad_lp[row]} logprobs not finite"
+        if self.lp_under_zero[row]:
+            return Reason.INVALID_LOGPROB, f"{self.lp_under_zero[row]} logprobs not 0.0 under mask 0"
+        return None
+
+    def be_views(self, row: int) -> tuple[memoryview, memoryview, memoryview]:
+        """Big-endian u64 ids, f32 mask and f32 logprobs of one row (for the digests)."""
+        if self._be is None:
+            self._be = tuple(memoryview(b) for b in to_be_bytes(self.ids, self.mask, self.lp))
+        ib, mb, lb = self._be
+        i, m, l = self.id_starts[row], self.mask_starts[row], self.lp_starts[row]
+        ni, nm, nl = max(self.n_ids[row], 0), max(self.n_mask[row], 0), max(self.n_lp[row], 0)
+        return ib[8 * i: 8 * (i + ni)], mb[4 * m: 4 * (m + nm)], lb[4 * l: 4 * (l + nl)]
+
+    def gather(self, rows: np.ndarray, row_lengths: np.ndarray):
+        """Join the given token rows end to end, then cut into training rows of `row_lengths`
+        segments each: (offsets, ids int32, mask int8, logprobs float32). Rows passed here
+        have passed every check, so their three lists have equal lengths."""
+        lens = self.n_ids[rows]
+        total = int(lens.sum())
+        seg_offsets = np.zeros(len(rows), dtype=np.int64)
+        np.cumsum(lens[:-1], out=seg_offsets[1:])
+        idx = np.arange(total, dtype=np.int64) + np.repeat(self.id_starts[rows] - seg_offsets, lens)
+        midx = np.arange(total, dtype=np.int64) + np.repeat(self.mask_starts[rows] - seg_offsets, lens)
+        lidx = np.arange(total, dtype=np.int64) + np.repeat(self.lp_starts[rows] - seg_offsets, lens)
+        bounds = np.zeros(len(row_lengths) + 1, dtype=np.int64)
+        np.cumsum(row_lengths, out=bounds[1:])
+        seg_ends = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lens, out=seg_ends[1:])
+        offsets = seg_ends[bounds]
+        return (offsets.astype(np.int32), self.ids[idx].astype(np.int32),
+                self.mask[midx].astype(np.int8), self.lp[lidx])

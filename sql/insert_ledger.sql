@@ -1,0 +1,1 @@
+INSERT INTO ledger BY NAME SELECT CAST($ds AS DATE) AS ds, * FROM batch;

@@ -1,0 +1,1 @@
+INSERT INTO rejects BY NAME SELECT CAST($ds AS DATE) AS ds, * FROM batch;

@@ -1,0 +1,1 @@
+INSERT INTO rollouts BY NAME SELECT CAST($ds AS DATE) AS ds, * FROM batch;

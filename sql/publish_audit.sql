@@ -1,0 +1,4 @@
+-- Keep the published night's audit rows in the warehouse (replacing a previous run's).
+DELETE FROM audit WHERE ds = $ds;
+INSERT INTO audit BY NAME
+SELECT CAST($ds AS DATE) AS ds, * FROM read_parquet($audit_files, hive_partitioning = false);

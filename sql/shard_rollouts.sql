@@ -1,0 +1,16 @@
+-- The rollouts of one shard, in output order, each with the first ledger line of its own
+-- that had to be rejected (such a rollout is masked: its ledger is incomplete).
+SELECT r.rollout_id, r.group_id, r.slot, r.reward, r.reward_problem, r.failure_reason,
+       r.terminal_model_call_id, r.generated_items, r.metadata,
+       rej.n_rejected, rej.first_rejected
+FROM rollouts r
+JOIN shard_plan p ON p.ds = r.ds AND p.group_id = r.group_id
+LEFT JOIN (
+    SELECT rollout_id, count(*) AS n_rejected,
+           arg_min(file || ':' || line || ': ' || error, (file, line)) AS first_rejected
+    FROM rejects
+    WHERE ds = $ds AND source = 'ledger'
+    GROUP BY rollout_id
+) rej ON rej.rollout_id = r.rollout_id
+WHERE r.ds = $ds AND p.shard = $shard
+ORDER BY r.group_id, r.slot, r.rollout_id;

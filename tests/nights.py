@@ -1,0 +1,83 @@
+"""Hand-written nights for the tests: tokens spelled out, files written as a harness would."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from reassembler.capture import CapturedCall, TokenFileTypes, stage_rollout, write_jsonl, write_token_file
+
+DS = "2026-11-28"
+
+
+def reasoning(text: str, item_id: str | None = None) -> dict:
+    item = {"type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
+    if item_id:
+        item["id"] = item_id
+    return item
+
+
+def answer(text: str, item_id: str | None = None) -> dict:
+    item = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+    if item_id:
+        item["id"] = item_id
+    return item
+
+
+def tool_output(text: str) -> dict:
+    return {"type": "function_call_output", "call_id": "t", "output": text}
+
+
+def call(call_id, parent, prompt, generated, items, logprob=-0.5, weight_version=0, poison=None):
+    """A call whose delta is `prompt` (mask 0) then `generated` (mask 1)."""
+    ids = list(prompt) + list(generated)
+    mask = [0.0] * len(prompt) + [1.0] * len(generated)
+    lps = [0.0] * len(prompt) + [logprob] * len(generated)
+    return CapturedCall(call_id, parent, ids, mask, lps, items, weight_version, poison)
+
+
+class Night:
+    """Collects rollouts, then writes rollouts / ledger / tokens partitions of one ds."""
+
+    def __init__(self, root: Path, ds: str = DS):
+        self.root, self.ds = Path(root), ds
+        self.rollouts: list[dict] = []
+        self.ledger: list[dict] = []
+        self.tokens: list[dict] = []
+
+    def add(self, rollout_id: str, calls: list[CapturedCall], output: list[dict], reward: float = 1.0,
+            group_id: str | None = None, slot: int | None = None, **record) -> tuple[list[dict], list[dict]]:
+        group, _, s = rollout_id.rpartition("_g")
+        self.rollouts.append({"rollout_id": rollout_id, "group_id": group_id or group,
+                              "slot": slot if slot is not None else int(s), "reward": reward,
+                              "output": output, **record})
+        staged = stage_rollout(rollout_id, calls)
+        ledger = [l for l, _ in staged]
+        tokens = [t for _, t in staged if t is not None]
+        self.ledger.extend(ledger)
+        self.tokens.extend(tokens)
+        return ledger, tokens
+
+    def write(self, types: TokenFileTypes = TokenFileTypes()) -> Path:
+        base = self.root / "input"
+        write_jsonl(base / "rollouts" / f"ds={self.ds}" / "rollouts.jsonl", self.rollouts)
+        write_jsonl(base / "ledger" / f"ds={self.ds}" / "ledger.jsonl", self.ledger)
+        write_token_file(base / "tokens" / f"ds={self.ds}" / "tokens.parquet", self.tokens, types)
+        return base
+
+
+def worked_example(night: Night, rollout_id: str = "group_g0", compaction: bool = True, **record):
+    """CONTRACT.md section 7, tokens spelled out. Returns (ledger rows, token rows)."""
+    c1 = call("c1", None, [101, 102, 103], [11, 12], [reasoning("r1"), answer("a1")])
+    c2 = call("c2", "c1", [201], [21, 22], [reasoning("r2"), answer("a2")])
+    if compaction:
+        c3 = call("c3", None, [301, 302], [31], [reasoning("r3"), answer("a3")])
+        c4 = call("c4", "c3", [401], [41], [reasoning("r4"), answer("a4")])
+        c5 = call("c5", "c3", [501, 502], [51, 52], [reasoning("r5"), answer("a5")])
+        output = [reasoning("r1"), answer("a1"), tool_output("o1"), reasoning("r2"), answer("a2"),
+                  reasoning("r3"), answer("a3"), tool_output("o3"), reasoning("r5"), answer("a5")]
+    else:
+        c3 = call("c3", "c2", [301, 302], [31], [reasoning("r3"), answer("a3")])
+        c4 = call("c4", "c3", [401], [41], [reasoning("r4"), answer("a4")])
+        c5 = call("c5", "c4", [501, 502], [51, 52], [reasoning("r5"), answer("a5")])
+        output = [reasoning("r1"), answer("a1"), reasoning("r2"), answer("a2"), reasoning("r3"),
+                  answer("a3"), reasoning("r4"), answer("a4"), reasoning("r5"), answer("a5")]
+    return night.add(rollout_id, [c1, c2, c3, c4, c5], output, **record)
