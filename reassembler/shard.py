@@ -42,8 +42,8 @@ class ShardResult:
         return self.n_rollouts - self.n_ok
 
 
-def _rollouts(con, ds: str, shard: int) -> Iterator[dict]:
-    reader = con.sql(sql("shard_rollouts"), params={"ds": ds, "shard": shard}).to_arrow_reader(1024)
+def _rollouts(con, params: dict) -> Iterator[dict]:
+    reader = con.sql(sql("shard_rollouts"), params=params).to_arrow_reader(1024)
     for batch in reader:
         yield from batch.to_pylist()
 
@@ -106,10 +106,22 @@ def reassemble_unit(rollouts: list[dict], table: pa.Table, options: Options,
     return outcomes, batch
 
 
+def reassemble_one(con, night: NightFiles, rollout_id: str, options: Options) -> tuple[Outcome | None, list[str], TokenBatch | None]:
+    """One rollout with the trace of its steps (for `reassembler explain`)."""
+    params = {"ds": night.ds, "shard": None, "rollout_id": rollout_id}
+    rollouts = list(_rollouts(con.cursor(), params))
+    if not rollouts:
+        return None, [], None
+    table = con.cursor().sql(sql("shard_calls", tokens=token_rows_sql(night)), params=params).to_arrow_table()
+    trace: dict[str, list[str]] = {}
+    outcomes, batch = reassemble_unit(rollouts, table, options, trace)
+    return outcomes[0], trace.get(rollout_id, []), batch
+
+
 def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str, staging: Path,
               batch_rows: int = 4096, log: Callable[[str], None] | None = None) -> ShardResult:
     """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet."""
-    params = {"ds": night.ds, "shard": shard}
+    params = {"ds": night.ds, "shard": shard, "rollout_id": None}
     calls = con.cursor().sql(sql("shard_calls", tokens=token_rows_sql(night)), params=params)
     reader = calls.to_arrow_reader(min(batch_rows, 2048))
     result = ShardResult(shard)
@@ -118,7 +130,7 @@ def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str,
     (staging / "audit").mkdir(parents=True, exist_ok=True)
     with pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA) as rows_out, \
             pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA) as audit_out:
-        for rollouts, table in _units(reader, _rollouts(con.cursor(), night.ds, shard), batch_rows):
+        for rollouts, table in _units(reader, _rollouts(con.cursor(), params), batch_rows):
             outcomes, batch = reassemble_unit(rollouts, table, options)
             rows = rows_table(outcomes, batch)
             if rows.num_rows:

@@ -1,6 +1,7 @@
 -- Every ledger row of one shard joined with its token rows (the night's token Parquet,
 -- normalized by token_files.sql), in output order then capture order. A call without a token row
 -- comes once with null t_ columns; a call with several comes once per token row.
+-- $rollout_id (explain) narrows it to one rollout.
 SELECT r.group_id, l.rollout_id, l.capture_seq, l.model_call_id, l.parent_call_id, l.mode,
        l.prev_len, l.delta_len, l.cum_len, l.weight_version, l.schema_version,
        l.digest_version, l.extras_digest_version, l.digest, l.extras_digest, l.chain_hash,
@@ -10,5 +11,6 @@ FROM ledger l
 JOIN rollouts r ON r.ds = l.ds AND r.rollout_id = l.rollout_id
 JOIN shard_plan p ON p.ds = r.ds AND p.group_id = r.group_id
 LEFT JOIN ({tokens}) t ON t.t_staging_key = l.staging_key
-WHERE l.ds = $ds AND p.shard = $shard
+WHERE l.ds = $ds AND ($shard IS NULL OR p.shard = $shard)
+  AND ($rollout_id IS NULL OR l.rollout_id = $rollout_id)
 ORDER BY r.group_id, r.slot, r.rollout_id, l.capture_seq, t.t_file, t.t_row;

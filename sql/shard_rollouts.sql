@@ -12,5 +12,6 @@ LEFT JOIN (
     WHERE ds = $ds AND source = 'ledger'
     GROUP BY rollout_id
 ) rej ON rej.rollout_id = r.rollout_id
-WHERE r.ds = $ds AND p.shard = $shard
+WHERE r.ds = $ds AND ($shard IS NULL OR p.shard = $shard)
+  AND ($rollout_id IS NULL OR r.rollout_id = $rollout_id)
 ORDER BY r.group_id, r.slot, r.rollout_id;

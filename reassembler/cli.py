@@ -1,0 +1,145 @@
+"""The `reassembler` command (CONTRACT.md section 6).
+
+Exit codes: 0 the night was built (masked rollouts included); 2 bad usage or unreadable
+input, with one line naming the file and the problem; 1 the staged night failed its audit
+checks (nothing published).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import date
+
+import duckdb
+
+from .build import build_night
+from .explain import explain
+from .publish import AuditCheckFailed
+from .read import InputError
+from .report import report
+from .rollout import Options
+from .synth import SynthConfig, synth_night
+from .warehouse import DuckDBSettings
+
+
+def _ds(value: str) -> str:
+    try:
+        if len(value) != 10:
+            raise ValueError
+        return date.fromisoformat(value).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"ds must be YYYY-MM-DD, got {value!r}") from None
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return n
+
+
+def _rate(value: str) -> float:
+    x = float(value)
+    if not 0.0 <= x <= 1.0:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return x
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="reassembler", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="build one night: rows and audit partitions")
+    b.add_argument("--input", required=True)
+    b.add_argument("--output", required=True)
+    b.add_argument("--ds", required=True, type=_ds)
+    b.add_argument("--mode", choices=("select", "terminal"), default="select")
+    b.add_argument("--offchain", choices=("selected", "strict"), default="selected")
+    b.add_argument("--no-std-normalize", action="store_true")
+    b.add_argument("--leave-one-out", action="store_true")
+    b.add_argument("--shards", type=_positive, default=1)
+    b.add_argument("--max-mask-rate", type=_rate, default=1.0,
+                   help="refuse to publish a night whose share of masked rollouts is above this")
+    b.add_argument("--memory-limit", default=DuckDBSettings.memory_limit)
+    b.add_argument("--threads", type=_positive, default=DuckDBSettings.threads)
+    b.add_argument("--temp-directory", default=None)
+
+    s = sub.add_parser("synth", help="write a synthetic night with faults and expected outcomes")
+    s.add_argument("--output", required=True)
+    s.add_argument("--ds", required=True, type=_ds)
+    s.add_argument("--rollouts", required=True, type=_positive)
+    s.add_argument("--seed", type=int, default=SynthConfig.seed)
+    s.add_argument("--group-size", type=_positive, default=SynthConfig.group_size)
+    s.add_argument("--fault-rate", type=_rate, default=SynthConfig.fault_rate)
+    s.add_argument("--min-calls", type=_positive, default=SynthConfig.min_calls)
+    s.add_argument("--max-calls", type=_positive, default=SynthConfig.max_calls)
+    s.add_argument("--compaction-rate", type=_rate, default=SynthConfig.compaction_rate)
+    s.add_argument("--token-scale", type=float, default=1.0,
+                   help="multiply every token length range (0.05 for tiny test nights)")
+
+    e = sub.add_parser("explain", help="replay one rollout of a built night step by step")
+    e.add_argument("--output", required=True)
+    e.add_argument("--ds", required=True, type=_ds)
+    e.add_argument("rollout_id")
+
+    r = sub.add_parser("report", help="capture quality across the nights in the warehouse")
+    r.add_argument("--output", required=True)
+    return p
+
+
+def _scaled(span: tuple[int, int], scale: float) -> tuple[int, int]:
+    return max(1, int(span[0] * scale)), max(1, int(span[1] * scale))
+
+
+def run(args) -> int:
+    if args.command == "build":
+        options = Options(args.mode, args.offchain, not args.no_std_normalize, args.leave_one_out)
+        settings = DuckDBSettings(args.memory_limit, args.threads, args.temp_directory)
+        s = build_night(args.input, args.output, args.ds, options, args.shards, settings, args.max_mask_rate,
+                        log=None)
+        n = s.numbers
+        print(f"built ds={args.ds} in {s.seconds:.1f}s: {n.audit_rows} rollouts, {n.ok_rollouts} ok, "
+              f"{n.masked} masked ({n.mask_rate:.1%}), {n.n_rows} rows; {s.load.n_rejects} rejected input rows")
+        if n.reasons:
+            print("mask reasons: " + ", ".join(f"{r} {c}" for r, c in n.reasons.items()))
+        print(f"rows:  {args.output}/rows/ds={args.ds}/\naudit: {args.output}/audit/ds={args.ds}/\n"
+              f"warehouse: {args.output}/warehouse.duckdb (run {s.run_id})")
+    elif args.command == "synth":
+        if args.min_calls > args.max_calls or args.min_calls < 5:
+            raise InputError("synth: --min-calls must be >= 5 and <= --max-calls")
+        d = SynthConfig()
+        cfg = SynthConfig(rollouts=args.rollouts, group_size=args.group_size, seed=args.seed,
+                          fault_rate=args.fault_rate, min_calls=args.min_calls, max_calls=args.max_calls,
+                          compaction_rate=args.compaction_rate,
+                          prompt_tokens=_scaled(d.prompt_tokens, args.token_scale),
+                          observation_tokens=_scaled(d.observation_tokens, args.token_scale),
+                          generated_tokens=_scaled(d.generated_tokens, args.token_scale))
+        t = synth_night(args.output, args.ds, cfg)
+        faults = sum(t["faults"].values())
+        print(f"synth ds={args.ds}: {t['rollouts']} rollouts, {t['calls']} calls, {t['tokens']} tokens in "
+              f"{t['token_files']} token files; {faults} rollouts with an injected fault")
+        print(f"input: {args.output}  expected outcomes: {args.output}/_expected/ds={args.ds}/outcomes.jsonl")
+    elif args.command == "explain":
+        print(explain(args.output, args.ds, args.rollout_id))
+    elif args.command == "report":
+        print(report(args.output))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run(args)
+    except (InputError, FileNotFoundError) as e:
+        print(f"reassembler: error: {e}", file=sys.stderr)
+        return 2
+    except (duckdb.IOException, duckdb.InvalidInputException) as e:
+        print(f"reassembler: error: unreadable input: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except AuditCheckFailed as e:
+        print(f"reassembler: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""`reassembler report`: capture quality across every night the warehouse holds."""
+from __future__ import annotations
+
+from .warehouse import connect, sql
+
+
+def report(output_dir) -> str:
+    with connect(output_dir, read_only=True) as con:
+        nights = con.execute(sql("report_nights")).fetchall()
+        columns = [d[0] for d in con.description]
+        reasons = con.execute(sql("report_reasons")).fetchall()
+    if not nights:
+        return "no published night in this warehouse"
+    widths = [max(len(str(c)), *(len(str(row[i])) for row in nights)) for i, c in enumerate(columns)]
+    out = ["  ".join(str(c).ljust(w) for c, w in zip(columns, widths))]
+    out += ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)) for row in nights]
+    out.append("")
+    out.append("mask reasons by night:")
+    by_ds: dict = {}
+    for ds, reason, n in reasons:
+        by_ds.setdefault(ds, []).append(f"{reason} {n}")
+    for ds, items in by_ds.items():
+        out.append(f"  {ds}: " + ", ".join(items))
+    return "\n".join(out)

@@ -1,0 +1,410 @@
+"""`reassembler synth`: a realistic synthetic night, with faults and the expected outcomes.
+
+Each rollout is an agent episode of 5 to 40 accepted calls: a root call with a long prompt,
+then tool turns (a function_call item, its function_call_output observation carried as the
+next call's mask-0 tokens), ending with an assistant message. Some rollouts compact their
+context (a summarizer call left off-chain, then a new root); some calls are retried (the
+rejected attempt stays off-chain); some rollouts carry a poison row. Half the rollouts are
+written the way NeMo Gym writes them (one `<rollout_id>.lineage.jsonl` per rollout in a
+server subfolder, rows without rollout_id, `staging_digest`, opaque staging keys,
+`response.output`); token files cycle through every accepted column type.
+
+`--fault-rate` picks that share of rollouts and injects one fault each, cycling through
+FAULTS so that every reason code appears. The expected outcome of every rollout under the
+default options, under `--offchain strict` and (where the generator can tell) under
+`--mode terminal` is written to `<output>/_expected/ds=<ds>/outcomes.jsonl`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .capture import TOKEN_FILE_VARIANTS, CapturedCall, record_digest, stage_rollout, write_token_file
+from .reasons import Reason as R
+
+# fault kind -> (reason under select mode, reason under terminal mode or None = not predicted,
+#                needs a rollout without compaction)
+FAULTS: dict[str, tuple[R, R | None, bool]] = {
+    "rollout_failed": (R.ROLLOUT_FAILED, R.ROLLOUT_FAILED, False),
+    "invalid_reward": (R.INVALID_REWARD, R.INVALID_REWARD, False),
+    "empty_ledger": (R.EMPTY_LEDGER, R.EMPTY_LEDGER, False),
+    "duplicate_call_id": (R.DUPLICATE_CALL_ID, R.DUPLICATE_CALL_ID, False),
+    "unmatched_output": (R.UNMATCHED_OUTPUT, None, False),
+    "ambiguous_output": (R.AMBIGUOUS_OUTPUT, None, True),
+    "empty_selection": (R.EMPTY_SELECTION, None, False),
+    "swapped_capture": (R.OUT_OF_CAPTURE_ORDER, R.ORDER_MISMATCH, True),
+    "terminal_not_last": (R.TERMINAL_NOT_LAST, None, False),
+    "missing_terminal": (R.TERMINAL_NOT_LAST, R.MISSING_TERMINAL, False),
+    "missing_root": (R.MISSING_ROOT, None, False),
+    "broken_chain": (R.BROKEN_CHAIN, None, False),
+    "missing_tokens": (R.MISSING_TOKENS, None, False),
+    "duplicate_tokens": (R.DUPLICATE_TOKENS, None, False),
+    "unsupported_version": (R.UNSUPPORTED_VERSION, None, False),
+    "field_mismatch": (R.FIELD_MISMATCH, None, False),
+    "invalid_record": (R.INVALID_RECORD, None, False),
+    "length_mismatch": (R.LENGTH_MISMATCH, None, False),
+    "parent_length_mismatch": (R.PARENT_LENGTH_MISMATCH, None, False),
+    "invalid_token": (R.INVALID_TOKEN, None, False),
+    "invalid_mask": (R.INVALID_MASK, None, False),
+    "empty_generation": (R.EMPTY_GENERATION, None, False),
+    "invalid_logprob": (R.INVALID_LOGPROB, None, False),
+    "digest_mismatch": (R.DIGEST_MISMATCH, None, False),
+    "chain_hash_mismatch": (R.CHAIN_HASH_MISMATCH, None, False),
+    "cumulative_hash_mismatch": (R.CUMULATIVE_HASH_MISMATCH, None, False),
+    "dangling_parent": (None, R.MISSING_PARENT, True),
+    "lineage_cycle": (None, R.LINEAGE_CYCLE, True),
+    "poisoned": (None, None, True),  # ok under selected; capture_poisoned under strict
+}
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    rollouts: int = 240
+    group_size: int = 4
+    seed: int = 7
+    fault_rate: float = 0.2
+    min_calls: int = 5
+    max_calls: int = 40
+    compaction_rate: float = 0.3
+    retry_rate: float = 0.05
+    poison_rate: float = 0.05
+    prompt_tokens: tuple[int, int] = (300, 2000)
+    observation_tokens: tuple[int, int] = (20, 1200)
+    generated_tokens: tuple[int, int] = (40, 700)
+    vocab: int = 151_936
+    gym_share: float = 0.5
+    rollouts_per_ledger_file: int = 50
+    token_rows_per_file: int = 1000
+
+
+@dataclass
+class _Rollout:
+    rid: str
+    calls: list[CapturedCall] = field(default_factory=list)  # capture order
+    accepted: list[CapturedCall] = field(default_factory=list)
+    output: list[dict] = field(default_factory=list)
+    has_poison: bool = False
+
+
+class _Gen:
+    def __init__(self, cfg: SynthConfig):
+        self.cfg, self.rng = cfg, np.random.default_rng(cfg.seed)
+
+    def tokens(self, span: tuple[int, int]) -> np.ndarray:
+        n = int(self.rng.integers(span[0], span[1] + 1))
+        return (self.rng.zipf(1.2, n) - 1) % self.cfg.vocab
+
+    def call(self, rid, cid, parent, prompt_span, final: bool, wv: int, tag: str = "") -> CapturedCall:
+        prompt = self.tokens(prompt_span)
+        gen = self.tokens(self.cfg.generated_tokens)
+        ids = np.concatenate([prompt, gen])
+        mask = np.concatenate([np.zeros(len(prompt), np.float32), np.ones(len(gen), np.float32)])
+        lp = np.concatenate([np.zeros(len(prompt), np.float32),
+                             -self.rng.exponential(0.7, len(gen)).astype(np.float32)])
+        n = int(self.rng.integers(1, 10**9))
+        items = [{"type": "reasoning", "id": f"rs_{rid}_{cid}",
+                  "summary": [{"type": "summary_text", "text": f"thinking {tag}{n}"}]}]
+        if final:
+            items.append({"type": "message", "role": "assistant", "id": f"msg_{rid}_{cid}",
+                          "content": [{"type": "output_text", "text": f"answer {tag}{n}"}]})
+        else:
+            items.append({"type": "function_call", "id": f"fc_{rid}_{cid}", "call_id": f"call_{cid}",
+                          "name": "search", "arguments": json.dumps({"q": f"query {tag}{n}"})})
+        return CapturedCall(cid, parent, ids, mask, lp, items, wv)
+
+    def rollout(self, rid: str, fault: str | None) -> _Rollout:
+        cfg, rng = self.cfg, self.rng
+        out = _Rollout(rid)
+        n = int(rng.integers(cfg.min_calls, cfg.max_calls + 1))
+        no_compaction = fault is not None and FAULTS[fault][2]
+        compactions = set()
+        if not no_compaction and n >= 4 and rng.random() < cfg.compaction_rate:
+            compactions = set(rng.choice(np.arange(2, n - 1), size=min(2, n - 3), replace=False).tolist()) \
+                if rng.random() < 0.3 else {int(rng.integers(2, n - 1))}
+        wv = int(rng.integers(3, 6))
+        twin_at = int(rng.integers(1, n)) if fault == "ambiguous_output" else None
+        poison_at = int(rng.integers(1, n)) if fault == "poisoned" or (
+            fault is None and rng.random() < cfg.poison_rate) else None
+        out.output.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "task"}]})
+        prev = None
+        for i in range(n):
+            cid = f"call-{i:03d}"
+            final = i == n - 1
+            if i in compactions:  # summarizer (off-chain), then a new root with the summary
+                out.calls.append(self.call(rid, f"sum-{i:03d}", prev.call_id, (20, 60), True, wv, "summary "))
+                call = self.call(rid, cid, None, cfg.prompt_tokens, final, wv)
+            elif i == 0:
+                call = self.call(rid, cid, None, cfg.prompt_tokens, final, wv)
+            else:
+                call = self.call(rid, cid, prev.call_id, cfg.observation_tokens, final, wv)
+                if rng.random() < cfg.retry_rate:  # a rejected attempt, captured first
+                    out.calls.append(self.call(rid, f"{cid}-try", prev.call_id, cfg.observation_tokens,
+                                               final, wv, "rejected "))
+                if i == twin_at:  # the same items produced twice by siblings
+                    twin = self.call(rid, f"{cid}-twin", prev.call_id, cfg.observation_tokens, final, wv)
+                    twin.items = [dict(it) for it in call.items]
+                    out.calls.append(twin)
+            if i == poison_at:
+                out.calls.append(CapturedCall(f"{cid}-lost", prev.call_id, [], [], [], [], wv,
+                                              poison="capture timed out"))
+                out.has_poison = True
+            out.calls.append(call)
+            out.accepted.append(call)
+            out.output.extend(call.items)
+            if not final:
+                out.output.append({"type": "function_call_output", "call_id": f"call_{cid}",
+                                   "output": f"result {i}", "status": "completed"})
+            prev = call
+        return out
+
+
+def _bogus_hash(seed: str) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
+def _retoken(ledger: dict, token: dict, **changes) -> None:
+    """Change fields on both sides and re-sign the record (the fault is only `changes`)."""
+    ledger.update(changes)
+    token.update(changes)
+    ledger["digest"] = token["digest"] = record_digest(
+        ledger, token["token_ids_delta"], token["token_mask_delta"], token["generation_logprobs_delta"])
+
+
+def _inject(fault: str, ro: _Rollout, record: dict, staged: list, rng) -> None:
+    """Apply one fault to a staged rollout (ledger and token rows, record), in place."""
+    acc_ids = [c.call_id for c in ro.accepted]
+    pos = {l["model_call_id"]: k for k, (l, _) in enumerate(staged)}
+    children = [k for k, c in enumerate(ro.accepted) if c.parent is not None]
+
+    def pick(indices=None):
+        k = int(rng.choice(indices if indices is not None else range(len(acc_ids))))
+        ledger, token = staged[pos[acc_ids[k]]]
+        return k, ledger, token
+
+    def copy_lists(token):
+        for name in ("token_ids_delta", "token_mask_delta", "generation_logprobs_delta"):
+            token[name] = np.array(token[name], copy=True)
+
+    if fault == "rollout_failed":
+        record["failure_reason"] = "environment crashed"
+    elif fault == "invalid_reward":
+        record["reward"] = float("nan")
+    elif fault == "empty_ledger":
+        staged.clear()
+    elif fault == "duplicate_call_id":
+        _, ledger, token = pick()
+        staged.append((dict(ledger), None))
+    elif fault == "unmatched_output":
+        k = int(rng.choice([j for j, it in enumerate(record["output"]) if it["type"] == "reasoning"]))
+        record["output"][k] = dict(record["output"][k], summary=[{"type": "summary_text", "text": "edited"}])
+    elif fault == "empty_selection":
+        record["output"] = [it for it in record["output"] if it["type"] == "function_call_output"] or \
+            [{"type": "message", "role": "user", "content": []}]
+    elif fault == "swapped_capture":
+        k = int(rng.integers(1, len(acc_ids) - 2))
+        a, b = pos[acc_ids[k]], pos[acc_ids[k + 1]]
+        staged[a], staged[b] = staged[b], staged[a]
+    elif fault == "terminal_not_last":
+        record["terminal_model_call_id"] = acc_ids[-2]
+    elif fault == "missing_terminal":
+        record["terminal_model_call_id"] = "call-that-never-was"
+    elif fault in ("missing_root", "broken_chain"):
+        if fault == "missing_root":
+            k = 0
+        else:
+            k = int(rng.choice([j for j in range(1, len(acc_ids) - 1) if ro.accepted[j + 1].parent is not None]))
+        drop = {it["id"] for it in ro.accepted[k].items} | {f"call_{acc_ids[k]}"}
+        record["output"] = [it for it in record["output"] if it.get("id") not in drop and it.get("call_id") not in drop]
+    elif fault == "missing_tokens":
+        _, ledger, _ = pick()
+        staged[pos[ledger["model_call_id"]]] = (ledger, None)
+    elif fault == "duplicate_tokens":
+        _, ledger, token = pick()
+        staged.append((None, dict(token)))
+    elif fault == "unsupported_version":
+        _, ledger, token = pick()
+        ledger["schema_version"] = token["schema_version"] = 9
+    elif fault == "field_mismatch":
+        _, _, token = pick()
+        token["weight_version"] += 1
+    elif fault == "invalid_record":
+        _, ledger, token = pick(children)
+        ledger["mode"] = token["mode"] = "text"
+    elif fault == "length_mismatch":
+        _, ledger, token = pick()
+        ledger["cum_len"] += 1
+        token["cum_len"] += 1
+    elif fault == "parent_length_mismatch":
+        _, ledger, token = pick(children)
+        for side in (ledger, token):
+            side["prev_len"] += 1
+            side["cum_len"] += 1
+    elif fault in ("invalid_token", "invalid_mask", "empty_generation", "invalid_logprob", "digest_mismatch"):
+        _, ledger, token = pick()
+        copy_lists(token)
+        ids, mask, lp = token["token_ids_delta"], token["token_mask_delta"], token["generation_logprobs_delta"]
+        if fault == "invalid_token":
+            ids[int(rng.integers(len(ids)))] = -5
+        elif fault == "invalid_mask":
+            mask[-1], lp[-1] = 0.0, 0.0
+        elif fault == "empty_generation":
+            mask[:], lp[:] = 0.0, 0.0
+        elif fault == "invalid_logprob":
+            lp[-1] = np.nan
+        else:
+            ids[-1] = (ids[-1] + 1) % 1000
+    elif fault == "chain_hash_mismatch":
+        _, ledger, token = pick()
+        _retoken(ledger, token, chain_hash=_bogus_hash(ro.rid + "chain"))
+    elif fault == "cumulative_hash_mismatch":
+        _, ledger, token = pick([len(acc_ids) - 1])
+        _retoken(ledger, token, cumulative_hash=_bogus_hash(ro.rid + "cumulative"))
+
+
+class _Writer:
+    """Streams the night's files: rollouts, ledger (plain and Gym-style), token Parquet."""
+
+    def __init__(self, root: Path, ds: str, cfg: SynthConfig):
+        self.cfg, self.ds = cfg, ds
+        self.part = {k: root / k / f"ds={ds}" for k in ("rollouts", "ledger", "tokens")}
+        for p in self.part.values():
+            p.mkdir(parents=True, exist_ok=True)
+        self.expected_dir = root / "_expected" / f"ds={ds}"
+        self.expected_dir.mkdir(parents=True, exist_ok=True)
+        self.rollouts = open(self.part["rollouts"] / "rollouts-00000.jsonl", "w")
+        self.expected = open(self.expected_dir / "outcomes.jsonl", "w")
+        self.plain_ledger = None
+        self.plain_count = 0
+        self.plain_files = 0
+        self.token_rows: list[dict] = []
+        self.token_files = 0
+
+    def ledger_lines(self, rid: str, lines: list[dict], gym: bool) -> None:
+        if gym:
+            server = f"policy-server-{int(hashlib.md5(rid.encode()).hexdigest(), 16) % 3}"
+            path = self.part["ledger"] / server / f"{rid}.lineage.jsonl"
+            path.parent.mkdir(exist_ok=True)
+            with open(path, "w") as fh:
+                for line in lines:
+                    fh.write(json.dumps(line) + "\n")
+            return
+        if self.plain_ledger is None or self.plain_count >= self.cfg.rollouts_per_ledger_file:
+            if self.plain_ledger:
+                self.plain_ledger.close()
+            self.plain_ledger = open(self.part["ledger"] / f"ledger-{self.plain_files:05d}.jsonl", "w")
+            self.plain_files += 1
+            self.plain_count = 0
+        self.plain_count += 1
+        for line in lines:
+            self.plain_ledger.write(json.dumps(line) + "\n")
+
+    def tokens(self, rows: list[dict]) -> None:
+        self.token_rows.extend(rows)
+        if len(self.token_rows) >= self.cfg.token_rows_per_file:
+            self.flush_tokens()
+
+    def flush_tokens(self) -> None:
+        if self.token_rows:
+            variant = TOKEN_FILE_VARIANTS[self.token_files % len(TOKEN_FILE_VARIANTS)]
+            write_token_file(self.part["tokens"] / f"tokens-{self.token_files:05d}.parquet", self.token_rows, variant)
+            self.token_files += 1
+            self.token_rows = []
+
+    def close(self) -> None:
+        self.flush_tokens()
+        for fh in (self.rollouts, self.expected, self.plain_ledger):
+            if fh:
+                fh.close()
+
+
+def _expect(status_reason: R | None, n_segments: int) -> dict:
+    if status_reason is None:
+        return {"status": "ok", "reason": None, "n_segments": n_segments}
+    return {"status": "masked", "reason": status_reason.value, "n_segments": 0}
+
+
+def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -> dict:
+    """Write one synthetic night under `output`; return counts."""
+    gen = _Gen(cfg)
+    writer = _Writer(Path(output), ds, cfg)
+    kinds = list(FAULTS)
+    n_faulty = int(round(cfg.rollouts * cfg.fault_rate))
+    faulty = set(gen.rng.choice(cfg.rollouts, size=n_faulty, replace=False).tolist()) if n_faulty else set()
+    fault_cycle = 0
+    totals = {"rollouts": cfg.rollouts, "calls": 0, "tokens": 0, "faults": {}}
+    for index in range(cfg.rollouts):
+        group, slot = divmod(index, cfg.group_size)
+        rid = f"grp{group:05d}_g{slot}"
+        fault = None
+        if index in faulty:
+            fault = kinds[fault_cycle % len(kinds)]
+            fault_cycle += 1
+            totals["faults"][fault] = totals["faults"].get(fault, 0) + 1
+        ro = gen.rollout(rid, fault)
+        gym = gen.rng.random() < cfg.gym_share
+        key = (lambda r, c: hashlib.sha1(f"{r}/{c}".encode()).hexdigest()) if gym else (lambda r, c: f"{r}/{c}")
+        staged = stage_rollout(rid, ro.calls, schema_version=3 if gym else 2, staging_key=key)
+        record = {"rollout_id": rid, "group_id": f"grp{group:05d}", "slot": slot,
+                  "reward": float(np.round(gen.rng.random(), 3)), "output": [dict(i) for i in ro.output],
+                  "metadata": {"agent": "synth-swe", "env": "synthetic", "fault": fault}}
+        declared = fault not in ("dangling_parent", "lineage_cycle") and gen.rng.random() < 0.5
+        if declared:
+            record["terminal_model_call_id"] = ro.accepted[-1].call_id
+        if fault == "dangling_parent" or fault == "lineage_cycle":
+            extra = [gen.call(rid, "late-a", ro.accepted[-1].call_id, cfg.observation_tokens, True, 1, "late "),
+                     gen.call(rid, "late-b", ro.accepted[-1].call_id, cfg.observation_tokens, True, 1, "late ")]
+            extra_staged = stage_rollout(rid, ro.calls + extra, schema_version=3 if gym else 2,
+                                         staging_key=key)[-2:]
+            if fault == "dangling_parent":
+                extra_staged = extra_staged[:1]
+                _retoken(*extra_staged[0], parent_call_id="call-never-captured")
+            else:
+                _retoken(*extra_staged[0], parent_call_id="late-b")
+                _retoken(*extra_staged[1], parent_call_id="late-a")
+            staged.extend(extra_staged)
+        if fault is not None:
+            _inject(fault, ro, record, staged, gen.rng)
+
+        n_roots_accepted = sum(c.parent is None for c in ro.accepted)
+        select_reason, terminal_reason, _ = FAULTS[fault] if fault else (None, None, False)
+        ledger_lines = [l for l, _ in staged if l is not None]
+        if fault is None or fault == "poisoned":
+            roots = sum(l["parent_call_id"] is None for l in ledger_lines)
+            terminal_reason = R.HISTORY_REWRITTEN if roots > 1 else None
+            terminal = _expect(terminal_reason, 1)
+        elif fault in ("dangling_parent", "lineage_cycle", "swapped_capture", "missing_terminal") or \
+                FAULTS[fault][1] == select_reason:
+            terminal = _expect(terminal_reason, 1)
+        else:
+            terminal = None
+        expected = {"rollout_id": rid, "fault": fault,
+                    "select": _expect(select_reason, n_roots_accepted),
+                    "strict": _expect(R.CAPTURE_POISONED if ro.has_poison else select_reason, n_roots_accepted),
+                    "terminal": terminal}
+        if gym:
+            record["response"] = {"id": f"resp_{rid}", "object": "response", "output": record.pop("output")}
+            for l in ledger_lines:
+                del l["rollout_id"]
+                if "digest" in l:
+                    l["staging_digest"] = l["digest"]
+                    l["digest"] = _bogus_hash(l["model_call_id"] + "response-digest")
+        writer.rollouts.write(json.dumps(record) + "\n")
+        writer.expected.write(json.dumps(expected) + "\n")
+        writer.ledger_lines(rid, ledger_lines, gym)
+        token_rows = [t for _, t in staged if t is not None]
+        writer.tokens(token_rows)
+        totals["calls"] += len(ledger_lines)
+        totals["tokens"] += int(sum(len(t["token_ids_delta"]) for t in token_rows))
+    writer.close()
+    totals["token_files"] = writer.token_files
+    return totals
+
+
+def read_expected(output: str | Path, ds: str) -> dict[str, dict]:
+    path = Path(output) / "_expected" / f"ds={ds}" / "outcomes.jsonl"
+    with open(path) as fh:
+        return {e["rollout_id"]: e for e in map(json.loads, fh)}
