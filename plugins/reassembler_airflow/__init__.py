@@ -1,0 +1,1 @@
+"""Airflow wrapper of the reassembler core: the ReassembleOperator and the night's settings."""
