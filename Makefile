@@ -6,15 +6,6 @@ STAMP     := $(VENV)/.installed
 DS        ?= 2026-11-28
 SEED      ?= 7
 ROLLOUTS  ?= 240
-export AIRFLOW_HOME := $(CURDIR)/.airflow
-export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
-export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
-export AIRFLOW__CORE__LOAD_EXAMPLES := False
-export AIRFLOW__CORE__UNIT_TEST_MODE := False
-export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN := sqlite:///$(CURDIR)/.airflow/airflow.db
-export REASSEMBLER_INPUT ?= $(CURDIR)/data/input
-export REASSEMBLER_OUTPUT ?= $(CURDIR)/data/output
-
 .PHONY: venv run test bench lock clean
 
 venv: $(STAMP)
@@ -27,7 +18,7 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python scripts/run_nightly.py --ds $(DS) --seed $(SEED) --rollouts $(ROLLOUTS)
+	DS=$(DS) SEED=$(SEED) ROLLOUTS=$(ROLLOUTS) bash scripts/make_run.sh
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from nights import DS, Night  # noqa: E402
+
+from reassembler.build import build_night  # noqa: E402
+from reassembler.rollout import Options  # noqa: E402
+
+
+def read_partition(output: Path, kind: str, ds: str = DS) -> list[dict]:
+    return pq.read_table(Path(output) / kind / f"ds={ds}").to_pylist()
+
+
+class Built:
+    def __init__(self, output: Path, summary):
+        self.output, self.summary = output, summary
+        self.rows = read_partition(output, "rows")
+        self.audit = {a["rollout_id"]: a for a in read_partition(output, "audit")}
+
+    def rows_of(self, rollout_id: str) -> list[dict]:
+        return [r for r in self.rows if r["rollout_id"] == rollout_id]
+
+
+@pytest.fixture
+def night(tmp_path) -> Night:
+    return Night(tmp_path)
+
+
+@pytest.fixture
+def build(tmp_path):
+    def run(night: Night, options: Options = Options(), shards: int = 1, **kw) -> Built:
+        inp = night.write(**kw)
+        out = tmp_path / "output"
+        return Built(out, build_night(inp, out, night.ds, options, shards))
+    return run

@@ -1,0 +1,273 @@
+"""Fault injection: one night per reason code. The faulty rollout is masked with exactly
+that code (and the call it names); the healthy rollout of the same group is untouched."""
+from __future__ import annotations
+
+import pytest
+from nights import answer, call, reasoning, tool_output, worked_example
+
+from reassembler.capture import record_digest
+from reassembler.reasons import Reason
+from reassembler.rollout import Options
+
+GOOD_COMPACTED = [[101, 102, 103, 11, 12, 201, 21, 22], [301, 302, 31, 501, 502, 51, 52]]
+GOOD_PLAIN = [[101, 102, 103, 11, 12, 201, 21, 22, 301, 302, 31, 401, 41, 501, 502, 51, 52]]
+
+
+def by_id(rows: list[dict], call_id: str) -> dict:
+    return next(r for r in rows if r["model_call_id"] == call_id)
+
+
+def retoken(ledger: dict, token: dict, **changes) -> None:
+    """Change fields on both sides and re-sign, so only `changes` is wrong."""
+    ledger.update(changes)
+    token.update(changes)
+    ledger["digest"] = token["digest"] = record_digest(
+        ledger, token["token_ids_delta"], token["token_mask_delta"], token["generation_logprobs_delta"])
+
+
+def set_lists(token: dict, ids=None, mask=None, lp=None) -> None:
+    if ids is not None:
+        token["token_ids_delta"] = ids
+    if mask is not None:
+        token["token_mask_delta"] = mask
+    if lp is not None:
+        token["generation_logprobs_delta"] = lp
+
+
+# name -> (inject(night), expected failed_call_id, options, compaction in the faulty rollout)
+def _rollout(night, compaction=True, **record):
+    return worked_example(night, "grp_g1", compaction=compaction, **record)
+
+
+def f_rollout_failed(n):
+    _rollout(n, failure_reason="sandbox crashed")
+
+
+def f_invalid_reward(n):
+    _rollout(n, reward=float("nan"))
+
+
+def f_empty_ledger(n):
+    _rollout(n)
+    n.ledger = [r for r in n.ledger if r["rollout_id"] != "grp_g1"]
+    n.tokens = [r for r in n.tokens if r["rollout_id"] != "grp_g1"]
+
+
+def f_duplicate_call_id(n):
+    ledger, _ = _rollout(n)
+    n.ledger.append(dict(by_id(ledger, "c2")))
+
+
+def f_capture_poisoned(n):
+    _rollout(n)
+    n.ledger.append({"rollout_id": "grp_g1", "model_call_id": "c6", "parent_call_id": "c5",
+                     "failure_reason": "capture timed out"})
+
+
+def f_unmatched_output(n):
+    _rollout(n)
+    n.rollouts[-1]["output"][3] = reasoning("r2, edited")
+
+
+def f_ambiguous_output(n):
+    ledger, tokens = _rollout(n)
+    twin = call("c2b", "c1", [201], [23, 24], [reasoning("r2"), answer("a2")])
+    from reassembler.capture import stage_rollout
+    c1 = call("c1", None, [101, 102, 103], [11, 12], [])
+    [_, (l2, t2)] = stage_rollout("grp_g1", [c1, twin])
+    n.ledger.append(l2)
+    n.tokens.append(t2)
+
+
+def f_empty_selection(n):
+    _rollout(n)
+    n.rollouts[-1]["output"] = [tool_output("only an observation")]
+
+
+def f_out_of_capture_order(n):
+    ledger, _ = _rollout(n)
+    i, j = n.ledger.index(by_id(ledger, "c1")), n.ledger.index(by_id(ledger, "c2"))
+    n.ledger[i], n.ledger[j] = n.ledger[j], n.ledger[i]
+
+
+def f_terminal_not_last(n):
+    _rollout(n, terminal_model_call_id="c3")
+
+
+def f_missing_root(n):
+    _rollout(n)
+    n.rollouts[-1]["output"] = n.rollouts[-1]["output"][3:]
+
+
+def f_broken_chain(n):
+    _rollout(n)
+    out = n.rollouts[-1]["output"]
+    n.rollouts[-1]["output"] = out[:5] + out[8:]  # drop c3's items and its tool output
+
+
+def f_missing_tokens(n):
+    _, tokens = _rollout(n)
+    n.tokens.remove(by_id(tokens, "c3"))
+
+
+def f_duplicate_tokens(n):
+    _, tokens = _rollout(n)
+    n.tokens.append(dict(by_id(tokens, "c3")))
+
+
+def f_unsupported_version(n):
+    ledger, _ = _rollout(n)
+    by_id(ledger, "c3")["digest_version"] = 3
+
+
+def f_field_mismatch(n):
+    _, tokens = _rollout(n)
+    by_id(tokens, "c3")["weight_version"] = 9
+
+
+def f_invalid_record(n):
+    ledger, tokens = _rollout(n)
+    retoken(by_id(ledger, "c3"), by_id(tokens, "c3"), mode="token_in")
+
+
+def f_length_mismatch(n):
+    ledger, tokens = _rollout(n)
+    retoken(by_id(ledger, "c3"), by_id(tokens, "c3"), cum_len=4)
+
+
+def f_parent_length_mismatch(n):
+    ledger, tokens = _rollout(n)
+    retoken(by_id(ledger, "c5"), by_id(tokens, "c5"), prev_len=4, cum_len=8)
+
+
+def f_invalid_token(n):
+    _, tokens = _rollout(n)
+    set_lists(by_id(tokens, "c5"), ids=[501, 502, 51, -1])
+
+
+def f_invalid_mask(n):
+    _, tokens = _rollout(n)
+    set_lists(by_id(tokens, "c5"), mask=[0.0, 0.0, 1.0, 0.0], lp=[0.0, 0.0, -0.5, 0.0])
+
+
+def f_empty_generation(n):
+    _, tokens = _rollout(n)
+    set_lists(by_id(tokens, "c5"), mask=[0.0] * 4, lp=[0.0] * 4)
+
+
+def f_invalid_logprob(n):
+    _, tokens = _rollout(n)
+    set_lists(by_id(tokens, "c5"), lp=[-0.1, 0.0, -0.5, -0.5])
+
+
+def f_digest_mismatch(n):
+    _, tokens = _rollout(n)
+    set_lists(by_id(tokens, "c5"), ids=[501, 502, 51, 53])
+
+
+def f_chain_hash_mismatch(n):
+    ledger, tokens = _rollout(n)
+    retoken(by_id(ledger, "c5"), by_id(tokens, "c5"), chain_hash="ab" * 32)
+
+
+def f_cumulative_hash_mismatch(n):
+    ledger, tokens = _rollout(n)
+    retoken(by_id(ledger, "c5"), by_id(tokens, "c5"), cumulative_hash="cd" * 32)
+
+
+def f_missing_terminal(n):
+    _rollout(n, compaction=False, terminal_model_call_id="c9")
+
+
+def f_missing_parent(n):
+    ledger, tokens = _rollout(n, compaction=False)
+    retoken(by_id(ledger, "c5"), by_id(tokens, "c5"), parent_call_id="ghost")
+
+
+def f_lineage_cycle(n):
+    ledger, _ = _rollout(n, compaction=False)
+    by_id(ledger, "c1")["parent_call_id"] = "c5"
+
+
+def f_order_mismatch(n):
+    ledger, _ = _rollout(n, compaction=False)
+    i, j = n.ledger.index(by_id(ledger, "c3")), n.ledger.index(by_id(ledger, "c4"))
+    n.ledger[i], n.ledger[j] = n.ledger[j], n.ledger[i]
+
+
+def f_history_rewritten(n):
+    _rollout(n, compaction=True)
+
+
+STRICT, TERMINAL = Options(offchain="strict"), Options(mode="terminal")
+CASES = {
+    Reason.ROLLOUT_FAILED: (f_rollout_failed, None, Options()),
+    Reason.INVALID_REWARD: (f_invalid_reward, None, Options()),
+    Reason.EMPTY_LEDGER: (f_empty_ledger, None, Options()),
+    Reason.DUPLICATE_CALL_ID: (f_duplicate_call_id, None, Options()),
+    Reason.CAPTURE_POISONED: (f_capture_poisoned, None, STRICT),
+    Reason.UNMATCHED_OUTPUT: (f_unmatched_output, None, Options()),
+    Reason.AMBIGUOUS_OUTPUT: (f_ambiguous_output, None, Options()),
+    Reason.EMPTY_SELECTION: (f_empty_selection, None, Options()),
+    Reason.OUT_OF_CAPTURE_ORDER: (f_out_of_capture_order, "c2", Options()),
+    Reason.TERMINAL_NOT_LAST: (f_terminal_not_last, "c5", Options()),
+    Reason.MISSING_ROOT: (f_missing_root, "c2", Options()),
+    Reason.BROKEN_CHAIN: (f_broken_chain, "c5", Options()),
+    Reason.MISSING_PARENT: (f_missing_parent, "c5", TERMINAL),
+    Reason.LINEAGE_CYCLE: (f_lineage_cycle, "c5", TERMINAL),
+    Reason.ORDER_MISMATCH: (f_order_mismatch, "c5", TERMINAL),
+    Reason.MISSING_TOKENS: (f_missing_tokens, "c3", Options()),
+    Reason.DUPLICATE_TOKENS: (f_duplicate_tokens, "c3", Options()),
+    Reason.UNSUPPORTED_VERSION: (f_unsupported_version, "c3", Options()),
+    Reason.FIELD_MISMATCH: (f_field_mismatch, "c3", Options()),
+    Reason.INVALID_RECORD: (f_invalid_record, "c3", Options()),
+    Reason.LENGTH_MISMATCH: (f_length_mismatch, "c3", Options()),
+    Reason.PARENT_LENGTH_MISMATCH: (f_parent_length_mismatch, "c5", Options()),
+    Reason.INVALID_TOKEN: (f_invalid_token, "c5", Options()),
+    Reason.INVALID_MASK: (f_invalid_mask, "c5", Options()),
+    Reason.EMPTY_GENERATION: (f_empty_generation, "c5", Options()),
+    Reason.INVALID_LOGPROB: (f_invalid_logprob, "c5", Options()),
+    Reason.DIGEST_MISMATCH: (f_digest_mismatch, "c5", Options()),
+    Reason.CHAIN_HASH_MISMATCH: (f_chain_hash_mismatch, "c5", Options()),
+    Reason.CUMULATIVE_HASH_MISMATCH: (f_cumulative_hash_mismatch, "c5", Options()),
+    Reason.MISSING_TERMINAL: (f_missing_terminal, "c9", TERMINAL),
+    Reason.HISTORY_REWRITTEN: (f_history_rewritten, "c5", TERMINAL),
+}
+
+
+def test_every_reason_code_has_a_fault_fixture():
+    assert set(CASES) == set(Reason)
+
+
+@pytest.mark.parametrize("reason", list(CASES), ids=lambda r: r.value)
+def test_fault_masks_only_its_rollout(reason, night, build):
+    inject, failed_call, options = CASES[reason]
+    compacted_good = options.mode == "select"
+    worked_example(night, "grp_g0", compaction=compacted_good, reward=1.0)
+    inject(night)
+    built = build(night, options)
+    bad = built.audit["grp_g1"]
+    assert (bad["status"], bad["reason"]) == ("masked", reason.value), bad["detail"]
+    assert bad["failed_call_id"] == failed_call
+    assert bad["advantage"] is None and bad["n_segments"] == 0
+    assert built.rows_of("grp_g1") == []
+    good = built.audit["grp_g0"]
+    assert good["status"] == "ok"
+    assert good["advantage"] == 0.0  # the only valid rollout of its group
+    assert [r["input_ids"] for r in built.rows_of("grp_g0")] == (GOOD_COMPACTED if compacted_good else GOOD_PLAIN)
+
+
+def test_poison_row_off_chain_is_counted_not_masked_under_the_default_policy(night, build):
+    f_capture_poisoned(night)
+    built = build(night)
+    audit = built.audit["grp_g1"]
+    assert audit["status"] == "ok"
+    assert (audit["n_offchain"], audit["n_offchain_faults"]) == (2, 1)  # c4 and the poison row
+
+
+def test_strict_policy_masks_a_faulty_off_chain_call_with_its_own_reason(night, build):
+    ledger, tokens = worked_example(night, "grp_g1")
+    set_lists(by_id(tokens, "c4"), ids=[401, 42])  # c4 is off-chain: its digest no longer matches
+    assert build(night).audit["grp_g1"]["status"] == "ok"
+    strict = build(night, STRICT).audit["grp_g1"]
+    assert (strict["reason"], strict["failed_call_id"]) == ("digest_mismatch", "c4")
