@@ -1,6 +1,6 @@
 -- Token rows that no ledger row of the night asks for: counted as rejects, never used.
 INSERT INTO rejects BY NAME
-SELECT CAST($ds AS DATE) AS ds, 'tokens' AS source, t.t_file AS file, t.t_row AS line,
+SELECT CAST($ds AS DATE) AS ds, 'tokens' AS source, replace(t.t_file, $token_dir, '') AS file, t.t_row AS line,
        'token row matches no ledger staging_key' AS error, t.t_staging_key AS raw,
        t.t_rollout_id AS rollout_id, t.t_model_call_id AS model_call_id
 FROM ({tokens}) t

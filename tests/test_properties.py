@@ -1,0 +1,87 @@
+"""Property-based tests: random chains, compactions and off-chain attempts rebuild exactly
+the captured tokens; any single corrupted token masks the rollout."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from inmemory import reassemble
+from nights import answer, call, reasoning, tool_output
+
+from reassembler.capture import stage_rollout
+
+token = st.integers(min_value=0, max_value=2**31 - 1)
+
+
+@st.composite
+def episodes(draw):
+    """A rollout: chains (compactions) of calls, some with rejected attempts before them."""
+    n_chains = draw(st.integers(1, 4))
+    calls, accepted, chains, output = [], [], [], []
+    prev = None
+    k = 0
+    for c in range(n_chains):
+        chain = []
+        for i in range(draw(st.integers(1, 5))):
+            k += 1
+            root = i == 0
+            prompt = draw(st.lists(token, min_size=1 if root else 0, max_size=6))
+            generated = draw(st.lists(token, min_size=1, max_size=6))
+            parent = None if root else prev.call_id
+            items = [reasoning(f"think {k}", f"rs_{k}")] + ([answer(f"answer {k}")] if draw(st.booleans()) else [])
+            if not root and draw(st.integers(0, 3)) == 0:  # a rejected attempt, left off-chain
+                calls.append(call(f"x{k}", parent, prompt, draw(st.lists(token, min_size=1, max_size=4)),
+                                  [reasoning(f"rejected {k}")]))
+            if root and prev is not None and draw(st.booleans()):  # a summarizer before the rewrite
+                calls.append(call(f"sum{k}", prev.call_id, [7], [8], [answer(f"summary {k}")]))
+            cc = call(f"c{k}", parent, prompt, generated, items, logprob=-float(k % 7) / 8)
+            calls.append(cc)
+            accepted.append(cc)
+            chain.append(cc)
+            output.extend(items)
+            if draw(st.booleans()):
+                output.append(tool_output(f"observation {k}"))
+            prev = cc
+        chains.append(chain)
+    return calls, chains, output
+
+
+def _record(output):
+    return {"rollout_id": "g_g0", "group_id": "g", "slot": 0, "reward": 1.0, "output": output}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(episodes())
+def test_rows_are_exactly_the_captured_chains(episode):
+    calls, chains, output = episode
+    outcome, batch = reassemble(_record(output), stage_rollout("g_g0", calls))
+    assert outcome.ok, (outcome.reason, outcome.detail)
+    assert len(outcome.segments) == len(chains)
+    assert outcome.n_offchain == len(calls) - sum(len(c) for c in chains)
+    for seg, chain in zip(outcome.segments, chains):
+        assert [c.model_call_id for c in seg.calls] == [c.call_id for c in chain]
+        expected_ids = np.concatenate([np.asarray(c.ids, dtype=np.int64) for c in chain])
+        expected_mask = np.concatenate([np.asarray(c.mask, dtype=np.float32) for c in chain])
+        rows = np.asarray(seg.token_rows)
+        offsets, ids, mask, lp = batch.gather(rows, np.array([len(rows)]))
+        assert ids.tolist() == expected_ids.tolist()
+        assert mask.tolist() == expected_mask.astype(np.int8).tolist()
+        assert int(batch.zeros[rows[0]]) == int((np.asarray(chain[0].mask) == 0).sum())
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(episodes(), st.data())
+def test_any_corrupted_token_of_an_accepted_call_masks_the_rollout(episode, data):
+    calls, chains, output = episode
+    staged = stage_rollout("g_g0", calls)
+    accepted = [c.call_id for chain in chains for c in chain]
+    target = data.draw(st.sampled_from(accepted))
+    _, token = next(s for s in staged if s[0]["model_call_id"] == target)
+    ids = np.array(token["token_ids_delta"], copy=True)
+    pos = data.draw(st.integers(0, len(ids) - 1))
+    ids[pos] = data.draw(st.integers(-5, 2**31 + 5).filter(lambda v: v != ids[pos]))
+    token["token_ids_delta"] = ids
+    outcome, _ = reassemble(_record(output), staged)
+    assert not outcome.ok
+    assert outcome.reason.value in ("digest_mismatch", "invalid_token")
+    assert outcome.failed_call_id == target
