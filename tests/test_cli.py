@@ -1,0 +1,59 @@
+"""The reassembler command as a user runs it: exit codes and one-line messages."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from nights import DS, worked_example
+
+from reassembler.cli import main
+
+
+def test_build_explain_report(tmp_path, night, capsys):
+    worked_example(night, "group_g0", compaction=True, reward=1.0)
+    inp = night.write()
+    out = tmp_path / "out"
+    assert main(["build", "--input", str(inp), "--output", str(out), "--ds", DS]) == 0
+    printed = capsys.readouterr().out
+    assert "1 rollouts, 1 ok, 0 masked (0.0%), 2 rows" in printed
+    assert main(["explain", "--output", str(out), "--ds", DS, "group_g0"]) == 0
+    text = capsys.readouterr().out
+    for line in ("select: items 0-1 -> c1", "select: items 2-3 -> c2", "select: items 4-5 -> c3",
+                 "select: items 6-7 -> c5", "cut: c3 root -> chain 1 [c3]", "cut: c5 continues -> chain 1 [c3, c5]",
+                 "finalize: walk c2 -> c1", "finalize: walk c5 -> c3", "off-chain: c4 (0 faulty)",
+                 "row group_g0_s1: calls [c3, c5], 7 tokens, 3 generated, prompt_len 2", "result: ok, 2 rows"):
+        assert line in text, line
+    assert main(["report", "--output", str(out)]) == 0
+    assert "2026-11-28  1         1   0" in capsys.readouterr().out
+
+
+def test_explain_names_the_reason_of_a_masked_rollout(tmp_path, night, capsys):
+    worked_example(night, "group_g0", compaction=True, terminal_model_call_id="c3")
+    out = tmp_path / "out"
+    assert main(["build", "--input", str(night.write()), "--output", str(out), "--ds", DS]) == 0
+    assert main(["explain", "--output", str(out), "--ds", DS, "group_g0"]) == 0
+    assert "result: masked, terminal_not_last at call c5: declared terminal c3, last selected c5" in capsys.readouterr().out
+
+
+def test_missing_input_exits_2_with_one_line_naming_the_folder(tmp_path, capsys):
+    assert main(["build", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o"), "--ds", DS]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"reassembler: error: {tmp_path}/nope/rollouts/ds={DS}: input partition folder is missing"
+    assert not (tmp_path / "o" / "rows").exists()
+
+
+def test_bad_usage_exits_2(tmp_path, capsys):
+    import pytest
+    with pytest.raises(SystemExit) as e:
+        main(["build", "--input", "x", "--output", "y", "--ds", "28-11-2026"])
+    assert e.value.code == 2
+    assert "ds must be YYYY-MM-DD" in capsys.readouterr().err
+
+
+def test_console_script_is_installed(tmp_path):
+    exe = Path(sys.executable).parent / "reassembler"
+    res = subprocess.run([str(exe), "synth", "--output", str(tmp_path), "--ds", DS, "--rollouts", "8",
+                          "--max-calls", "6", "--token-scale", "0.02"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "synth ds=2026-11-28: 8 rollouts" in res.stdout

@@ -1,0 +1,80 @@
+"""Publishing: whole partitions or nothing, identical reruns, audit checks that refuse."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from nights import DS, worked_example
+
+from reassembler import publish as publish_module
+from reassembler import shard as shard_module
+from reassembler.build import build_night
+from reassembler.publish import AuditCheckFailed
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def two_groups(night):
+    worked_example(night, "a_g0", compaction=True, reward=1.0)
+    worked_example(night, "a_g1", compaction=False, reward=0.0)
+    worked_example(night, "b_g0", compaction=False, reward=0.3, failure_reason="timeout")
+    return night.write()
+
+
+def test_rerun_of_the_same_night_publishes_identical_rows(tmp_path, two_groups):
+    out = tmp_path / "out"
+    first = build_night(two_groups, out, DS)
+    rows1 = _files(out / "rows" / f"ds={DS}")
+    second = build_night(two_groups, out, DS, shards=2)
+    rows2 = _files(out / "rows" / f"ds={DS}")
+    assert first.run_id != second.run_id
+    data = lambda files: {k: v for k, v in files.items() if k.startswith("part-")}  # noqa: E731
+    import pyarrow.parquet as pq
+    t1 = pq.read_table(out / "rows" / f"ds={DS}").to_pylist()
+    assert len(t1) == 3 and set(data(rows1)) == {"part-00000.parquet"} and "_SUCCESS" in rows2
+    build_night(two_groups, out, DS)
+    assert data(_files(out / "rows" / f"ds={DS}")) == data(rows1)  # byte for byte
+    assert not (out / "_staging" / DS).exists() or not any((out / "_staging" / DS).iterdir())
+
+
+def test_a_crash_in_a_shard_leaves_the_previous_partition(tmp_path, two_groups, monkeypatch):
+    out = tmp_path / "out"
+    build_night(two_groups, out, DS)
+    before = {k: _files(out / k / f"ds={DS}") for k in ("rows", "audit")}
+
+    def boom(*a, **k):
+        raise RuntimeError("worker killed")
+    monkeypatch.setattr(shard_module, "rows_table", boom)
+    with pytest.raises(RuntimeError):
+        build_night(two_groups, out, DS)
+    assert {k: _files(out / k / f"ds={DS}") for k in ("rows", "audit")} == before
+
+
+def test_a_crash_between_renames_leaves_nothing_half_and_the_next_run_recovers(tmp_path, two_groups, monkeypatch):
+    out = tmp_path / "out"
+    build_night(two_groups, out, DS)
+    real_rename = os.rename
+    calls = []
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # old partition moved aside, new one not yet in place
+            raise OSError("disk went away")
+        return real_rename(src, dst)
+    monkeypatch.setattr(publish_module.os, "rename", flaky)
+    with pytest.raises(OSError):
+        build_night(two_groups, out, DS)
+    assert not (out / "rows" / f"ds={DS}").exists()  # nothing, rather than a mix
+    monkeypatch.setattr(publish_module.os, "rename", real_rename)
+    summary = build_night(two_groups, out, DS)
+    assert summary.numbers.n_rows == 3 and not (out / "rows" / f"ds={DS}.old").exists()
+
+
+def test_mask_rate_over_the_limit_publishes_nothing_and_says_why(tmp_path, two_groups):
+    out = tmp_path / "out"
+    with pytest.raises(AuditCheckFailed, match=r"mask rate 0.333 \(1/3\) above the limit 0.100; top reasons: rollout_failed 1"):
+        build_night(two_groups, out, DS, max_mask_rate=0.1)
+    assert not (out / "rows").exists() and not (out / "audit").exists()
