@@ -137,7 +137,8 @@ class Call:
 
 def calls_from_rows(rows: list[dict]) -> list[Call]:
     """Group the joined rows of one rollout (capture order, one per token row) into calls.
-    `rows` carry a `_row` key: the row number in the unit's TokenBatch."""
+    `rows` carry `_row`, the row number in the unit's TokenBatch, and `token_fields`, the
+    token row's scalar columns (absent token row: `t_file` is null)."""
     calls: list[Call] = []
     for r in rows:
         if calls and calls[-1].capture_seq == r["capture_seq"]:
@@ -154,8 +155,8 @@ def calls_from_rows(rows: list[dict]) -> list[Call]:
             output_items=[(i["id"], i["fingerprint"]) for i in (r["output_items"] or [])],
             failure_reason=r["failure_reason"],
         )
-        if r["t_staging_key"] is not None:
+        if r["t_file"] is not None:
             call.token_rows.append(r["_row"])
-            call.token_fields = {name: r["t_" + name] for name in SHARED_FIELDS}
+            call.token_fields = r["token_fields"]
         calls.append(call)
     return calls

@@ -3,8 +3,8 @@
 - rollouts and ledger JSONL are parsed line by line (records.py) and inserted in chunks;
   a line that is not JSON, or not the shape of its record, becomes a reject row;
 - token Parquet is not copied: each file's schema is checked (a missing column or an
-  unsupported type stops the night with exit 2) and the files are exposed to SQL through
-  `token_rows_sql`, which normalizes every accepted alternative type.
+  unsupported type stops the night with exit 2); `token_rows_sql` exposes the scalar
+  columns to SQL, and token_store.py reads the lists of the rows a shard needs.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from .records import RecordError, parse_ledger_row, parse_rollout
 from .warehouse import run_script, sql
 
-CHUNK_ROWS = 20_000
+CHUNK_ROWS = 5_000
 RAW_CHARS = 300
 
 
@@ -198,7 +198,6 @@ _INT_COLS = ("prev_len", "delta_len", "cum_len", "weight_version",
              "schema_version", "digest_version", "extras_digest_version")
 _DIGEST_COLS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
 LOGPROB_NAMES = ("generation_logprobs_delta", "generation_log_probs_delta")
-_F32_MAX = "3.4028234663852886e38"
 
 
 def _is_string(t: pa.DataType) -> bool:
@@ -211,8 +210,9 @@ def _list_value_type(t: pa.DataType) -> pa.DataType | None:
     return None
 
 
-def _column_exprs(schema: pa.Schema, rel: str) -> dict[str, str]:
-    """The normalizing SQL expression of each varying column, or InputError."""
+def check_token_schema(schema: pa.Schema, rel: str) -> dict[str, str]:
+    """Check one token file's schema (InputError naming the problem). Returns the file's
+    column name for each canonical column that has alternatives."""
     def need(name: str) -> pa.DataType:
         if name not in schema.names:
             raise InputError(f"{rel}: token file has no column {name}")
@@ -229,38 +229,23 @@ def _column_exprs(schema: pa.Schema, rel: str) -> dict[str, str]:
         t = need(name)
         if not pa.types.is_integer(t):
             raise bad(name, t, "int64")
-    exprs = {}
     for name in _DIGEST_COLS:
         t = need(name)
-        if _is_string(t):
-            exprs[name] = f"CAST({name} AS VARCHAR)"
-        elif pa.types.is_fixed_size_binary(t) and t.byte_width == 32:
-            exprs[name] = f"lower(hex({name}))"
-        else:
+        if not (_is_string(t) or (pa.types.is_fixed_size_binary(t) and t.byte_width == 32)):
             raise bad(name, t, "string (64 hex) or fixed_size_binary(32)")
     t = need("token_ids_delta")
-    vt = _list_value_type(t)
-    if vt not in (pa.int64(), pa.int32()):
+    if _list_value_type(t) not in (pa.int64(), pa.int32()):
         raise bad("token_ids_delta", t, "list<int64> or list<int32>")
     t = need("token_mask_delta")
-    vt = _list_value_type(t)
-    if vt not in (pa.float32(), pa.bool_(), pa.int8()):
+    if _list_value_type(t) not in (pa.float32(), pa.bool_(), pa.int8()):
         raise bad("token_mask_delta", t, "list<float32>, list<bool> or list<int8>")
-    exprs["mask"] = "CAST(token_mask_delta AS FLOAT[])"
     lp_name = next((n for n in LOGPROB_NAMES if n in schema.names), None)
     if lp_name is None:
         raise InputError(f"{rel}: token file has no column generation_logprobs_delta")
     t = schema.field(lp_name).type
-    vt = _list_value_type(t)
-    if vt == pa.float32():
-        exprs["logprobs"] = f"CAST({lp_name} AS FLOAT[])"
-    elif vt == pa.float64():
-        exprs["logprobs"] = (
-            f"list_transform({lp_name}, lambda x: CASE WHEN x > {_F32_MAX} THEN 'inf'::FLOAT "
-            f"WHEN x < -{_F32_MAX} THEN '-inf'::FLOAT ELSE x::FLOAT END)")
-    else:
+    if _list_value_type(t) not in (pa.float32(), pa.float64()):
         raise bad(lp_name, t, "list<float32> or list<float64>")
-    return exprs
+    return {"generation_logprobs_delta": lp_name}
 
 
 def _sql_string(s: str) -> str:
@@ -268,20 +253,17 @@ def _sql_string(s: str) -> str:
 
 
 def token_rows_sql(night: NightFiles) -> str:
-    """A SELECT over all the night's token files, normalized (sql/token_files.sql)."""
-    groups: dict[tuple, list[str]] = {}
+    """A SELECT of the keys of all the night's token rows (sql/token_files.sql), after
+    checking every file's schema."""
+    paths = []
     for rel in night.tokens:
         path = night.path("tokens", rel)
         try:
             schema = pq.read_schema(path)
         except Exception as e:  # pyarrow raises several types for a broken footer
             raise InputError(f"{rel}: unreadable Parquet file ({str(e).splitlines()[0]})") from e
-        exprs = _column_exprs(schema, rel)
-        groups.setdefault(tuple(sorted(exprs.items())), []).append(str(path))
-    if not groups:
+        check_token_schema(schema, rel)
+        paths.append(str(path))
+    if not paths:
         return sql("token_empty")
-    parts = []
-    for key, paths in groups.items():
-        files = "[" + ", ".join(_sql_string(p) for p in paths) + "]"
-        parts.append(sql("token_files", files=files, **dict(key)))
-    return "\nUNION ALL\n".join(parts)
+    return sql("token_files", files="[" + ", ".join(_sql_string(p) for p in paths) + "]")

@@ -1,9 +1,10 @@
-"""Reassemble one shard of a night: stream its calls joined to their tokens, in batches of
-whole groups, and write its rows and audit rows to the run's staging folder.
+"""Reassemble one shard of a night: stream its calls joined to their token rows, in
+batches of whole groups, and write its rows and audit rows to the run's staging folder.
 
-Memory is bounded by the batch: DuckDB streams the join (sql/shard_calls.sql) through
-`to_arrow_reader`, rows are cut at a group boundary once a batch holds `batch_rows` calls,
-and each batch is checked, built and written before the next one is read.
+Memory is bounded by the batch: DuckDB sorts and streams only the small columns of the
+join (sql/shard_calls.sql, through `to_arrow_reader`); a batch is cut at a group boundary
+once it holds `batch_rows` calls; the token lists of just that batch are then read
+(token_store.py), checked, built into rows and written before the next batch is read.
 """
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from .calls import calls_from_rows
 from .read import NightFiles, token_rows_sql
 from .rollout import Options, Outcome, reassemble_rollout
 from .rows import AUDIT_SCHEMA, ROW_SCHEMA, audit_table, rows_table
+from .token_store import TokenStore
 from .tokens import TokenBatch
 from .warehouse import sql
 
-TOKEN_COLUMNS = ("t_token_ids", "t_mask", "t_logprobs")
 ROW_GROUP_ROWS = 256
 
 
@@ -48,10 +49,12 @@ def _rollouts(con, params: dict) -> Iterator[dict]:
         yield from batch.to_pylist()
 
 
-def _units(call_batches, rollouts: Iterator[dict], batch_rows: int):
-    """(rollouts, call table) pairs, each holding whole groups, in output order."""
+def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens: int):
+    """(rollouts, call table) pairs, each holding whole groups, in output order. A unit is
+    cut at the first group boundary once it holds `batch_rows` calls or `batch_tokens`
+    tokens (as the ledger declares them)."""
     pending: list[pa.RecordBatch] = []
-    buffered = 0
+    buffered = tokens = 0
     queued = iter(rollouts)
     head: list[dict] = []
 
@@ -72,7 +75,8 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int):
             continue
         pending.append(batch)
         buffered += batch.num_rows
-        if buffered < batch_rows:
+        tokens += pc.sum(batch.column("delta_len")).as_py() or 0
+        if buffered < batch_rows and tokens < batch_tokens:
             continue
         table = pa.Table.from_batches(pending)
         groups = table.column("group_id")
@@ -83,17 +87,22 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int):
         yield take_rollouts(last), table.slice(0, cut)
         pending = table.slice(cut).to_batches()
         buffered = table.num_rows - cut
+        tokens = pc.sum(table.column("delta_len").slice(cut)).as_py() or 0
     table = pa.Table.from_batches(pending, schema=call_batches.schema)
     yield take_rollouts(None), table
 
 
-def reassemble_unit(rollouts: list[dict], table: pa.Table, options: Options,
+def reassemble_unit(rollouts: list[dict], table: pa.Table, tokens: pa.Table, options: Options,
                     trace: dict[str, list[str]] | None = None) -> tuple[list[Outcome], TokenBatch]:
-    batch = TokenBatch(*(table.column(c) for c in TOKEN_COLUMNS))
-    meta = table.drop_columns(list(TOKEN_COLUMNS)).to_pylist()
+    """`table`: the unit's call rows (sql/shard_calls.sql); `tokens`: their token rows, row
+    for row, in the canonical columns of token_store.py."""
+    batch = TokenBatch(tokens.column("ids"), tokens.column("mask"), tokens.column("logprobs"))
+    meta = table.to_pylist()
+    token_fields = tokens.drop_columns(["ids", "mask", "logprobs"]).to_pylist()
     by_rollout: dict[str, list[dict]] = {}
     for i, row in enumerate(meta):
         row["_row"] = i
+        row["token_fields"] = token_fields[i]
         by_rollout.setdefault(row["rollout_id"], []).append(row)
     outcomes = []
     for r in rollouts:
@@ -113,25 +122,29 @@ def reassemble_one(con, night: NightFiles, rollout_id: str, options: Options) ->
     if not rollouts:
         return None, [], None
     table = con.cursor().sql(sql("shard_calls", tokens=token_rows_sql(night)), params=params).to_arrow_table()
+    tokens = TokenStore().fetch(table.column("t_file"), table.column("t_row"))
     trace: dict[str, list[str]] = {}
-    outcomes, batch = reassemble_unit(rollouts, table, options, trace)
+    outcomes, batch = reassemble_unit(rollouts, table, tokens, options, trace)
     return outcomes[0], trace.get(rollout_id, []), batch
 
 
 def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str, staging: Path,
-              batch_rows: int = 4096, log: Callable[[str], None] | None = None) -> ShardResult:
+              batch_rows: int = 4096, batch_tokens: int = 250_000,
+              log: Callable[[str], None] | None = None) -> ShardResult:
     """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet."""
     params = {"ds": night.ds, "shard": shard, "rollout_id": None}
     calls = con.cursor().sql(sql("shard_calls", tokens=token_rows_sql(night)), params=params)
-    reader = calls.to_arrow_reader(min(batch_rows, 2048))
+    reader = calls.to_arrow_reader(64)
     result = ShardResult(shard)
+    store = TokenStore(cache_bytes=64 << 20)
     name = f"part-{shard:05d}.parquet"
     (staging / "rows").mkdir(parents=True, exist_ok=True)
     (staging / "audit").mkdir(parents=True, exist_ok=True)
     with pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA) as rows_out, \
             pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA) as audit_out:
-        for rollouts, table in _units(reader, _rollouts(con.cursor(), params), batch_rows):
-            outcomes, batch = reassemble_unit(rollouts, table, options)
+        for rollouts, table in _units(reader, _rollouts(con.cursor(), params), batch_rows, batch_tokens):
+            tokens = store.fetch(table.column("t_file"), table.column("t_row"))
+            outcomes, batch = reassemble_unit(rollouts, table, tokens, options)
             rows = rows_table(outcomes, batch)
             if rows.num_rows:
                 rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)

@@ -16,7 +16,7 @@ WAREHOUSE_FILE = "warehouse.duckdb"
 class DuckDBSettings:
     """Resource limits for every DuckDB connection the job opens (set explicitly, always)."""
 
-    memory_limit: str = "512MB"
+    memory_limit: str = "128MB"
     threads: int = 2
     temp_directory: str | None = None  # default: <output>/_tmp/duckdb
 
@@ -50,7 +50,7 @@ def connect(output_dir: str | Path, settings: DuckDBSettings = DuckDBSettings(),
         "memory_limit": settings.memory_limit,
         "threads": settings.threads,
         "temp_directory": str(temp),
-        "preserve_insertion_order": True,
+        "preserve_insertion_order": False,
     })
     if not read_only:
         run_script(con, "schema")

@@ -1,0 +1,111 @@
+"""Fetch given token rows from the night's Parquet files, in canonical types.
+
+The shard query (sql/shard_calls.sql) sorts only the ledger and, for each call, the token
+row's file and row number. `TokenStore.fetch` then reads just the row groups those rows
+sit in and casts every column to the canonical types of CONTRACT.md 2.3: strings, int64,
+digests as lowercase hex (fixed_size_binary(32) is hex-encoded), list<int64> ids and
+list<float32> mask and logprobs (bool/int8 masks widened, float64 logprobs narrowed with
+overflow to +-inf). Rows come back in the order asked.
+
+Decoded row groups are kept in a small LRU cache bounded in bytes. Token files written
+roughly in rollout order (as capture writes them) are read about once; a shuffled night is
+still correct and bounded in memory, only slower (row groups are read again).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .read import LOGPROB_NAMES
+
+IDS = pa.list_(pa.int64())
+FLOATS = pa.list_(pa.float32())
+STRINGS = ("rollout_id", "model_call_id", "parent_call_id", "mode")
+INTS = ("prev_len", "delta_len", "cum_len", "weight_version", "schema_version", "digest_version",
+        "extras_digest_version")
+DIGESTS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
+LISTS = (("ids", "token_ids_delta", IDS), ("mask", "token_mask_delta", FLOATS),
+         ("logprobs", "generation_logprobs_delta", FLOATS))
+CANONICAL = pa.schema([(n, pa.string()) for n in STRINGS] + [(n, pa.int64()) for n in INTS]
+                      + [(n, pa.string()) for n in DIGESTS] + [(n, t) for n, _, t in LISTS])
+
+
+def _hex(column: pa.ChunkedArray) -> pa.Array:
+    if pa.types.is_fixed_size_binary(column.type):
+        return pa.array([None if v is None else v.hex() for v in column.to_pylist()], pa.string())
+    return column.cast(pa.string())
+
+
+class _File:
+    def __init__(self, path: str):
+        self.path = path
+        self.metadata = pq.read_metadata(path)
+        names = self.metadata.schema.to_arrow_schema().names
+        lp = next(n for n in LOGPROB_NAMES if n in names)  # the contract's name wins
+        self.sources = {n: n for n in STRINGS + INTS + DIGESTS}
+        self.sources.update({name: column for name, column, _ in LISTS}, logprobs=lp)
+        sizes = [self.metadata.row_group(i).num_rows for i in range(self.metadata.num_row_groups)]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    def read(self, group: int) -> pa.Table:
+        t = pq.ParquetFile(self.path, metadata=self.metadata).read_row_group(
+            group, columns=list(dict.fromkeys(self.sources.values())))
+        columns = []
+        for field in CANONICAL:
+            col = t.column(self.sources[field.name])
+            columns.append(_hex(col) if field.name in DIGESTS else col.cast(field.type))
+        return pa.table(columns, schema=CANONICAL)
+
+
+class TokenStore:
+    def __init__(self, cache_bytes: int = 256 << 20):
+        self.cache_bytes = cache_bytes
+        self._files: dict[str, _File] = {}
+        self._cache: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
+        self._cached = 0
+        self.row_groups_read = 0
+
+    def _group(self, file: _File, group: int) -> pa.Table:
+        key = (file.path, group)
+        table = self._cache.get(key)
+        if table is not None:
+            self._cache.move_to_end(key)
+            return table
+        table = file.read(group)
+        self.row_groups_read += 1
+        self._cache[key] = table
+        self._cached += table.nbytes
+        while self._cached > self.cache_bytes and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cached -= old.nbytes
+        return table
+
+    def fetch(self, files: pa.ChunkedArray, rows: pa.ChunkedArray) -> pa.Table:
+        """The token rows at (file, row) pairs, in that order; all null where file is null."""
+        n = len(files)
+        encoded = files.combine_chunks().dictionary_encode() if n else pa.DictionaryArray.from_arrays([], [])
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        rows_np = rows.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) if n else np.zeros(0, np.int64)
+        present = ~encoded.is_null().to_numpy(zero_copy_only=False) if n else np.zeros(0, bool)
+        positions, pieces = [], []
+        for code, path in enumerate(encoded.dictionary.to_pylist()):
+            file = self._files.get(path) or self._files.setdefault(path, _File(path))
+            idx = np.flatnonzero(present & (codes == code))
+            groups = np.searchsorted(file.starts, rows_np[idx], side="right") - 1
+            for g in np.unique(groups):
+                sub = idx[groups == g]
+                pieces.append(self._group(file, int(g)).take(pa.array(rows_np[sub] - file.starts[g])))
+                positions.append(sub)
+        missing = np.flatnonzero(~present)
+        if len(missing):
+            pieces.append(pa.table([pa.nulls(len(missing), f.type) for f in CANONICAL], schema=CANONICAL))
+            positions.append(missing)
+        if not pieces:
+            return CANONICAL.empty_table()
+        table = pa.concat_tables(pieces)
+        order = np.empty(n, dtype=np.int64)
+        order[np.concatenate(positions)] = np.arange(n)
+        return table.take(pa.array(order)).combine_chunks()

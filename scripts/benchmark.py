@@ -1,0 +1,92 @@
+"""Benchmark: build speed against a pyarrow read+write baseline, and peak memory at 1x and 4x.
+
+Prints ratios measured in this one run (nothing here is asserted by the tests):
+  speed  = build time / time for pyarrow to read the night's token Parquet and write the
+           same three list columns once (goal <= 1.5)
+  memory = peak RSS of the build process on a ~10M-token night (goal <= 1 GiB), and on a
+           night 4x larger (goal: within 20%)
+
+Usage: python scripts/benchmark.py [--tokens 10e6] [--workdir bench-out] [--shards 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from reassembler.synth import SynthConfig, synth_night
+
+DS = "2026-11-28"
+TOKENS_PER_ROLLOUT = 24_000  # SynthConfig defaults: ~24k tokens per rollout on average
+
+CHILD = """
+import json, resource, sys, time
+from reassembler.build import build_night
+t = time.perf_counter()
+s = build_night(sys.argv[1], sys.argv[2], sys.argv[3], shards=int(sys.argv[4]))
+print(json.dumps({"seconds": time.perf_counter() - t, "rows": s.numbers.n_rows,
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def baseline_seconds(token_dir: Path, scratch: Path) -> float:
+    """pyarrow alone: read the three list columns of every token file, write them once."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    for f in sorted(token_dir.glob("*.parquet")):
+        names = pq.read_schema(f).names
+        lp = "generation_logprobs_delta" if "generation_logprobs_delta" in names else "generation_log_probs_delta"
+        table = pq.read_table(f, columns=["token_ids_delta", "token_mask_delta", lp])
+        pq.write_table(table, scratch / f.name, row_group_size=256)
+    return time.perf_counter() - t
+
+
+def night(workdir: Path, name: str, tokens: float, seed: int) -> tuple[Path, dict]:
+    root = workdir / name
+    shutil.rmtree(root, ignore_errors=True)
+    rollouts = max(8, int(tokens / TOKENS_PER_ROLLOUT))
+    totals = synth_night(root / "input", DS, SynthConfig(rollouts=rollouts, seed=seed))
+    return root, totals
+
+
+def build(root: Path, shards: int) -> dict:
+    res = subprocess.run([sys.executable, "-c", CHILD, str(root / "input"), str(root / "output"), DS, str(shards)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=float, default=10e6)
+    p.add_argument("--workdir", default="bench-out")
+    p.add_argument("--shards", type=int, default=1)
+    args = p.parse_args()
+    work = Path(args.workdir)
+
+    root1, t1 = night(work, "1x", args.tokens, seed=1)
+    base = baseline_seconds(root1 / "input" / "tokens" / f"ds={DS}", work / "baseline")
+    b1 = build(root1, args.shards)
+    root4, t4 = night(work, "4x", 4 * args.tokens, seed=4)
+    b4 = build(root4, args.shards)
+
+    print(f"night 1x: {t1['rollouts']} rollouts, {t1['calls']} calls, {t1['tokens'] / 1e6:.1f}M tokens, "
+          f"{t1['token_files']} token files")
+    print(f"night 4x: {t4['rollouts']} rollouts, {t4['calls']} calls, {t4['tokens'] / 1e6:.1f}M tokens")
+    print(f"build 1x: {b1['seconds']:.2f} s ({t1['tokens'] / b1['seconds'] / 1e6:.1f}M tokens/s), "
+          f"{b1['rows']} rows; peak RSS {b1['rss_mib']:.0f} MiB")
+    print(f"build 4x: {b4['seconds']:.2f} s ({t4['tokens'] / b4['seconds'] / 1e6:.1f}M tokens/s), "
+          f"{b4['rows']} rows; peak RSS {b4['rss_mib']:.0f} MiB")
+    print(f"pyarrow baseline 1x (read + write the three list columns): {base:.2f} s")
+    print(f"speed ratio  build / baseline          = {b1['seconds'] / base:.2f}   (goal <= 1.5)")
+    print(f"memory       peak RSS 1x               = {b1['rss_mib']:.0f} MiB (goal <= 1024)")
+    print(f"memory ratio peak RSS 4x / 1x          = {b4['rss_mib'] / b1['rss_mib']:.2f}   (goal <= 1.20)")
+
+
+if __name__ == "__main__":
+    main()
