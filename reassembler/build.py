@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
@@ -71,12 +73,21 @@ class BuildSummary:
 
 def build_night(input_dir, output_dir, ds: str, options: Options = Options(), shards: int = 1,
                 settings: DuckDBSettings = DuckDBSettings(), max_mask_rate: float = 1.0,
-                run_id: str | None = None, log: Callable[[str], None] | None = None) -> BuildSummary:
+                run_id: str | None = None, log: Callable[[str], None] | None = None,
+                workers: int = 1) -> BuildSummary:
+    """`workers` > 1 runs that many shards at once in worker processes (each opens the
+    warehouse read-only), as Airflow's mapped tasks do."""
     started = time.perf_counter()
     run_id = run_id or new_run_id(ds)
     load = load_step(input_dir, output_dir, ds, shards, settings)
-    for k in range(shards):
-        shard_step(input_dir, output_dir, ds, k, run_id, options, settings, log)
+    if workers > 1 and shards > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, shards), mp_context=get_context("fork")) as pool:
+            for done in [pool.submit(shard_step, input_dir, output_dir, ds, k, run_id, options, settings)
+                         for k in range(shards)]:
+                done.result()  # re-raises a worker's error
+    else:
+        for k in range(shards):
+            shard_step(input_dir, output_dir, ds, k, run_id, options, settings, log)
     seconds = time.perf_counter() - started
     numbers = publish_step(input_dir, output_dir, ds, run_id, options, settings, max_mask_rate, seconds)
     return BuildSummary(run_id, load, numbers, time.perf_counter() - started)

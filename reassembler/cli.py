@@ -58,6 +58,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-std-normalize", action="store_true")
     b.add_argument("--leave-one-out", action="store_true")
     b.add_argument("--shards", type=_positive, default=1)
+    b.add_argument("--workers", type=_positive, default=1, help="shards to run at once, in worker processes")
     b.add_argument("--max-mask-rate", type=_rate, default=1.0,
                    help="refuse to publish a night whose share of masked rollouts is above this")
     b.add_argument("--memory-limit", default=DuckDBSettings.memory_limit)
@@ -96,7 +97,7 @@ def run(args) -> int:
         options = Options(args.mode, args.offchain, not args.no_std_normalize, args.leave_one_out)
         settings = DuckDBSettings(args.memory_limit, args.threads, args.temp_directory)
         s = build_night(args.input, args.output, args.ds, options, args.shards, settings, args.max_mask_rate,
-                        log=None)
+                        workers=args.workers)
         n = s.numbers
         print(f"built ds={args.ds} in {s.seconds:.1f}s: {n.audit_rows} rollouts, {n.ok_rollouts} ok, "
               f"{n.masked} masked ({n.mask_rate:.1%}), {n.n_rows} rows; {s.load.n_rejects} rejected input rows")

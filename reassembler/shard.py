@@ -21,7 +21,7 @@ from .advantage import assign_advantages
 from .calls import calls_from_rows
 from .read import NightFiles, token_rows_sql
 from .rollout import Options, Outcome, reassemble_rollout
-from .rows import AUDIT_SCHEMA, ROW_SCHEMA, audit_table, rows_table
+from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, rows_table
 from .token_store import TokenStore
 from .tokens import TokenBatch
 from .warehouse import sql
@@ -140,7 +140,7 @@ def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str,
     name = f"part-{shard:05d}.parquet"
     (staging / "rows").mkdir(parents=True, exist_ok=True)
     (staging / "audit").mkdir(parents=True, exist_ok=True)
-    with pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA) as rows_out, \
+    with pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA, **ROW_WRITE_OPTIONS) as rows_out, \
             pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA) as audit_out:
         for rollouts, table in _units(reader, _rollouts(con.cursor(), params), batch_rows, batch_tokens):
             tokens = store.fetch(table.column("t_file"), table.column("t_row"))

@@ -97,7 +97,12 @@ class TokenStore:
             groups = np.searchsorted(file.starts, rows_np[idx], side="right") - 1
             for g in np.unique(groups):
                 sub = idx[groups == g]
-                pieces.append(self._group(file, int(g)).take(pa.array(rows_np[sub] - file.starts[g])))
+                local = rows_np[sub] - file.starts[g]
+                table = self._group(file, int(g))
+                if local[-1] - local[0] + 1 == len(local) and np.all(np.diff(local) == 1):
+                    pieces.append(table.slice(int(local[0]), len(local)))  # rows in file order: no copy
+                else:
+                    pieces.append(table.take(pa.array(local)))
                 positions.append(sub)
         missing = np.flatnonzero(~present)
         if len(missing):
@@ -106,6 +111,9 @@ class TokenStore:
         if not pieces:
             return CANONICAL.empty_table()
         table = pa.concat_tables(pieces)
+        placed = np.concatenate(positions)
+        if np.all(placed == np.arange(n)):  # capture written in rollout order: already in place
+            return table
         order = np.empty(n, dtype=np.int64)
-        order[np.concatenate(positions)] = np.arange(n)
-        return table.take(pa.array(order)).combine_chunks()
+        order[placed] = np.arange(n)
+        return table.take(pa.array(order))

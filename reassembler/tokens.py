@@ -33,11 +33,18 @@ def _flatten(column: pa.ChunkedArray | pa.Array, fill, dtype) -> tuple[np.ndarra
 
 
 def _per_row(flags: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """How many flags are set inside each row's [start, start + length)."""
-    cs = np.zeros(len(flags) + 1, dtype=np.int64)
-    np.cumsum(flags, out=cs[1:])
-    ln = np.maximum(lengths, 0)
-    return cs[starts + ln] - cs[starts]
+    """How many flags are set inside each row's [start, start + length). Rows tile the flat
+    array in order, so each set flag belongs to the last row starting at or before it
+    (empty rows never do: they are skipped by searchsorted's `right` side)."""
+    hits = np.flatnonzero(flags)
+    if len(hits) == 0:
+        return np.zeros(len(starts), dtype=np.int64)
+    if len(hits) > len(flags) // 8:  # dense: one cumulative sum is cheaper
+        cs = np.zeros(len(flags) + 1, dtype=np.int64)
+        np.cumsum(flags, out=cs[1:])
+        return cs[starts + np.maximum(lengths, 0)] - cs[starts]
+    rows = np.searchsorted(starts, hits, side="right") - 1
+    return np.bincount(rows, minlength=len(starts)).astype(np.int64)
 
 
 class TokenBatch:
