@@ -62,7 +62,7 @@ def test_every_reason_code_is_produced_by_the_night(synth):
 def test_shards_change_nothing(synth):
     root, _, _ = synth
     one = build_night(root / "input", root / "one", DS, shards=1)
-    three = build_night(root / "input", root / "three", DS, shards=3)
+    three = build_night(root / "input", root / "three", DS, shards=3, workers=2)  # worker processes
     assert sorted((root / "three" / "rows" / f"ds={DS}").glob("part-*.parquet"))[2].name == "part-00002.parquet"
     t1 = pq.read_table(root / "one" / "rows" / f"ds={DS}").to_pylist()
     t3 = pq.read_table(root / "three" / "rows" / f"ds={DS}").to_pylist()
