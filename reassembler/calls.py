@@ -10,16 +10,11 @@ from dataclasses import dataclass, field
 
 from .digests import staged_call_digest
 from .reasons import Masked, Reason
-from .records import HEX64
+from .records import HEX64, SHARED_FIELDS
 
 SUPPORTED_SCHEMA = (2, 3)
 SUPPORTED_DIGEST = (2,)
 SUPPORTED_EXTRAS = (1,)
-SHARED_FIELDS = (
-    "rollout_id", "model_call_id", "parent_call_id", "mode", "prev_len", "delta_len", "cum_len",
-    "weight_version", "schema_version", "digest_version", "extras_digest_version",
-    "digest", "extras_digest", "chain_hash", "cumulative_hash",
-)
 
 
 @dataclass(slots=True, eq=False)

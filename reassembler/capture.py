@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from . import digests
 from .items import fingerprint
+from .records import LEDGER_INTS, SHARED_FIELDS
 
 
 @dataclass
@@ -74,10 +75,7 @@ def stage_rollout(rollout_id: str, calls: list[CapturedCall], schema_version: in
             "failure_reason": None,
         }
         ledger["digest"] = record_digest(ledger, ids, mask, lp)
-        token = {k: ledger[k] for k in (
-            "staging_key", "rollout_id", "model_call_id", "parent_call_id", "mode", "prev_len",
-            "delta_len", "cum_len", "weight_version", "schema_version", "digest_version",
-            "extras_digest_version", "digest", "extras_digest", "chain_hash", "cumulative_hash")}
+        token = {k: ledger[k] for k in ("staging_key",) + SHARED_FIELDS}
         token.update(token_ids_delta=ids, token_mask_delta=mask, generation_logprobs_delta=lp)
         out.append((ledger, token))
     return out
@@ -93,6 +91,15 @@ def record_digest(ledger: dict, ids, mask, lp) -> str:
         "parent_call_id", "mode", "prev_len", "delta_len", "cum_len", "weight_version",
         "extras_digest", "chain_hash", "cumulative_hash")}
     return digests.staged_call_digest(**fields, ids_be=ids_be, mask_be=mask_be, logprobs_be=lp_be)
+
+
+def resign(ledger: dict, token: dict, **changes) -> None:
+    """Change fields on both the ledger row and its token row, then recompute the
+    staged-record digest: a fault injector's way to make `changes` the only thing wrong."""
+    ledger.update(changes)
+    token.update(changes)
+    ledger["digest"] = token["digest"] = record_digest(
+        ledger, token["token_ids_delta"], token["token_mask_delta"], token["generation_logprobs_delta"])
 
 
 # ---------------------------------------------------------------- files
@@ -148,8 +155,7 @@ def token_table(rows: list[dict], types: TokenFileTypes = TokenFileTypes()) -> p
         "parent_call_id": pa.array(col("parent_call_id"), pa.string()),
         "mode": pa.array(col("mode"), pa.string()),
     }
-    for name in ("prev_len", "delta_len", "cum_len", "weight_version", "schema_version",
-                 "digest_version", "extras_digest_version"):
+    for name in LEDGER_INTS:
         columns[name] = pa.array(col(name), pa.int64())
     for name in ("digest", "extras_digest", "chain_hash", "cumulative_hash"):
         columns[name] = digest_col(name)

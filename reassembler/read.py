@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .records import RecordError, parse_ledger_row, parse_rollout
+from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, RecordError, parse_ledger_row, parse_rollout
 from .warehouse import run_script, sql
 
 CHUNK_ROWS = 5_000
@@ -193,10 +193,6 @@ def load_night(con: duckdb.DuckDBPyConnection, night: NightFiles) -> LoadSummary
 
 # ---------------------------------------------------------------- token Parquet -> SQL
 
-_STRING_COLS = ("staging_key", "rollout_id", "model_call_id", "parent_call_id", "mode")
-_INT_COLS = ("prev_len", "delta_len", "cum_len", "weight_version",
-             "schema_version", "digest_version", "extras_digest_version")
-_DIGEST_COLS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
 LOGPROB_NAMES = ("generation_logprobs_delta", "generation_log_probs_delta")
 
 
@@ -221,15 +217,15 @@ def check_token_schema(schema: pa.Schema, rel: str) -> dict[str, str]:
     def bad(name: str, t, expected: str) -> InputError:
         return InputError(f"{rel}: column {name} has type {t}, expected {expected}")
 
-    for name in _STRING_COLS:
+    for name in ("staging_key",) + LINEAGE_FIELDS:
         t = need(name)
         if not (_is_string(t) or pa.types.is_null(t)):
             raise bad(name, t, "string")
-    for name in _INT_COLS:
+    for name in LEDGER_INTS:
         t = need(name)
         if not pa.types.is_integer(t):
             raise bad(name, t, "int64")
-    for name in _DIGEST_COLS:
+    for name in LEDGER_DIGESTS:
         t = need(name)
         if not (_is_string(t) or (pa.types.is_fixed_size_binary(t) and t.byte_width == 32)):
             raise bad(name, t, "string (64 hex) or fixed_size_binary(32)")

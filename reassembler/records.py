@@ -17,11 +17,14 @@ from .items import generated_items
 
 LINEAGE_SUFFIX = ".lineage.jsonl"
 HEX64 = re.compile(r"[0-9a-f]{64}")
+# The custody fields a ledger row shares with its token row (CONTRACT.md 2.2 / 2.3).
+LINEAGE_FIELDS = ("rollout_id", "model_call_id", "parent_call_id", "mode")
 LEDGER_INTS = (
     "prev_len", "delta_len", "cum_len", "weight_version",
     "schema_version", "digest_version", "extras_digest_version",
 )
 LEDGER_DIGESTS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
+SHARED_FIELDS = LINEAGE_FIELDS + LEDGER_INTS + LEDGER_DIGESTS
 
 
 class RecordError(ValueError):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .capture import TOKEN_FILE_VARIANTS, CapturedCall, record_digest, stage_rollout, write_token_file
+from .capture import TOKEN_FILE_VARIANTS, CapturedCall, resign, stage_rollout, write_token_file
 from .reasons import Reason as R
 
 # fault kind -> (reason under select mode, reason under terminal mode or None = not predicted,
@@ -166,14 +166,6 @@ def _bogus_hash(seed: str) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()
 
 
-def _retoken(ledger: dict, token: dict, **changes) -> None:
-    """Change fields on both sides and re-sign the record (the fault is only `changes`)."""
-    ledger.update(changes)
-    token.update(changes)
-    ledger["digest"] = token["digest"] = record_digest(
-        ledger, token["token_ids_delta"], token["token_mask_delta"], token["generation_logprobs_delta"])
-
-
 def _inject(fault: str, ro: _Rollout, record: dict, staged: list, rng) -> None:
     """Apply one fault to a staged rollout (ledger and token rows, record), in place."""
     acc_ids = [c.call_id for c in ro.accepted]
@@ -259,10 +251,10 @@ def _inject(fault: str, ro: _Rollout, record: dict, staged: list, rng) -> None:
             ids[-1] = (ids[-1] + 1) % 1000
     elif fault == "chain_hash_mismatch":
         _, ledger, token = pick()
-        _retoken(ledger, token, chain_hash=_bogus_hash(ro.rid + "chain"))
+        resign(ledger, token, chain_hash=_bogus_hash(ro.rid + "chain"))
     elif fault == "cumulative_hash_mismatch":
         _, ledger, token = pick([len(acc_ids) - 1])
-        _retoken(ledger, token, cumulative_hash=_bogus_hash(ro.rid + "cumulative"))
+        resign(ledger, token, cumulative_hash=_bogus_hash(ro.rid + "cumulative"))
 
 
 class _Writer:
@@ -361,10 +353,10 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
                                          staging_key=key)[-2:]
             if fault == "dangling_parent":
                 extra_staged = extra_staged[:1]
-                _retoken(*extra_staged[0], parent_call_id="call-never-captured")
+                resign(*extra_staged[0], parent_call_id="call-never-captured")
             else:
-                _retoken(*extra_staged[0], parent_call_id="late-b")
-                _retoken(*extra_staged[1], parent_call_id="late-a")
+                resign(*extra_staged[0], parent_call_id="late-b")
+                resign(*extra_staged[1], parent_call_id="late-a")
             staged.extend(extra_staged)
         if fault is not None:
             _inject(fault, ro, record, staged, gen.rng)

@@ -19,14 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .read import LOGPROB_NAMES
+from .read import LOGPROB_NAMES, InputError
+from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS
 
 IDS = pa.list_(pa.int64())
 FLOATS = pa.list_(pa.float32())
-STRINGS = ("rollout_id", "model_call_id", "parent_call_id", "mode")
-INTS = ("prev_len", "delta_len", "cum_len", "weight_version", "schema_version", "digest_version",
-        "extras_digest_version")
-DIGESTS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
+STRINGS, INTS, DIGESTS = LINEAGE_FIELDS, LEDGER_INTS, LEDGER_DIGESTS
 LISTS = (("ids", "token_ids_delta", IDS), ("mask", "token_mask_delta", FLOATS),
          ("logprobs", "generation_logprobs_delta", FLOATS))
 CANONICAL = pa.schema([(n, pa.string()) for n in STRINGS] + [(n, pa.int64()) for n in INTS]
@@ -51,8 +49,11 @@ class _File:
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
     def read(self, group: int) -> pa.Table:
-        t = pq.ParquetFile(self.path, metadata=self.metadata).read_row_group(
-            group, columns=list(dict.fromkeys(self.sources.values())))
+        try:
+            t = pq.ParquetFile(self.path, metadata=self.metadata).read_row_group(
+                group, columns=list(dict.fromkeys(self.sources.values())))
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"{self.path}: unreadable row group {group} ({str(e).splitlines()[0]})") from e
         columns = []
         for field in CANONICAL:
             col = t.column(self.sources[field.name])

@@ -5,15 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from reassembler.calls import SHARED_FIELDS
+from reassembler.records import LEDGER_INTS as _INTS
+from reassembler.records import SHARED_FIELDS
 from reassembler.records import parse_rollout
 from reassembler.rollout import Options
 from reassembler.shard import reassemble_unit
 from reassembler.token_store import CANONICAL
 
 _ITEMS = pa.list_(pa.struct([("id", pa.string()), ("fingerprint", pa.string())]))
-_INTS = ("prev_len", "delta_len", "cum_len", "weight_version", "schema_version", "digest_version",
-         "extras_digest_version")
 SCHEMA = pa.schema(
     [("group_id", pa.string()), ("rollout_id", pa.string()), ("capture_seq", pa.int64())]
     + [(k, pa.int64() if k in _INTS else pa.string()) for k in SHARED_FIELDS if k != "rollout_id"]

@@ -135,3 +135,19 @@ def test_reload_replaces_the_night_instead_of_appending(tmp_path, night):
             load_night(con, find_night(inp, DS))
         assert con.execute("SELECT count(*) FROM ledger").fetchone()[0] == 5
         assert con.execute("SELECT count(*) FROM rollouts").fetchone()[0] == 1
+
+
+def test_a_damaged_data_page_is_a_one_line_error_not_a_traceback(tmp_path, night, capsys):
+    from reassembler.cli import main
+
+    worked_example(night, "grp_g0")
+    inp = night.write()
+    path = inp / "tokens" / f"ds={DS}" / "tokens.parquet"
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 3
+    data[middle:middle + 200] = b"\xff" * 200  # the footer survives, a data page does not
+    path.write_bytes(bytes(data))
+    assert main(["build", "--input", str(inp), "--output", str(tmp_path / "out"), "--ds", DS]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("reassembler: error: ") and "tokens.parquet" in err and "\n" not in err
+    assert not (tmp_path / "out" / "rows").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from nights import answer, call, reasoning, tool_output, worked_example
 
-from reassembler.capture import record_digest
+from reassembler.capture import resign
 from reassembler.reasons import Reason
 from reassembler.rollout import Options
 
@@ -15,14 +15,6 @@ GOOD_PLAIN = [[101, 102, 103, 11, 12, 201, 21, 22, 301, 302, 31, 401, 41, 501, 5
 
 def by_id(rows: list[dict], call_id: str) -> dict:
     return next(r for r in rows if r["model_call_id"] == call_id)
-
-
-def retoken(ledger: dict, token: dict, **changes) -> None:
-    """Change fields on both sides and re-sign, so only `changes` is wrong."""
-    ledger.update(changes)
-    token.update(changes)
-    ledger["digest"] = token["digest"] = record_digest(
-        ledger, token["token_ids_delta"], token["token_mask_delta"], token["generation_logprobs_delta"])
 
 
 def set_lists(token: dict, ids=None, mask=None, lp=None) -> None:
@@ -127,17 +119,17 @@ def f_field_mismatch(n):
 
 def f_invalid_record(n):
     ledger, tokens = _rollout(n)
-    retoken(by_id(ledger, "c3"), by_id(tokens, "c3"), mode="token_in")
+    resign(by_id(ledger, "c3"), by_id(tokens, "c3"), mode="token_in")
 
 
 def f_length_mismatch(n):
     ledger, tokens = _rollout(n)
-    retoken(by_id(ledger, "c3"), by_id(tokens, "c3"), cum_len=4)
+    resign(by_id(ledger, "c3"), by_id(tokens, "c3"), cum_len=4)
 
 
 def f_parent_length_mismatch(n):
     ledger, tokens = _rollout(n)
-    retoken(by_id(ledger, "c5"), by_id(tokens, "c5"), prev_len=4, cum_len=8)
+    resign(by_id(ledger, "c5"), by_id(tokens, "c5"), prev_len=4, cum_len=8)
 
 
 def f_invalid_token(n):
@@ -167,12 +159,12 @@ def f_digest_mismatch(n):
 
 def f_chain_hash_mismatch(n):
     ledger, tokens = _rollout(n)
-    retoken(by_id(ledger, "c5"), by_id(tokens, "c5"), chain_hash="ab" * 32)
+    resign(by_id(ledger, "c5"), by_id(tokens, "c5"), chain_hash="ab" * 32)
 
 
 def f_cumulative_hash_mismatch(n):
     ledger, tokens = _rollout(n)
-    retoken(by_id(ledger, "c5"), by_id(tokens, "c5"), cumulative_hash="cd" * 32)
+    resign(by_id(ledger, "c5"), by_id(tokens, "c5"), cumulative_hash="cd" * 32)
 
 
 def f_missing_terminal(n):
@@ -181,7 +173,7 @@ def f_missing_terminal(n):
 
 def f_missing_parent(n):
     ledger, tokens = _rollout(n, compaction=False)
-    retoken(by_id(ledger, "c5"), by_id(tokens, "c5"), parent_call_id="ghost")
+    resign(by_id(ledger, "c5"), by_id(tokens, "c5"), parent_call_id="ghost")
 
 
 def f_lineage_cycle(n):
