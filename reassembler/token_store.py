@@ -85,36 +85,34 @@ class TokenStore:
         return table
 
     def fetch(self, files: pa.ChunkedArray, rows: pa.ChunkedArray) -> pa.Table:
-        """The token rows at (file, row) pairs, in that order; all null where file is null."""
+        """The token rows at (file, row) pairs, in that order; all null where file is null.
+
+        The positions are cut into runs that read from one row group (or have no token
+        row); a run of consecutive rows is a zero-copy slice, anything else a take."""
         n = len(files)
-        encoded = files.combine_chunks().dictionary_encode() if n else pa.DictionaryArray.from_arrays([], [])
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
-        rows_np = rows.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) if n else np.zeros(0, np.int64)
-        present = ~encoded.is_null().to_numpy(zero_copy_only=False) if n else np.zeros(0, bool)
-        positions, pieces = [], []
-        for code, path in enumerate(encoded.dictionary.to_pylist()):
-            file = self._files.get(path) or self._files.setdefault(path, _File(path))
-            idx = np.flatnonzero(present & (codes == code))
-            groups = np.searchsorted(file.starts, rows_np[idx], side="right") - 1
-            for g in np.unique(groups):
-                sub = idx[groups == g]
-                local = rows_np[sub] - file.starts[g]
-                table = self._group(file, int(g))
-                if local[-1] - local[0] + 1 == len(local) and np.all(np.diff(local) == 1):
-                    pieces.append(table.slice(int(local[0]), len(local)))  # rows in file order: no copy
-                else:
-                    pieces.append(table.take(pa.array(local)))
-                positions.append(sub)
-        missing = np.flatnonzero(~present)
-        if len(missing):
-            pieces.append(pa.table([pa.nulls(len(missing), f.type) for f in CANONICAL], schema=CANONICAL))
-            positions.append(missing)
-        if not pieces:
+        if n == 0:
             return CANONICAL.empty_table()
-        table = pa.concat_tables(pieces)
-        placed = np.concatenate(positions)
-        if np.all(placed == np.arange(n)):  # capture written in rollout order: already in place
-            return table
-        order = np.empty(n, dtype=np.int64)
-        order[placed] = np.arange(n)
-        return table.take(pa.array(order))
+        encoded = files.combine_chunks().dictionary_encode()
+        present = ~encoded.is_null().to_numpy(zero_copy_only=False)
+        codes = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        rows_np = rows.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        opened = [self._files.get(p) or self._files.setdefault(p, _File(p)) for p in encoded.dictionary.to_pylist()]
+        groups = np.zeros(n, dtype=np.int64)
+        for code, file in enumerate(opened):
+            idx = np.flatnonzero(present & (codes == code))
+            groups[idx] = np.searchsorted(file.starts, rows_np[idx], side="right") - 1
+        key = np.where(present, (codes << 32) + groups, -1)
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1, [n]])
+        pieces = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if key[a] < 0:
+                pieces.append(pa.table([pa.nulls(b - a, f.type) for f in CANONICAL], schema=CANONICAL))
+                continue
+            file, group = opened[codes[a]], int(groups[a])
+            local = rows_np[a:b] - file.starts[group]
+            table = self._group(file, group)
+            if local[-1] - local[0] == b - a - 1 and np.all(np.diff(local) == 1):
+                pieces.append(table.slice(int(local[0]), int(b - a)))  # rows in file order: no copy
+            else:
+                pieces.append(table.take(pa.array(local)))
+        return pa.concat_tables(pieces)
