@@ -9,6 +9,7 @@ once it holds `batch_rows` calls; the token lists of just that batch are then re
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -140,15 +141,33 @@ def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str,
     name = f"part-{shard:05d}.parquet"
     (staging / "rows").mkdir(parents=True, exist_ok=True)
     (staging / "audit").mkdir(parents=True, exist_ok=True)
+    def fetch(unit):
+        rollouts, table = unit
+        return rollouts, table, store.fetch(table.column("t_file"), table.column("t_row"))
+
+    # One I/O thread reads the next batch's token row groups and writes the previous
+    # batch's rows while this thread checks the current batch (pyarrow releases the GIL).
+    # The thread runs its tasks in order, so the writers are never used concurrently.
     with pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA, **ROW_WRITE_OPTIONS) as rows_out, \
-            pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA) as audit_out:
-        for rollouts, table in _units(reader, _rollouts(con.cursor(), params), batch_rows, batch_tokens):
-            tokens = store.fetch(table.column("t_file"), table.column("t_row"))
-            outcomes, batch = reassemble_unit(rollouts, table, tokens, options)
-            rows = rows_table(outcomes, batch)
+            pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA) as audit_out, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-io") as io:
+        def write(rows, audit):
             if rows.num_rows:
                 rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
-            audit_out.write_table(audit_table(outcomes, batch, run_id))
+            audit_out.write_table(audit)
+
+        units = _units(reader, _rollouts(con.cursor(), params), batch_rows, batch_tokens)
+        first = next(units, None)
+        ahead = io.submit(fetch, first) if first is not None else None
+        writes = []
+        while ahead is not None:
+            rollouts, table, tokens = ahead.result()
+            following = next(units, None)
+            ahead = io.submit(fetch, following) if following is not None else None
+            outcomes, batch = reassemble_unit(rollouts, table, tokens, options)
+            rows = rows_table(outcomes, batch)
+            writes = [w for w in writes if not w.done() or w.result()]  # surface a failed write early
+            writes.append(io.submit(write, rows, audit_table(outcomes, batch, run_id)))
             result.n_rollouts += len(outcomes)
             result.n_ok += sum(o.ok for o in outcomes)
             result.n_rows += rows.num_rows
@@ -156,4 +175,6 @@ def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str,
             result.reasons.update(o.reason.value for o in outcomes if not o.ok)
             if log:
                 log(f"shard {shard}: {result.n_rollouts} rollouts, {result.n_ok} ok, {result.n_rows} rows")
+        for w in writes:
+            w.result()
     return result
