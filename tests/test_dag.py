@@ -110,3 +110,27 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-30", "-c", json.dumps({"ds": DS}))
     assert "state=success" in log
     assert {p.name: p.read_bytes() for p in rows_dir.glob("part-*.parquet")} == first
+
+
+def test_check_input_resolves_the_night_and_names_what_is_missing(tmp_path, monkeypatch, night):
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    from reassembler.read import InputError
+
+    check = DagBag(dag_folder=str(REPO / "dags")).dags["capture_rows_nightly"].get_task("check_input").python_callable
+    inp = night.write()  # ds 2026-11-28
+    monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_INPUT", str(inp))
+    monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_OUTPUT", str(tmp_path / "out"))
+    nightly = datetime(2026, 11, 29, 2, tzinfo=timezone.utc)
+    got = check(params={"ds": None, "shards": 2}, logical_date=nightly, dag_run=None, run_id="scheduled__2026-11-29T02:00:00+00:00")
+    assert got == {"ds": DS, "input_dir": str(inp), "output_dir": str(tmp_path / "out"),
+                   "run_key": "scheduled__2026-11-29T02_00_00_00_00"}
+    # a manual run without a logical date falls back to run_after
+    got = check(params={"ds": None, "shards": 2}, logical_date=None,
+                dag_run=SimpleNamespace(run_after=nightly), run_id="manual__1")
+    assert got["ds"] == DS
+    with pytest.raises(InputError, match=r"rollouts/ds=2026-11-27: input partition folder is missing"):
+        check(params={"ds": "2026-11-27", "shards": 2}, logical_date=nightly, dag_run=None, run_id="manual__2")

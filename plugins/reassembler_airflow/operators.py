@@ -10,10 +10,6 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from reassembler.build import shard_step
-from reassembler.rollout import Options
-from reassembler.warehouse import DuckDBSettings
-
 
 class ReassembleOperator(BaseOperator):
     """Select, cut and finalize the rollouts of shard `shard` of night `ds`.
@@ -40,6 +36,11 @@ class ReassembleOperator(BaseOperator):
         self.batch_rows = batch_rows
 
     def execute(self, context: Any) -> dict:
+        # imported here so that parsing the DAG file stays light (no DuckDB / Arrow import)
+        from reassembler.build import shard_step
+        from reassembler.rollout import Options
+        from reassembler.warehouse import DuckDBSettings
+
         options = Options(self.mode, self.offchain, bool(self.std_normalize), bool(self.leave_one_out))
         settings = DuckDBSettings(self.memory_limit, int(self.threads), self.temp_directory or None)
         self.log.info("reassembling shard %s of ds=%s from %s (%s)", self.shard, self.ds, self.input_dir, options)
