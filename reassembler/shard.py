@@ -45,7 +45,10 @@ class ShardResult:
 
 
 def _rollouts(con, params: dict) -> Iterator[dict]:
-    reader = con.sql(sql("shard_rollouts"), params=params).to_arrow_reader(1024)
+    return _records(con.sql(sql("shard_rollouts"), params=params).to_arrow_reader(1024))
+
+
+def _records(reader) -> Iterator[dict]:
     for batch in reader:
         yield from batch.to_pylist()
 
@@ -134,6 +137,9 @@ def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str,
               log: Callable[[str], None] | None = None) -> ShardResult:
     """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet."""
     params = {"ds": night.ds, "shard": shard, "rollout_id": None}
+    # Both streams run at once on the same database; the small rollouts query starts
+    # first so that the calls query's sort can take the rest of the memory limit.
+    rollouts = _rollouts(con.cursor(), params)
     calls = con.cursor().sql(sql("shard_calls", tokens=token_rows_sql(night)), params=params)
     reader = calls.to_arrow_reader(64)
     result = ShardResult(shard)
@@ -156,7 +162,7 @@ def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str,
                 rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
             audit_out.write_table(audit)
 
-        units = _units(reader, _rollouts(con.cursor(), params), batch_rows, batch_tokens)
+        units = _units(reader, rollouts, batch_rows, batch_tokens)
         first = next(units, None)
         ahead = io.submit(fetch, first) if first is not None else None
         writes = []
