@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from reassembler.synth import SynthConfig, synth_night
+from reassembler.warehouse import DuckDBSettings
 
 DS = "2026-11-28"
 TOKENS_PER_ROLLOUT = 24_000  # SynthConfig defaults: ~24k tokens per rollout on average
@@ -29,8 +30,10 @@ TOKENS_PER_ROLLOUT = 24_000  # SynthConfig defaults: ~24k tokens per rollout on 
 CHILD = """
 import json, resource, sys, time
 from reassembler.build import build_night
+from reassembler.warehouse import DuckDBSettings
 t = time.perf_counter()
-s = build_night(sys.argv[1], sys.argv[2], sys.argv[3], shards=int(sys.argv[4]), workers=int(sys.argv[5]))
+s = build_night(sys.argv[1], sys.argv[2], sys.argv[3], shards=int(sys.argv[4]), workers=int(sys.argv[5]),
+                settings=DuckDBSettings(memory_limit=sys.argv[6]))
 print(json.dumps({"seconds": time.perf_counter() - t, "rows": s.numbers.n_rows,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "worker_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
@@ -58,9 +61,9 @@ def night(workdir: Path, name: str, tokens: float, seed: int) -> tuple[Path, dic
     return root, totals
 
 
-def build(root: Path, shards: int, workers: int = 1) -> dict:
+def build(root: Path, shards: int, workers: int, memory_limit: str) -> dict:
     res = subprocess.run([sys.executable, "-c", CHILD, str(root / "input"), str(root / "output"), DS, str(shards),
-                          str(workers)], capture_output=True, text=True, check=True)
+                          str(workers), memory_limit], capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -69,16 +72,18 @@ def main() -> None:
     p.add_argument("--tokens", type=float, default=10e6)
     p.add_argument("--workdir", default="bench-out")
     p.add_argument("--workers", type=int, default=2, help="for the parallel run: shards = workers")
+    p.add_argument("--memory-limit", default=DuckDBSettings.memory_limit, help="DuckDB memory_limit of the builds")
     args = p.parse_args()
     work = Path(args.workdir)
 
     root1, t1 = night(work, "1x", args.tokens, seed=1)
     base = baseline_seconds(root1 / "input" / "tokens" / f"ds={DS}", work / "baseline")
-    b1 = build(root1, 1)
-    bp = build(root1, args.workers, args.workers)
+    b1 = build(root1, 1, 1, args.memory_limit)
+    bp = build(root1, args.workers, args.workers, args.memory_limit)
     root4, t4 = night(work, "4x", 4 * args.tokens, seed=4)
-    b4 = build(root4, 1)
+    b4 = build(root4, 1, 1, args.memory_limit)
 
+    print(f"DuckDB memory_limit {args.memory_limit}")
     print(f"night 1x: {t1['rollouts']} rollouts, {t1['calls']} calls, {t1['tokens'] / 1e6:.1f}M tokens, "
           f"{t1['token_files']} token files")
     print(f"night 4x: {t4['rollouts']} rollouts, {t4['calls']} calls, {t4['tokens'] / 1e6:.1f}M tokens")
