@@ -91,8 +91,9 @@ class _Inserter:
 
     def flush(self) -> None:
         if self.rows:
-            batch = pa.Table.from_pylist(self.rows, schema=self.schema)  # noqa: F841 (read by SQL)
+            self.con.register("batch", pa.Table.from_pylist(self.rows, schema=self.schema))
             self.con.execute(self.statement, {"ds": self.ds})
+            self.con.unregister("batch")
             self.count += len(self.rows)
             self.rows = []
 
