@@ -184,7 +184,7 @@ def load_night(con: duckdb.DuckDBPyConnection, night: NightFiles) -> LoadSummary
         con.execute(sql("orphan_ledger_rejects"), {"ds": ds})
         con.execute(sql("orphan_token_rejects", tokens=tokens),
                     {"ds": ds, "token_dir": str(night.path("tokens", "")).rstrip("/") + "/"})
-        n_rejects = con.execute("SELECT count(*) FROM rejects WHERE ds = $ds", {"ds": ds}).fetchone()[0]
+        n_rejects = con.execute(sql("count_rejects"), {"ds": ds}).fetchone()[0]
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

@@ -1,0 +1,2 @@
+-- Reject rows of one night (the load summary).
+SELECT count(*) FROM rejects WHERE ds = $ds;
