@@ -20,7 +20,7 @@ def episodes(draw):
     calls, accepted, chains, output = [], [], [], []
     prev = None
     k = 0
-    for c in range(n_chains):
+    for _ in range(n_chains):
         chain = []
         for i in range(draw(st.integers(1, 5))):
             k += 1
