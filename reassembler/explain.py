@@ -29,7 +29,7 @@ def explain(output_dir, ds: str, rollout_id: str) -> str:
              f"mode {opts.mode}, off-chain policy {opts.offchain}; published by run {run_id}",
              f"ledger: {len(ledger)} calls in capture order: " + ", ".join(
                  f"{cid} ({'poison: ' + fr if fr else 'root' if parent is None else 'parent ' + parent})"
-                 for cid, parent, fr in ledger),
+                 for cid, parent, fr in ledger) if ledger else "ledger: no calls",
              f"output: {len(r['generated_items'] or [])} generated items"]
     lines += trace
     if outcome.ok:
