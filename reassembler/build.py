@@ -34,6 +34,8 @@ def load_step(input_dir, output_dir, ds: str, shards: int = 1,
         raise ValueError("shards must be >= 1")
     night = find_night(input_dir, ds)
     shutil.rmtree(Path(output_dir) / "_staging" / ds, ignore_errors=True)  # earlier failed runs
+    for stale in (Path(settings.temp_directory or Path(output_dir) / "_tmp" / "duckdb")).glob("pid-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # spill folders of finished processes
     with connect(output_dir, settings) as con:
         summary = load_night(con, night)
         con.execute(sql("plan_shards"), {"ds": ds, "shards": shards})

@@ -18,7 +18,7 @@ class DuckDBSettings:
 
     memory_limit: str = "128MB"
     threads: int = 2
-    temp_directory: str | None = None  # default: <output>/_tmp/duckdb
+    temp_directory: str | None = None  # default: <output>/_tmp/duckdb (a pid-<n> folder per process)
 
 
 def sql(name: str, **fragments: str) -> str:
@@ -42,7 +42,8 @@ def connect(output_dir: str | Path, settings: DuckDBSettings = DuckDBSettings(),
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     path = Path(database) if database is not None else output_dir / WAREHOUSE_FILE
-    temp = Path(settings.temp_directory or output_dir / "_tmp" / "duckdb")
+    # one spill folder per process: shards run at once, each with its own DuckDB instance
+    temp = Path(settings.temp_directory or output_dir / "_tmp" / "duckdb") / f"pid-{os.getpid()}"
     temp.mkdir(parents=True, exist_ok=True)
     if read_only and not path.exists():
         raise FileNotFoundError(f"{path}: no warehouse here; run `reassembler build` first")
