@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from .read import InputError, find_night
+from .reasons import DESCRIPTIONS
 from .rollout import Options
 from .shard import reassemble_one
 from .warehouse import connect, sql
@@ -48,6 +49,7 @@ def explain(output_dir, ds: str, rollout_id: str) -> str:
     else:
         at = f" at call {outcome.failed_call_id}" if outcome.failed_call_id else ""
         lines.append(f"result: masked, {outcome.reason.value}{at}: {outcome.detail}")
+        lines.append(f"  ({outcome.reason.value}: {DESCRIPTIONS[outcome.reason]})")
     if (status == "ok") != outcome.ok or (reason or None) != (outcome.reason.value if outcome.reason else None):
         lines.append(f"warning: the published audit row says {status} {reason or ''}; "
                      "the input changed since it was built")

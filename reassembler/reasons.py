@@ -85,22 +85,6 @@ DESCRIPTIONS: dict[Reason, str] = {
     Reason.HISTORY_REWRITTEN: "terminal mode: the ledger holds several roots (context compaction)",
 }
 
-#: Token-row checks of 3.3 that need no other call: they make an off-chain call "faulty".
-RECORD_CHECKS: tuple[Reason, ...] = (
-    Reason.MISSING_TOKENS,
-    Reason.DUPLICATE_TOKENS,
-    Reason.UNSUPPORTED_VERSION,
-    Reason.FIELD_MISMATCH,
-    Reason.INVALID_RECORD,
-    Reason.LENGTH_MISMATCH,
-    Reason.INVALID_TOKEN,
-    Reason.INVALID_MASK,
-    Reason.EMPTY_GENERATION,
-    Reason.INVALID_LOGPROB,
-    Reason.DIGEST_MISMATCH,
-)
-
-
 class Masked(Exception):
     """Raised inside the per-rollout steps: the rollout is masked with `reason`."""
 

@@ -33,7 +33,9 @@ def test_explain_names_the_reason_of_a_masked_rollout(tmp_path, night, capsys):
     out = tmp_path / "out"
     assert main(["build", "--input", str(night.write()), "--output", str(out), "--ds", DS]) == 0
     assert main(["explain", "--output", str(out), "--ds", DS, "group_g0"]) == 0
-    assert "result: masked, terminal_not_last at call c5: declared terminal c3, last selected c5" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "result: masked, terminal_not_last at call c5: declared terminal c3, last selected c5" in text
+    assert "(terminal_not_last: the declared terminal call is not the last selected call)" in text
 
 
 def test_missing_input_exits_2_with_one_line_naming_the_folder(tmp_path, capsys):

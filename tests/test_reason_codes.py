@@ -227,8 +227,10 @@ CASES = {
 }
 
 
-def test_every_reason_code_has_a_fault_fixture():
-    assert set(CASES) == set(Reason)
+def test_every_reason_code_has_a_fault_fixture_and_a_description():
+    from reassembler.reasons import DESCRIPTIONS
+
+    assert set(CASES) == set(Reason) == set(DESCRIPTIONS)
 
 
 @pytest.mark.parametrize("reason", list(CASES), ids=lambda r: r.value)
