@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from reassembler.synth import SynthConfig, synth_night
+from reassembler.synth import SynthConfig, read_expected, synth_night
 from reassembler.warehouse import DuckDBSettings
 
 DS = "2026-11-28"
@@ -66,6 +66,16 @@ def build(root: Path, shards: int, workers: int, memory_limit: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def outcomes_match(root: Path) -> tuple[int, int]:
+    """Audit rows of a built night that agree with what synth recorded having injected."""
+    expected = read_expected(root / "input", DS)
+    audit = pq.read_table(root / "output" / "audit" / f"ds={DS}", columns=["rollout_id", "status", "reason"])
+    agree = sum((a["status"], a["reason"]) == (expected[a["rollout_id"]]["select"]["status"],
+                                               expected[a["rollout_id"]]["select"]["reason"])
+                for a in audit.to_pylist())
+    return agree, len(expected)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=float, default=10e6)
@@ -90,6 +100,9 @@ def main() -> None:
     print(f"night 1x: {t1['rollouts']} rollouts, {t1['calls']} calls, {t1['tokens'] / 1e6:.1f}M tokens, "
           f"{t1['token_files']} token files")
     print(f"night 4x: {t4['rollouts']} rollouts, {t4['calls']} calls, {t4['tokens'] / 1e6:.1f}M tokens")
+    for name, root in (("1x", root1), ("4x", root4)):
+        agree, total = outcomes_match(root)
+        print(f"night {name}: {agree}/{total} audit rows match the outcomes synth recorded")
     print(f"build 1x: {b1['seconds']:.2f} s ({t1['tokens'] / b1['seconds'] / 1e6:.1f}M tokens/s), "
           f"{b1['rows']} rows; peak RSS {b1['rss_mib']:.0f} MiB")
     print(f"build 4x: {b4['seconds']:.2f} s ({t4['tokens'] / b4['seconds'] / 1e6:.1f}M tokens/s), "
