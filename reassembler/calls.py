@@ -98,8 +98,9 @@ class Call:
                 got = "null" if n < 0 else f"{n} items"
                 raise Masked(Reason.LENGTH_MISMATCH, f"{name} is {got}, delta_len {self.delta_len}", cid)
 
-    def check_tokens(self, batch) -> None:
-        """token ids, mask, logprobs, then the staged-record digest."""
+    def check_tokens(self, batch) -> memoryview:
+        """token ids, mask, logprobs, then the staged-record digest. Returns the call's
+        token ids as big-endian u64 bytes (for the chain and cumulative hashes)."""
         fault = batch.token_fault(self.token_row)
         if fault:
             raise Masked(fault[0], fault[1], self.model_call_id)
@@ -115,6 +116,7 @@ class Call:
         if recomputed != self.digest:
             raise Masked(Reason.DIGEST_MISMATCH, f"recomputed {recomputed[:16]}.. != ledger {self.digest[:16]}..",
                          self.model_call_id)
+        return ids_be
 
     def record_fault(self, batch) -> Masked | None:
         """The first record check of this call that fails on its own (off-chain faults)."""

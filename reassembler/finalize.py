@@ -58,20 +58,21 @@ def finalize_chain(chain: list[Call], by_id: dict[str, Call], batch, trace: list
                      f"walk [{', '.join(c.model_call_id for c in walk)}] != chain "
                      f"[{', '.join(c.model_call_id for c in chain)}]", leaf.model_call_id)
     parent_hash = None
+    ids_parts = []
     for k, call in enumerate(chain):
         call.check_record(batch)
         if k > 0 and chain[k - 1].cum_len != call.prev_len:
             raise Masked(Reason.PARENT_LENGTH_MISMATCH,
                          f"parent {chain[k - 1].model_call_id} cum_len {chain[k - 1].cum_len} != prev_len {call.prev_len}",
                          call.model_call_id)
-        call.check_tokens(batch)
-        ids_be = batch.be_views(call.token_row)[0]
+        ids_be = call.check_tokens(batch)
+        ids_parts.append(ids_be)
         recomputed = chain_hash(parent_hash, ids_be)
         if recomputed != call.chain_hash:
             raise Masked(Reason.CHAIN_HASH_MISMATCH, f"recomputed {recomputed[:16]}.. != ledger {call.chain_hash[:16]}..",
                          call.model_call_id)
         parent_hash = recomputed
-    joined = cumulative_hash([batch.be_views(c.token_row)[0] for c in chain])
+    joined = cumulative_hash(ids_parts)
     if joined != leaf.cumulative_hash:
         raise Masked(Reason.CUMULATIVE_HASH_MISMATCH,
                      f"hash of the joined row {joined[:16]}.. != leaf cumulative_hash {leaf.cumulative_hash[:16]}..",

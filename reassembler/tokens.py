@@ -24,9 +24,11 @@ def _flatten(column: pa.ChunkedArray | pa.Array, fill, dtype) -> tuple[np.ndarra
     lengths = pc.fill_null(lengths, 0).to_numpy(zero_copy_only=False).astype(np.int64)
     starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    flat = pc.fill_null(pc.list_flatten(column), fill)
+    flat = pc.list_flatten(column)
     if isinstance(flat, pa.ChunkedArray):
         flat = flat.combine_chunks() if flat.num_chunks else pa.array([], type=flat.type)
+    if flat.null_count:
+        flat = pc.fill_null(flat, fill)
     values = flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
     lengths[null] = -1
     return values, starts, lengths
@@ -110,9 +112,14 @@ class TokenBatch:
         total = int(lens.sum())
         seg_offsets = np.zeros(len(rows), dtype=np.int64)
         np.cumsum(lens[:-1], out=seg_offsets[1:])
-        idx = np.arange(total, dtype=np.int64) + np.repeat(self.id_starts[rows] - seg_offsets, lens)
-        midx = np.arange(total, dtype=np.int64) + np.repeat(self.mask_starts[rows] - seg_offsets, lens)
-        lidx = np.arange(total, dtype=np.int64) + np.repeat(self.lp_starts[rows] - seg_offsets, lens)
+        base = np.arange(total, dtype=np.int64)
+        idx = base + np.repeat(self.id_starts[rows] - seg_offsets, lens)
+        same = np.array_equal(self.id_starts, self.mask_starts) and np.array_equal(self.id_starts, self.lp_starts)
+        if same:  # the usual case: every row's three lists have the same length
+            midx = lidx = idx
+        else:
+            midx = base + np.repeat(self.mask_starts[rows] - seg_offsets, lens)
+            lidx = base + np.repeat(self.lp_starts[rows] - seg_offsets, lens)
         bounds = np.zeros(len(row_lengths) + 1, dtype=np.int64)
         np.cumsum(row_lengths, out=bounds[1:])
         seg_ends = np.zeros(len(rows) + 1, dtype=np.int64)
