@@ -207,9 +207,8 @@ def _list_value_type(t: pa.DataType) -> pa.DataType | None:
     return None
 
 
-def check_token_schema(schema: pa.Schema, rel: str) -> dict[str, str]:
-    """Check one token file's schema (InputError naming the problem). Returns the file's
-    column name for each canonical column that has alternatives."""
+def check_token_schema(schema: pa.Schema, rel: str) -> None:
+    """Check one token file's schema; InputError naming the file and the problem."""
     def need(name: str) -> pa.DataType:
         if name not in schema.names:
             raise InputError(f"{rel}: token file has no column {name}")
@@ -242,7 +241,6 @@ def check_token_schema(schema: pa.Schema, rel: str) -> dict[str, str]:
     t = schema.field(lp_name).type
     if _list_value_type(t) not in (pa.float32(), pa.float64()):
         raise bad(lp_name, t, "list<float32> or list<float64>")
-    return {"generation_logprobs_delta": lp_name}
 
 
 def _sql_string(s: str) -> str:

@@ -165,15 +165,16 @@ def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str,
         units = _units(reader, rollouts, batch_rows, batch_tokens)
         first = next(units, None)
         ahead = io.submit(fetch, first) if first is not None else None
-        writes = []
+        last_write = None
         while ahead is not None:
             rollouts, table, tokens = ahead.result()
             following = next(units, None)
             ahead = io.submit(fetch, following) if following is not None else None
             outcomes, batch = reassemble_unit(rollouts, table, tokens, options)
             rows = rows_table(outcomes, batch)
-            writes = [w for w in writes if not w.done() or w.result()]  # surface a failed write early
-            writes.append(io.submit(write, rows, audit_table(outcomes, batch, run_id)))
+            if last_write is not None:
+                last_write.result()  # re-raises a failed write; usually long finished
+            last_write = io.submit(write, rows, audit_table(outcomes, batch, run_id))
             result.n_rollouts += len(outcomes)
             result.n_ok += sum(o.ok for o in outcomes)
             result.n_rows += rows.num_rows
@@ -181,6 +182,6 @@ def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str,
             result.reasons.update(o.reason.value for o in outcomes if not o.ok)
             if log:
                 log(f"shard {shard}: {result.n_rollouts} rollouts, {result.n_ok} ok, {result.n_rows} rows")
-        for w in writes:
-            w.result()
+        if last_write is not None:
+            last_write.result()
     return result

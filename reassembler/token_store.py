@@ -67,7 +67,6 @@ class TokenStore:
         self._files: dict[str, _File] = {}
         self._cache: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
         self._cached = 0
-        self.row_groups_read = 0
 
     def _group(self, file: _File, group: int) -> pa.Table:
         key = (file.path, group)
@@ -76,7 +75,6 @@ class TokenStore:
             self._cache.move_to_end(key)
             return table
         table = file.read(group)
-        self.row_groups_read += 1
         self._cache[key] = table
         self._cached += table.nbytes
         while self._cached > self.cache_bytes and len(self._cache) > 1:

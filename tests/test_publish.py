@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import pyarrow.parquet as pq
 import pytest
 from nights import DS, worked_example
 
@@ -14,6 +15,10 @@ from reassembler.publish import AuditCheckFailed
 
 def _files(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _parts(files):
+    return {k: v for k, v in files.items() if k.startswith("part-")}
 
 
 @pytest.fixture
@@ -31,12 +36,10 @@ def test_rerun_of_the_same_night_publishes_identical_rows(tmp_path, two_groups):
     second = build_night(two_groups, out, DS, shards=2)
     rows2 = _files(out / "rows" / f"ds={DS}")
     assert first.run_id != second.run_id
-    data = lambda files: {k: v for k, v in files.items() if k.startswith("part-")}  # noqa: E731
-    import pyarrow.parquet as pq
     t1 = pq.read_table(out / "rows" / f"ds={DS}").to_pylist()
-    assert len(t1) == 3 and set(data(rows1)) == {"part-00000.parquet"} and "_SUCCESS" in rows2
+    assert len(t1) == 3 and set(_parts(rows1)) == {"part-00000.parquet"} and "_SUCCESS" in rows2
     build_night(two_groups, out, DS)
-    assert data(_files(out / "rows" / f"ds={DS}")) == data(rows1)  # byte for byte
+    assert _parts(_files(out / "rows" / f"ds={DS}")) == _parts(rows1)  # byte for byte
     assert not (out / "_staging" / DS).exists() or not any((out / "_staging" / DS).iterdir())
 
 
