@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 
 from .digests import staged_call_digest
 from .reasons import Masked, Reason
-from .records import HEX64, SHARED_FIELDS
+from .gym_fingerprint import VERSION as FINGERPRINT_VERSION
+from .records import HEX64, SHARED_FIELDS, VERSION_DEFAULTS
+
+VERSION_FIELDS = tuple(VERSION_DEFAULTS)
 
 SUPPORTED_SCHEMA = (2, 3)
 SUPPORTED_DIGEST = (2,)
@@ -36,7 +39,9 @@ class Call:
     chain_hash: str | None
     cumulative_hash: str | None
     staging_key: str
-    output_items: list[tuple[str | None, str]]
+    response_id: str | None
+    output_items: list[tuple[str | None, str]] | None  # None: the row carries no output_items
+    output_fingerprint: str | None  # NeMo Gym's evidence, only when usable (version 2, 64 hex)
     failure_reason: str | None
     token_rows: list[int] = field(default_factory=list)
     token_fields: dict | None = None  # the t_ columns of the first token row, unprefixed
@@ -48,7 +53,8 @@ class Call:
 
     @property
     def is_root(self) -> bool:
-        return self.parent_call_id is None
+        """A poison row is never a root (CONTRACT.md 3.6): it says nothing of its place."""
+        return self.parent_call_id is None and self.failure_reason is None
 
     @property
     def token_row(self) -> int:
@@ -70,6 +76,9 @@ class Call:
                          f"schema {self.schema_version}, digest {self.digest_version}, "
                          f"extras {self.extras_digest_version}", cid)
         tok = self.token_fields
+        null_versions = [n for n in VERSION_FIELDS if tok[n] is None]
+        if null_versions:
+            raise Masked(Reason.UNSUPPORTED_VERSION, f"token row: {', '.join(null_versions)} null", cid)
         for name in SHARED_FIELDS:
             mine, theirs = getattr(self, name), tok[name]
             if mine != theirs:
@@ -132,6 +141,13 @@ class Call:
         return self._fault[0]
 
 
+def _evidence(fingerprint: str | None, version: int | None) -> str | None:
+    """NeMo Gym's output_fingerprint counts as evidence only at version 2 and as 64 hex."""
+    if version == FINGERPRINT_VERSION and fingerprint is not None and HEX64.fullmatch(fingerprint):
+        return fingerprint
+    return None
+
+
 def calls_from_rows(rows: list[dict]) -> list[Call]:
     """Group the joined rows of one rollout (capture order, one per token row) into calls.
     `rows` carry `_row`, the row number in the unit's TokenBatch, and `token_fields`, the
@@ -149,7 +165,9 @@ def calls_from_rows(rows: list[dict]) -> list[Call]:
             extras_digest_version=r["extras_digest_version"], digest=r["digest"],
             extras_digest=r["extras_digest"], chain_hash=r["chain_hash"],
             cumulative_hash=r["cumulative_hash"], staging_key=r["staging_key"],
-            output_items=[(i["id"], i["fingerprint"]) for i in (r["output_items"] or [])],
+            response_id=r["response_id"],
+            output_items=None if r["output_items"] is None else [(i["id"], i["fingerprint"]) for i in r["output_items"]],
+            output_fingerprint=_evidence(r["output_fingerprint"], r["fingerprint_version"]),
             failure_reason=r["failure_reason"],
         )
         if r["t_file"] is not None:

@@ -31,7 +31,8 @@ def explain(output_dir, ds: str, rollout_id: str) -> str:
              f"ledger: {len(ledger)} calls in capture order: " + ", ".join(
                  f"{cid} ({'poison: ' + fr if fr else 'root' if parent is None else 'parent ' + parent})"
                  for cid, parent, fr in ledger) if ledger else "ledger: no calls",
-             f"output: {len(r['generated_items'] or [])} generated items"]
+             f"output: {len(r['generated_items'] or [])} generated items, "
+             f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)"]
     lines += trace
     if outcome.ok:
         k = len(outcome.segments)

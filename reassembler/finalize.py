@@ -37,7 +37,7 @@ def walk_to_root(leaf: Call, by_id: dict[str, Call]) -> list[Call]:
                          call.model_call_id)
         seen.add(call.model_call_id)
         walk.append(call)
-        if call.is_root:
+        if call.parent_call_id is None:  # the walk ends at any row without a parent, poison or not
             break
         parent = by_id.get(call.parent_call_id)
         if parent is None:

@@ -16,10 +16,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, RecordError, parse_ledger_row, parse_rollout
+from .records import (LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS, RecordError, parse_ledger_row,
+                      parse_rollout)
 from .warehouse import run_script, sql
 
 CHUNK_ROWS = 5_000
+# NeMo Gym's local capture mode writes TokenEntry records as <rollout_id>.tokens.jsonl beside
+# the lineage files: token arrays, not ledger rows (CONTRACT.md 2).
+NOT_LEDGER_SUFFIX = ".tokens.jsonl"
 RAW_CHARS = 300
 
 
@@ -46,7 +50,8 @@ def find_night(input_dir: str | Path, ds: str) -> NightFiles:
         part = root / kind / f"ds={ds}"
         if not part.is_dir():
             raise InputError(f"{part}: input partition folder is missing")
-        found[kind] = sorted(p.relative_to(part).as_posix() for p in part.glob(pattern) if p.is_file())
+        found[kind] = sorted(rel for p in part.glob(pattern) if p.is_file()
+                             and not (rel := p.relative_to(part).as_posix()).endswith(NOT_LEDGER_SUFFIX))
     return NightFiles(root, ds, found["rollouts"], found["ledger"], found["tokens"])
 
 
@@ -57,7 +62,9 @@ ROLLOUT_BATCH = pa.schema([
     ("rollout_seq", pa.int64()), ("rollout_id", pa.string()), ("group_id", pa.string()),
     ("slot", pa.int32()), ("reward", pa.float64()), ("reward_problem", pa.string()),
     ("failure_reason", pa.string()), ("terminal_model_call_id", pa.string()),
-    ("generated_items", _ITEMS), ("n_output_items", pa.int32()), ("metadata", pa.string()),
+    ("terminal_response_id", pa.string()), ("generated_items", _ITEMS),
+    ("model_items", pa.list_(pa.struct([("output_index", pa.int32()), ("field", pa.binary())]))),
+    ("n_output_items", pa.int32()), ("metadata", pa.string()),
     ("source_file", pa.string()), ("source_line", pa.int64()),
 ])
 LEDGER_BATCH = pa.schema(
@@ -67,7 +74,8 @@ LEDGER_BATCH = pa.schema(
                                  "schema_version", "digest_version", "extras_digest_version")]
     + [(k, pa.string()) for k in ("digest", "extras_digest", "chain_hash", "cumulative_hash",
                                   "staging_key", "response_id")]
-    + [("admitted_at", pa.float64()), ("output_items", _ITEMS), ("failure_reason", pa.string()),
+    + [("admitted_at", pa.float64()), ("output_items", _ITEMS), ("output_fingerprint", pa.string()),
+       ("fingerprint_version", pa.int64()), ("failure_reason", pa.string()),
        ("source_file", pa.string()), ("source_line", pa.int64())]
 )
 REJECT_BATCH = pa.schema([
@@ -222,6 +230,8 @@ def check_token_schema(schema: pa.Schema, rel: str) -> None:
         if not (_is_string(t) or pa.types.is_null(t)):
             raise bad(name, t, "string")
     for name in LEDGER_INTS:
+        if name in VERSION_DEFAULTS and name not in schema.names:
+            continue  # Gym's StagedCallRecord default (token_store.py fills it in)
         t = need(name)
         if not pa.types.is_integer(t):
             raise bad(name, t, "int64")

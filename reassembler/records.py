@@ -13,10 +13,15 @@ import json
 import math
 import re
 
+from .gym_fingerprint import model_items
 from .items import generated_items
 
 LINEAGE_SUFFIX = ".lineage.jsonl"
 HEX64 = re.compile(r"[0-9a-f]{64}")
+# NeMo Gym's capture key pattern (rollout_correlation.ROLLOUT_ID_PATTERN).
+GYM_ROLLOUT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# NeMo Gym's CallRecord / StagedCallRecord defaults for version fields its rows leave out.
+VERSION_DEFAULTS = {"schema_version": 2, "digest_version": 2, "extras_digest_version": 1}
 # The custody fields a ledger row shares with its token row (CONTRACT.md 2.2 / 2.3).
 LINEAGE_FIELDS = ("rollout_id", "model_call_id", "parent_call_id", "mode")
 LEDGER_INTS = (
@@ -48,16 +53,48 @@ def _nonempty_str(v) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
+def _gym_index(obj: dict, key: str) -> int | None:
+    v = obj.get(key)
+    if v is not None and (not _is_int(v) or v < 0):
+        raise RecordError(f"{key} must be an integer >= 0, got {json.dumps(v)[:40]}")
+    return v
+
+
+def _ids(obj: dict) -> tuple[str, str, int]:
+    """rollout_id, group_id and slot: as given, or derived from NeMo Gym's `_ng_*` fields
+    for each one the record lacks (CONTRACT.md 2.1)."""
+    rollout_id = _nonempty_str(obj.get("rollout_id"))
+    group_id = _nonempty_str(obj.get("group_id"))
+    slot = obj.get("slot")
+    slot = None if slot == "" else slot
+    if rollout_id is not None and group_id is not None and slot is not None:
+        return rollout_id, group_id, slot
+    task = _gym_index(obj, "_ng_task_index")
+    sample = _gym_index(obj, "_ng_rollout_index")
+    attempt = _gym_index(obj, "_ng_attempt_index")
+    key = obj.get("_ng_rollout_id")
+    if key is not None and not (isinstance(key, str) and GYM_ROLLOUT_ID.fullmatch(key)):
+        raise RecordError(f"_ng_rollout_id must match {GYM_ROLLOUT_ID.pattern}, got {json.dumps(key)[:40]}")
+    if rollout_id is None:
+        if key is None and (task is None or sample is None):
+            raise RecordError("rollout_id is missing (and no _ng_rollout_id or _ng_task_index + "
+                              "_ng_rollout_index to derive it from)")
+        rollout_id = (key if key is not None else f"{task}-{sample}") + (f"-a{attempt}" if attempt else "")
+    if group_id is None:
+        if task is None:
+            raise RecordError("group_id is missing (and no _ng_task_index to derive it from)")
+        group_id = str(task)
+    if slot is None:
+        if sample is None:
+            raise RecordError("slot is missing (and no _ng_rollout_index to derive it from)")
+        slot = sample
+    return rollout_id, group_id, slot
+
+
 def parse_rollout(obj) -> dict:
     if not isinstance(obj, dict):
         raise RecordError("a rollout line must be a JSON object")
-    rollout_id = _nonempty_str(obj.get("rollout_id"))
-    group_id = _nonempty_str(obj.get("group_id"))
-    if rollout_id is None:
-        raise RecordError("rollout_id is missing or not a non-empty string")
-    if group_id is None:
-        raise RecordError("group_id is missing or not a non-empty string")
-    slot = obj.get("slot")
+    rollout_id, group_id, slot = _ids(obj)
     if not _is_int(slot) or slot < 0 or slot >= 2**31:
         raise RecordError("slot must be an integer >= 0")
     output = obj.get("output")
@@ -74,6 +111,8 @@ def parse_rollout(obj) -> dict:
     elif not math.isfinite(reward):
         reward, reward_problem = None, f"reward is {reward}"
     metadata = obj.get("metadata")
+    response = obj.get("response")
+    response_id = _nonempty_str(response.get("id")) if isinstance(response, dict) else None
     return {
         "rollout_id": rollout_id,
         "group_id": group_id,
@@ -82,7 +121,9 @@ def parse_rollout(obj) -> dict:
         "reward_problem": reward_problem,
         "failure_reason": _opt_str(obj, "failure_reason"),
         "terminal_model_call_id": _nonempty_str(_opt_str(obj, "terminal_model_call_id")),
+        "terminal_response_id": response_id,
         "generated_items": [{"id": i, "fingerprint": f} for i, f in generated_items(output)],
+        "model_items": [{"output_index": i, "field": f} for i, f in model_items(output)],
         "n_output_items": len(output),
         "metadata": None if metadata is None else json.dumps(metadata, sort_keys=True, ensure_ascii=False),
     }
@@ -96,9 +137,9 @@ def rollout_id_from_path(rel_path: str) -> str | None:
     return None
 
 
-def _output_items(v) -> list[dict]:
+def _output_items(v) -> list[dict] | None:
     if v is None:
-        return []
+        return None
     if not isinstance(v, list):
         raise RecordError("output_items must be a list")
     items = []
@@ -137,6 +178,10 @@ def parse_ledger_row(obj, rel_path: str) -> dict:
             raise RecordError(f"{key} is missing")
         row[key] = v
     for key in LEDGER_INTS:
+        if key in VERSION_DEFAULTS and (key not in values or values[key] is None):
+            # absent: Gym's default; null: kept null, so the rollout fails unsupported_version
+            row[key] = VERSION_DEFAULTS[key] if key not in values else None
+            continue
         v = values.get(key)
         if not _is_int(v) or not -(2**63) <= v < 2**63:
             if not poison:
@@ -149,8 +194,13 @@ def parse_ledger_row(obj, rel_path: str) -> dict:
     row["admitted_at"] = float(admitted) if isinstance(admitted, (int, float)) and not isinstance(admitted, bool) else None
     try:
         row["output_items"] = _output_items(obj.get("output_items"))
+        row["output_fingerprint"] = _opt_str(obj, "output_fingerprint")
+        version = obj.get("fingerprint_version")
+        if version is not None and not (_is_int(version) and -(2**63) <= version < 2**63):
+            raise RecordError(f"fingerprint_version must be an integer, got {json.dumps(version)[:40]}")
+        row["fingerprint_version"] = version
     except RecordError:
         if not poison:
             raise
-        row["output_items"] = []
+        row.update(output_items=None, output_fingerprint=None, fingerprint_version=None)
     return row

@@ -76,14 +76,35 @@ def _rollout_checks(rollout: dict, calls: list[Call], options: Options) -> None:
                          "poison rows: " + ", ".join(f"{c.model_call_id} ({c.failure_reason})" for c in poison))
 
 
+def declared_terminal(rollout: dict, calls: list[Call]) -> tuple[str, ...] | None:
+    """The call(s) the rollout declares as its terminal (CONTRACT.md 2.1), or None:
+    `terminal_model_call_id` when given; else the rows whose `response_id` is the
+    rollout's `response.id` (poison rows included): none of them means no declaration."""
+    if rollout.get("terminal_model_call_id") is not None:
+        return (rollout["terminal_model_call_id"],)
+    response_id = rollout.get("terminal_response_id")
+    if response_id is None:
+        return None
+    return tuple(c.model_call_id for c in calls if c.response_id == response_id) or None
+
+
 def _terminal_chain(rollout: dict, calls: list[Call], by_id: dict[str, Call], n_roots: int) -> list[Call]:
-    declared = rollout.get("terminal_model_call_id")
+    declared = declared_terminal(rollout, calls)
     if declared is not None:
-        leaf = by_id.get(declared)
+        if len(declared) > 1:
+            raise Masked(Reason.MISSING_TERMINAL,
+                         f"response id {rollout.get('terminal_response_id')} names {len(declared)} calls: "
+                         + ", ".join(declared))
+        leaf = by_id.get(declared[0])
         if leaf is None or leaf.is_poison:
             raise Masked(Reason.MISSING_TERMINAL,
-                         f"declared terminal {declared} is {'a poison row' if leaf else 'not in the ledger'}", declared)
+                         f"declared terminal {declared[0]} is {'a poison row' if leaf else 'not in the ledger'}",
+                         declared[0])
     else:
+        if calls and calls[-1].is_poison:
+            raise Masked(Reason.MISSING_TERMINAL,
+                         f"the last ledger row in capture order, {calls[-1].model_call_id}, is a poison row: "
+                         "the call that ended the rollout was not captured", calls[-1].model_call_id)
         leaf = next((c for c in reversed(calls) if not c.is_poison), None)
         if leaf is None:
             raise Masked(Reason.MISSING_TERMINAL, "no terminal declared and no non-poison call")
@@ -103,8 +124,7 @@ def reassemble_rollout(rollout: dict, calls: list[Call], batch, options: Options
         _rollout_checks(rollout, calls, options)
         by_id = {c.model_call_id: c for c in calls}
         if options.mode == "select":
-            generated = [(i["id"], i["fingerprint"]) for i in rollout["generated_items"] or []]
-            selected = select_calls(generated, calls, rollout.get("terminal_model_call_id"), trace)
+            selected = select_calls(rollout, calls, declared_terminal(rollout, calls), trace)
             out.n_selected = len(selected)
             chains = cut_chains(selected, trace)
         else:

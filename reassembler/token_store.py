@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .read import LOGPROB_NAMES, InputError
-from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS
+from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS
 
 IDS = pa.list_(pa.int64())
 FLOATS = pa.list_(pa.float32())
@@ -43,7 +43,7 @@ class _File:
         self.metadata = pq.read_metadata(path)
         names = self.metadata.schema.to_arrow_schema().names
         lp = next(n for n in LOGPROB_NAMES if n in names)  # the contract's name wins
-        self.sources = {n: n for n in STRINGS + INTS + DIGESTS}
+        self.sources = {n: n for n in STRINGS + INTS + DIGESTS if n in names}
         self.sources.update({name: column for name, column, _ in LISTS}, logprobs=lp)
         sizes = [self.metadata.row_group(i).num_rows for i in range(self.metadata.num_row_groups)]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -56,6 +56,9 @@ class _File:
             raise InputError(f"{self.path}: unreadable row group {group} ({str(e).splitlines()[0]})") from e
         columns = []
         for field in CANONICAL:
+            if field.name not in self.sources:  # a version column the file leaves out
+                columns.append(pa.array(np.full(t.num_rows, VERSION_DEFAULTS[field.name]), pa.int64()))
+                continue
             col = t.column(self.sources[field.name])
             columns.append(_hex(col) if field.name in DIGESTS else col.cast(field.type))
         return pa.table(columns, schema=CANONICAL)

@@ -9,7 +9,9 @@ CREATE TABLE IF NOT EXISTS rollouts (
     reward_problem         VARCHAR,            -- why reward is null: invalid_reward detail
     failure_reason         VARCHAR,
     terminal_model_call_id VARCHAR,
+    terminal_response_id   VARCHAR,            -- response.id: declares the terminal by response_id
     generated_items        STRUCT(id VARCHAR, fingerprint VARCHAR)[],
+    model_items            STRUCT(output_index INTEGER, field BLOB)[],  -- NeMo Gym fingerprint input
     n_output_items         INTEGER,
     metadata               VARCHAR,
     source_file            VARCHAR,
@@ -37,7 +39,9 @@ CREATE TABLE IF NOT EXISTS ledger (
     staging_key            VARCHAR NOT NULL,
     response_id            VARCHAR,
     admitted_at            DOUBLE,
-    output_items           STRUCT(id VARCHAR, fingerprint VARCHAR)[],
+    output_items           STRUCT(id VARCHAR, fingerprint VARCHAR)[],  -- null when absent
+    output_fingerprint     VARCHAR,            -- NeMo Gym's per-call evidence
+    fingerprint_version    BIGINT,
     failure_reason         VARCHAR,
     source_file            VARCHAR,
     source_line            BIGINT
@@ -102,3 +106,9 @@ CREATE TABLE IF NOT EXISTS runs (
     n_rejects     BIGINT,
     seconds       DOUBLE
 );
+
+-- Columns added by contract v2 (NeMo Gym 0.7.0 capture), for warehouses created before it.
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS terminal_response_id VARCHAR;
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS model_items STRUCT(output_index INTEGER, field BLOB)[];
+ALTER TABLE ledger ADD COLUMN IF NOT EXISTS output_fingerprint VARCHAR;
+ALTER TABLE ledger ADD COLUMN IF NOT EXISTS fingerprint_version BIGINT;

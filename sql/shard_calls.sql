@@ -5,7 +5,8 @@
 SELECT r.group_id, l.rollout_id, l.capture_seq, l.model_call_id, l.parent_call_id, l.mode,
        l.prev_len, l.delta_len, l.cum_len, l.weight_version, l.schema_version,
        l.digest_version, l.extras_digest_version, l.digest, l.extras_digest, l.chain_hash,
-       l.cumulative_hash, l.staging_key, l.output_items, l.failure_reason,
+       l.cumulative_hash, l.staging_key, l.response_id, l.output_items, l.output_fingerprint,
+       l.fingerprint_version, l.failure_reason,
        t.t_file, t.t_row
 FROM ledger l
 JOIN rollouts r ON r.ds = l.ds AND r.rollout_id = l.rollout_id

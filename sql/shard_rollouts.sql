@@ -1,7 +1,8 @@
 -- The rollouts of one shard, in output order, each with the first ledger line of its own
 -- that had to be rejected (such a rollout is masked: its ledger is incomplete).
 SELECT r.rollout_id, r.group_id, r.slot, r.reward, r.reward_problem, r.failure_reason,
-       r.terminal_model_call_id, r.generated_items, r.metadata,
+       r.terminal_model_call_id, r.terminal_response_id, r.generated_items, r.model_items,
+       r.metadata,
        rej.n_rejected, rej.first_rejected
 FROM rollouts r
 JOIN shard_plan p ON p.ds = r.ds AND p.group_id = r.group_id

@@ -16,7 +16,8 @@ _ITEMS = pa.list_(pa.struct([("id", pa.string()), ("fingerprint", pa.string())])
 SCHEMA = pa.schema(
     [("group_id", pa.string()), ("rollout_id", pa.string()), ("capture_seq", pa.int64())]
     + [(k, pa.int64() if k in _INTS else pa.string()) for k in SHARED_FIELDS if k != "rollout_id"]
-    + [("staging_key", pa.string()), ("output_items", _ITEMS), ("failure_reason", pa.string()),
+    + [("staging_key", pa.string()), ("response_id", pa.string()), ("output_items", _ITEMS),
+       ("output_fingerprint", pa.string()), ("fingerprint_version", pa.int64()), ("failure_reason", pa.string()),
        ("t_file", pa.string()), ("t_row", pa.int64())]
 )
 
