@@ -10,14 +10,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import digests
+from .gym_fingerprint import VERSION as GYM_FINGERPRINT_VERSION
+from .gym_fingerprint import afp
 from .items import fingerprint
-from .records import LEDGER_INTS, SHARED_FIELDS
+from .records import LEDGER_INTS, SHARED_FIELDS, VERSION_DEFAULTS
 
 
 @dataclass
@@ -35,8 +38,12 @@ class CapturedCall:
 
 
 def stage_rollout(rollout_id: str, calls: list[CapturedCall], schema_version: int = 2,
-                  staging_key=lambda rid, cid: f"{rid}/{cid}") -> list[tuple[dict, dict | None]]:
-    """(ledger row, token row or None) per call, in the order given (= capture order)."""
+                  staging_key=lambda rid, cid: f"{rid}/{cid}",
+                  evidence: Literal["items", "fingerprint"] = "items") -> list[tuple[dict, dict | None]]:
+    """(ledger row, token row or None) per call, in the order given (= capture order).
+
+    `evidence` says how a ledger row names the output the call produced: the contract's
+    per-item `output_items`, or NeMo Gym 0.7.0's `output_fingerprint` (afp of its items)."""
     by_id = {c.call_id: c for c in calls}
     context: dict[str, tuple[list[bytes], int, str]] = {}  # id -> (ids parts, cum_len, chain hash)
 
@@ -71,14 +78,32 @@ def stage_rollout(rollout_id: str, calls: list[CapturedCall], schema_version: in
             "cumulative_hash": digests.cumulative_hash(parts),
             "staging_key": staging_key(rollout_id, c.call_id),
             "response_id": f"resp_{c.call_id}",
-            "output_items": [{"id": it.get("id"), "fingerprint": fingerprint(it)} for it in c.items],
             "failure_reason": None,
         }
+        if evidence == "items":
+            ledger["output_items"] = [{"id": it.get("id"), "fingerprint": fingerprint(it)} for it in c.items]
+        else:
+            ledger["output_fingerprint"] = afp(c.items) if c.items else None
+            ledger["fingerprint_version"] = GYM_FINGERPRINT_VERSION
         ledger["digest"] = record_digest(ledger, ids, mask, lp)
         token = {k: ledger[k] for k in ("staging_key",) + SHARED_FIELDS}
         token.update(token_ids_delta=ids, token_mask_delta=mask, generation_logprobs_delta=lp)
         out.append((ledger, token))
     return out
+
+
+def as_gym_lineage_row(ledger: dict) -> dict:
+    """A staged ledger row in the shape NeMo Gym 0.7.0's FileLineageStore writes it: no
+    rollout_id (the file is named after it), no version fields at their defaults, the
+    staged digest under `staging_digest` and the cumulative hash under `digest`; a poison
+    row is just {model_call_id, failure_reason}."""
+    if ledger.get("failure_reason") is not None:
+        return {"model_call_id": ledger["model_call_id"], "failure_reason": ledger["failure_reason"]}
+    row = {k: v for k, v in ledger.items()
+           if k not in ("rollout_id", "failure_reason") and not (k in VERSION_DEFAULTS and v == VERSION_DEFAULTS[k])}
+    row["staging_digest"] = ledger["digest"]
+    row["digest"] = ledger["cumulative_hash"]
+    return row
 
 
 def record_digest(ledger: dict, ids, mask, lp) -> str:
@@ -113,6 +138,7 @@ class TokenFileTypes:
     logprobs: pa.DataType = pa.float32()
     logprob_name: str = "generation_logprobs_delta"
     binary_digests: bool = False
+    version_columns: bool = True  # False: left out, as a Gym token store may (defaults 2/2/1)
 
 
 TOKEN_FILE_VARIANTS = (
@@ -156,6 +182,10 @@ def token_table(rows: list[dict], types: TokenFileTypes = TokenFileTypes()) -> p
         "mode": pa.array(col("mode"), pa.string()),
     }
     for name in LEDGER_INTS:
+        if name in VERSION_DEFAULTS and not types.version_columns:
+            if any(v != VERSION_DEFAULTS[name] for v in col(name)):
+                raise ValueError(f"a token file without {name} can only hold rows at the default")
+            continue
         columns[name] = pa.array(col(name), pa.int64())
     for name in ("digest", "extras_digest", "chain_hash", "cumulative_hash"):
         columns[name] = digest_col(name)

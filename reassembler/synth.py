@@ -4,10 +4,24 @@ Each rollout is an agent episode of 5 to 40 accepted calls: a root call with a l
 then tool turns (a function_call item, its function_call_output observation carried as the
 next call's mask-0 tokens), ending with an assistant message. Some rollouts compact their
 context (a summarizer call left off-chain, then a new root); some calls are retried (the
-rejected attempt stays off-chain); some rollouts carry a poison row. Half the rollouts are
-written the way NeMo Gym writes them (one `<rollout_id>.lineage.jsonl` per rollout in a
-server subfolder, rows without rollout_id, `staging_digest`, opaque staging keys,
-`response.output`); token files cycle through every accepted column type.
+rejected attempt stays off-chain); some rollouts carry a poison row.
+
+Each group is written in one of three producer shapes (SHAPES):
+
+- `plain`: the contract's own layout (rollout_id/group_id/slot, per-item `output_items`,
+  shared ledger files);
+- `lineage`: one `<rollout_id>.lineage.jsonl` per rollout in a server subfolder, rows
+  without rollout_id, `staging_digest`, opaque staging keys, `response.output`, still with
+  `output_items`;
+- `gym`: exactly what NeMo Gym 0.7.0 writes: result lines with `_ng_task_index` /
+  `_ng_rollout_index` and no ids, the flat capture folder (`<task>-<sample>.lineage.jsonl`
+  beside its `.tokens.lock`, now and then a local-mode `.tokens.jsonl` that is no ledger
+  file), rows without version fields or `output_items` but with `output_fingerprint`,
+  poison rows `{model_call_id, failure_reason}`, the terminal declared by `response.id`,
+  tool-call arguments re-serialised by the harness; token rows in their own files, half of
+  them without version columns.
+
+Token files of the other shapes cycle through every accepted column type.
 
 `--fault-rate` picks that share of rollouts and injects one fault each, cycling through
 FAULTS so that every reason code appears. The expected outcome of every rollout under the
@@ -23,8 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .capture import TOKEN_FILE_VARIANTS, CapturedCall, resign, stage_rollout, write_token_file
+from .capture import (TOKEN_FILE_VARIANTS, CapturedCall, TokenFileTypes, as_gym_lineage_row, resign, stage_rollout,
+                      write_token_file)
 from .reasons import Reason as R
+from .records import VERSION_DEFAULTS
+
+SHAPES = ("plain", "lineage", "gym")
 
 # fault kind -> (reason under select mode, reason under terminal mode or None = not predicted,
 #                needs a rollout without compaction)
@@ -76,7 +94,7 @@ class SynthConfig:
     observation_tokens: tuple[int, int] = (20, 1200)
     generated_tokens: tuple[int, int] = (40, 700)
     vocab: int = 151_936
-    gym_share: float = 0.5
+    shape_shares: tuple[float, float, float] = (0.35, 0.15, 0.5)  # plain, lineage, gym
     rollouts_per_ledger_file: int = 50
     token_rows_per_file: int = 1000
 
@@ -190,9 +208,9 @@ def _inject(fault: str, ro: _Rollout, record: dict, staged: list, rng) -> None:
     elif fault == "duplicate_call_id":
         _, ledger, token = pick()
         staged.append((dict(ledger), None))
-    elif fault == "unmatched_output":
-        k = int(rng.choice([j for j, it in enumerate(record["output"]) if it["type"] == "reasoning"]))
-        record["output"][k] = dict(record["output"][k], summary=[{"type": "summary_text", "text": "edited"}])
+    elif fault == "unmatched_output":  # the harness edited a tool call: no call produced it
+        k = int(rng.choice([j for j, it in enumerate(record["output"]) if it["type"] == "function_call"]))
+        record["output"][k] = dict(record["output"][k], arguments=json.dumps({"q": "edited"}))
     elif fault == "empty_selection":
         record["output"] = [it for it in record["output"] if it["type"] == "function_call_output"] or \
             [{"type": "message", "role": "user", "content": []}]
@@ -273,10 +291,27 @@ class _Writer:
         self.plain_count = 0
         self.plain_files = 0
         self.token_rows: list[dict] = []
+        self.gym_token_rows: list[dict] = []
         self.token_files = 0
+        self.gym_token_files = 0
+        self.gym_files = 0
 
-    def ledger_lines(self, rid: str, lines: list[dict], gym: bool) -> None:
-        if gym:
+    def ledger_lines(self, rid: str, lines: list[dict], shape: str) -> None:
+        if shape == "gym":  # Gym's flat capture folder: lineage file, lock file, maybe local tokens
+            if not lines:
+                return
+            folder = self.part["ledger"]
+            with open(folder / f"{rid}.lineage.jsonl", "w") as fh:
+                for line in lines:
+                    fh.write(json.dumps(line, sort_keys=True) + "\n")
+            (folder / f"{rid}.tokens.lock").touch()
+            self.gym_files += 1
+            if self.gym_files % 10 == 1:  # local capture mode's TokenEntry file: not a ledger file
+                with open(folder / f"{rid}.tokens.jsonl", "w") as fh:
+                    fh.write(json.dumps({"rollout_id": rid, "model_call_id": "local", "prompt_token_ids": [1, 2],
+                                         "generation_token_ids": [3]}) + "\n")
+            return
+        if shape == "lineage":
             server = f"policy-server-{int(hashlib.md5(rid.encode()).hexdigest(), 16) % 3}"
             path = self.part["ledger"] / server / f"{rid}.lineage.jsonl"
             path.parent.mkdir(exist_ok=True)
@@ -294,7 +329,12 @@ class _Writer:
         for line in lines:
             self.plain_ledger.write(json.dumps(line) + "\n")
 
-    def tokens(self, rows: list[dict]) -> None:
+    def tokens(self, rows: list[dict], shape: str) -> None:
+        if shape == "gym":
+            self.gym_token_rows.extend(rows)
+            if len(self.gym_token_rows) >= self.cfg.token_rows_per_file:
+                self.flush_gym_tokens()
+            return
         self.token_rows.extend(rows)
         if len(self.token_rows) >= self.cfg.token_rows_per_file:
             self.flush_tokens()
@@ -306,11 +346,42 @@ class _Writer:
             self.token_files += 1
             self.token_rows = []
 
+    def flush_gym_tokens(self) -> None:
+        """Gym's StagedCallRecords, as a framework token store dumps them; every other file
+        leaves out the version columns (Gym's defaults 2/2/1 apply)."""
+        if self.gym_token_rows:
+            rows, k = self.gym_token_rows, self.gym_token_files
+            versions = k % 2 == 1 or any(r[v] != d for r in rows for v, d in VERSION_DEFAULTS.items())
+            write_token_file(self.part["tokens"] / f"gym-staged-{k:05d}.parquet", rows,
+                             TokenFileTypes(version_columns=versions))
+            self.gym_token_files += 1
+            self.gym_token_rows = []
+
     def close(self) -> None:
         self.flush_tokens()
+        self.flush_gym_tokens()
         for fh in (self.rollouts, self.expected, self.plain_ledger):
             if fh:
                 fh.close()
+
+
+def _as_gym_result(record: dict, task: int, sample: int, ro: _Rollout, declared: bool, fault: str | None) -> dict:
+    """A rollout record as NeMo Gym's rollout_collection writes it: no ids, `_ng_*` indices,
+    the terminal declared by `response.id` (a response id no call served when it is not),
+    and tool-call arguments re-serialised by the harness (compact JSON)."""
+    gym = {k: v for k, v in record.items() if k not in ("rollout_id", "group_id", "slot", "terminal_model_call_id")}
+    gym.update(_ng_task_index=task, _ng_rollout_index=sample)
+    if fault in ("terminal_not_last", "missing_terminal"):
+        if fault == "missing_terminal":  # an explicit declaration naming no call
+            gym["terminal_model_call_id"] = record["terminal_model_call_id"]
+        else:  # the harness scored the call before the last
+            gym["response"]["id"] = f"resp_{ro.accepted[-2].call_id}"
+    elif declared:
+        gym["response"]["id"] = f"resp_{ro.accepted[-1].call_id}"
+    gym["response"]["output"] = [
+        dict(it, arguments=json.dumps(json.loads(it["arguments"]), separators=(",", ":")))
+        if it.get("type") == "function_call" else it for it in gym["response"]["output"]]
+    return gym
 
 
 def _expect(status_reason: R | None, n_segments: int) -> dict:
@@ -328,29 +399,36 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
     faulty = set(gen.rng.choice(cfg.rollouts, size=n_faulty, replace=False).tolist()) if n_faulty else set()
     fault_cycle = 0
     totals = {"rollouts": cfg.rollouts, "calls": 0, "tokens": 0, "faults": {}}
+    shape = SHAPES[0]
     for index in range(cfg.rollouts):
         group, slot = divmod(index, cfg.group_size)
-        rid = f"grp{group:05d}_g{slot}"
+        if slot == 0:  # a group is written in one shape: Gym derives group ids from its task index
+            shape = SHAPES[int(gen.rng.choice(len(SHAPES), p=np.asarray(cfg.shape_shares) / sum(cfg.shape_shares)))]
+        gym = shape == "gym"
+        rid = f"{group}-{slot}" if gym else f"grp{group:05d}_g{slot}"
         fault = None
         if index in faulty:
             fault = kinds[fault_cycle % len(kinds)]
             fault_cycle += 1
             totals["faults"][fault] = totals["faults"].get(fault, 0) + 1
         ro = gen.rollout(rid, fault)
-        gym = gen.rng.random() < cfg.gym_share
-        key = (lambda r, c: hashlib.sha1(f"{r}/{c}".encode()).hexdigest()) if gym else (lambda r, c: f"{r}/{c}")
-        staged = stage_rollout(rid, ro.calls, schema_version=3 if gym else 2, staging_key=key)
+        if shape == "lineage":
+            key = lambda r, c: hashlib.sha1(f"{r}/{c}".encode()).hexdigest()  # noqa: E731
+        else:
+            key = lambda r, c: f"{r}/{c}"  # noqa: E731
+        stage = dict(schema_version=3 if shape == "lineage" else 2, staging_key=key,
+                     evidence="fingerprint" if gym else "items")
+        staged = stage_rollout(rid, ro.calls, **stage)
         record = {"rollout_id": rid, "group_id": f"grp{group:05d}", "slot": slot,
                   "reward": float(np.round(gen.rng.random(), 3)), "output": [dict(i) for i in ro.output],
                   "metadata": {"agent": "synth-swe", "env": "synthetic", "fault": fault}}
         declared = fault not in ("dangling_parent", "lineage_cycle") and gen.rng.random() < 0.5
-        if declared:
+        if declared and not gym:
             record["terminal_model_call_id"] = ro.accepted[-1].call_id
         if fault == "dangling_parent" or fault == "lineage_cycle":
             extra = [gen.call(rid, "late-a", ro.accepted[-1].call_id, cfg.observation_tokens, True, 1, "late "),
                      gen.call(rid, "late-b", ro.accepted[-1].call_id, cfg.observation_tokens, True, 1, "late ")]
-            extra_staged = stage_rollout(rid, ro.calls + extra, schema_version=3 if gym else 2,
-                                         staging_key=key)[-2:]
+            extra_staged = stage_rollout(rid, ro.calls + extra, **stage)[-2:]
             if fault == "dangling_parent":
                 extra_staged = extra_staged[:1]
                 resign(*extra_staged[0], parent_call_id="call-never-captured")
@@ -365,7 +443,7 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
         select_reason, terminal_reason, _ = FAULTS[fault] if fault else (None, None, False)
         ledger_lines = [l for l, _ in staged if l is not None]
         if fault is None or fault == "poisoned":
-            roots = sum(l["parent_call_id"] is None for l in ledger_lines)
+            roots = sum(l["parent_call_id"] is None and l["failure_reason"] is None for l in ledger_lines)
             terminal_reason = R.HISTORY_REWRITTEN if roots > 1 else None
             terminal = _expect(terminal_reason, 1)
         elif fault in ("dangling_parent", "lineage_cycle", "swapped_capture", "missing_terminal") or \
@@ -373,26 +451,30 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
             terminal = _expect(terminal_reason, 1)
         else:
             terminal = None
-        expected = {"rollout_id": rid, "fault": fault,
+        expected = {"rollout_id": rid, "shape": shape, "fault": fault,
                     "select": _expect(select_reason, n_roots_accepted),
                     "strict": _expect(R.CAPTURE_POISONED if ro.has_poison else select_reason, n_roots_accepted),
                     "terminal": terminal}
-        if gym:
+        if shape != "plain":
             record["response"] = {"id": f"resp_{rid}", "object": "response", "output": record.pop("output")}
-            for l in ledger_lines:
-                del l["rollout_id"]
-                if "digest" in l:
-                    l["staging_digest"] = l["digest"]
-                    l["digest"] = _bogus_hash(l["model_call_id"] + "response-digest")
+        if shape == "lineage":
+            for line in ledger_lines:
+                del line["rollout_id"]
+                if "digest" in line:
+                    line["staging_digest"] = line["digest"]
+                    line["digest"] = _bogus_hash(line["model_call_id"] + "response-digest")
+        if gym:
+            record = _as_gym_result(record, group, slot, ro, declared, fault)
+            ledger_lines = [as_gym_lineage_row(line) for line in ledger_lines]
         writer.rollouts.write(json.dumps(record) + "\n")
         writer.expected.write(json.dumps(expected) + "\n")
-        writer.ledger_lines(rid, ledger_lines, gym)
+        writer.ledger_lines(rid, ledger_lines, shape)
         token_rows = [t for _, t in staged if t is not None]
-        writer.tokens(token_rows)
+        writer.tokens(token_rows, shape)
         totals["calls"] += len(ledger_lines)
         totals["tokens"] += int(sum(len(t["token_ids_delta"]) for t in token_rows))
     writer.close()
-    totals["token_files"] = writer.token_files
+    totals["token_files"] = writer.token_files + writer.gym_token_files
     return totals
 
 

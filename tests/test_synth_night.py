@@ -67,3 +67,33 @@ def test_shards_change_nothing(synth):
     t1 = pq.read_table(root / "one" / "rows" / f"ds={DS}").to_pylist()
     t3 = pq.read_table(root / "three" / "rows" / f"ds={DS}").to_pylist()
     assert t1 == t3 and one.numbers.n_rows == three.numbers.n_rows
+
+
+def test_the_night_holds_every_producer_shape_as_written(synth):
+    """Part of each night is written exactly as NeMo Gym 0.7.0 writes it (CONTRACT.md 2)."""
+    import json
+
+    root, _, expected = synth
+    shapes = {}
+    for e in expected.values():
+        shapes.setdefault(e["shape"], []).append(e)
+    assert set(shapes) == {"plain", "lineage", "gym"}
+    assert len({e["fault"] for e in shapes["gym"]} - {None}) >= 10  # faults reach Gym's shape too
+    ledger = root / "input" / "ledger" / f"ds={DS}"
+    gym_files = sorted(ledger.glob("*.lineage.jsonl"))  # the flat capture folder
+    assert gym_files and all(f.with_name(f.name.replace(".lineage.jsonl", ".tokens.lock")).exists()
+                             for f in gym_files)
+    assert list(ledger.glob("*.tokens.jsonl"))  # local-mode token files beside them: not ledger
+    rows = [json.loads(line) for f in gym_files for line in open(f)]
+    poison = [r for r in rows if r.get("failure_reason")]
+    assert poison and all(set(r) == {"model_call_id", "failure_reason"} for r in poison)
+    captured = [r for r in rows if not r.get("failure_reason")]
+    assert all("output_items" not in r and "rollout_id" not in r and r["fingerprint_version"] == 2
+               and "staging_digest" in r for r in captured)
+    assert sum("schema_version" in r for r in captured) <= 2  # only the unsupported_version fault
+    results = [json.loads(line) for line in open(root / "input" / "rollouts" / f"ds={DS}" / "rollouts-00000.jsonl")]
+    gym_results = [r for r in results if "_ng_task_index" in r]
+    assert len(gym_results) == len(shapes["gym"])
+    assert all("rollout_id" not in r and "group_id" not in r and "slot" not in r for r in gym_results)
+    token_files = sorted((root / "input" / "tokens" / f"ds={DS}").glob("gym-staged-*.parquet"))
+    assert any("schema_version" not in pq.read_schema(f).names for f in token_files)
