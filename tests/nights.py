@@ -44,12 +44,14 @@ class Night:
         self.tokens: list[dict] = []
 
     def add(self, rollout_id: str, calls: list[CapturedCall], output: list[dict], reward: float = 1.0,
-            group_id: str | None = None, slot: int | None = None, **record) -> tuple[list[dict], list[dict]]:
+            group_id: str | None = None, slot: int | None = None, evidence: str = "items",
+            **record) -> tuple[list[dict], list[dict]]:
+        """`evidence`: "items" (output_items) or "fingerprint" (NeMo Gym's output_fingerprint)."""
         group, _, s = rollout_id.rpartition("_g")
         self.rollouts.append({"rollout_id": rollout_id, "group_id": group_id or group,
                               "slot": slot if slot is not None else int(s), "reward": reward,
                               "output": output, **record})
-        staged = stage_rollout(rollout_id, calls)
+        staged = stage_rollout(rollout_id, calls, evidence=evidence)
         ledger = [l for l, _ in staged]
         tokens = [t for _, t in staged if t is not None]
         self.ledger.extend(ledger)

@@ -111,6 +111,17 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     assert "state=success" in log
     assert {p.name: p.read_bytes() for p in rows_dir.glob("part-*.parquet")} == first
 
+    # the same deployment pointed at NeMo Gym 0.7.0's own capture folder, as it is (another night)
+    gym = REPO / "tests" / "data" / "gym-0.7.0"
+    gym_expected = json.loads((gym / "expected.json").read_text())
+    gym_out = out
+    log = _airflow(_airflow_env(home, gym, gym_out), "dags", "test", "capture_rows_nightly", "2026-12-01",
+                   "-c", json.dumps({"ds": gym_expected["ds"]}))
+    assert "state=success" in log
+    audit = {a["rollout_id"]: a for a in pq.read_table(gym_out / "audit" / f"ds={gym_expected['ds']}").to_pylist()}
+    assert {rid: (a["status"], a["n_segments"]) for rid, a in audit.items()} == {
+        e["rollout_id"]: (e["select"]["status"], e["select"]["n_segments"]) for e in gym_expected["rollouts"]}
+
 
 def test_check_input_resolves_the_night_and_names_what_is_missing(tmp_path, monkeypatch, night):
     from datetime import datetime, timezone

@@ -151,3 +151,40 @@ def test_a_damaged_data_page_is_a_one_line_error_not_a_traceback(tmp_path, night
     err = capsys.readouterr().err.strip()
     assert err.startswith("reassembler: error: ") and "tokens.parquet" in err and "\n" not in err
     assert not (tmp_path / "out" / "rows").exists()
+
+
+def test_nemo_gym_result_lines_get_their_ids_derived(tmp_path):
+    """CONTRACT.md 2.1: rollout_id, group_id and slot from _ng_* when a record lacks them."""
+    gym = {"reward": 1.0, "response": {"id": "resp_1", "output": []}}
+    lines = [
+        dict(gym, _ng_task_index=3, _ng_rollout_index=1),                           # 3-1
+        dict(gym, _ng_task_index=3, _ng_rollout_index=1, _ng_attempt_index=1),      # 3-1-a1
+        dict(gym, _ng_task_index=3, _ng_rollout_index=2, _ng_attempt_index=0),      # 3-2
+        dict(gym, _ng_task_index=10, _ng_rollout_index=0, _ng_rollout_id="job7.t10.r0"),
+        dict(gym, rollout_id="mine", _ng_task_index=4, _ng_rollout_index=5),        # only group, slot derived
+        dict(gym, rollout_id="given", group_id="g", slot=0, _ng_task_index=True),   # all given: not checked
+        dict(gym, _ng_task_index=3, _ng_rollout_index=1, reward=0.0),               # 3-1 again: first wins
+        dict(gym, _ng_task_index=True, _ng_rollout_index=1),
+        dict(gym, _ng_task_index=3, _ng_rollout_index=-1),
+        dict(gym, _ng_rollout_id="no spaces!", _ng_task_index=3, _ng_rollout_index=7),
+        dict(gym, _ng_rollout_id="job8", slot=2),                                   # no task: no group
+        dict(gym),
+    ]
+    base = tmp_path / "input"
+    write_jsonl(base / "rollouts" / f"ds={DS}" / "part-000.jsonl", lines)
+    (base / "ledger" / f"ds={DS}").mkdir(parents=True)
+    (base / "tokens" / f"ds={DS}").mkdir(parents=True)
+    with connect(tmp_path / "out") as con:
+        load_night(con, find_night(base, DS))
+        rollouts = con.execute("SELECT rollout_id, group_id, slot, reward FROM rollouts ORDER BY rollout_seq").fetchall()
+        rejects = con.execute("SELECT line, error FROM rejects ORDER BY line").fetchall()
+    assert rollouts == [("3-1", "3", 1, 1.0), ("3-1-a1", "3", 1, 1.0), ("3-2", "3", 2, 1.0),
+                        ("job7.t10.r0", "10", 0, 1.0), ("mine", "4", 5, 1.0), ("given", "g", 0, 1.0)]
+    assert [line for line, _ in rejects] == [7, 8, 9, 10, 11, 12]
+    errors = [e for _, e in rejects]
+    assert "rollout_id 3-1 already seen" in errors[0]
+    assert errors[1].startswith("_ng_task_index must be an integer >= 0")
+    assert errors[2].startswith("_ng_rollout_index must be an integer >= 0")
+    assert errors[3].startswith("_ng_rollout_id must match")
+    assert errors[4].startswith("group_id is missing")
+    assert errors[5].startswith("rollout_id is missing")
