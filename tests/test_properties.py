@@ -13,9 +13,16 @@ from reassembler.capture import stage_rollout
 token = st.integers(min_value=0, max_value=2**31 - 1)
 
 
+def _tool_call(k: int) -> dict:
+    return {"type": "function_call", "id": f"fc_{k}", "call_id": f"call_{k}", "name": "run",
+            "arguments": '{"step": %d}' % k}
+
+
 @st.composite
-def episodes(draw):
-    """A rollout: chains (compactions) of calls, some with rejected attempts before them."""
+def episodes(draw, gym: bool = False):
+    """A rollout: chains (compactions) of calls, some with rejected attempts before them.
+    `gym`: items as NeMo Gym's evidence needs them (at least one model-authored item a call,
+    sometimes several, reasoning optional)."""
     n_chains = draw(st.integers(1, 4))
     calls, accepted, chains, output = [], [], [], []
     prev = None
@@ -28,7 +35,12 @@ def episodes(draw):
             prompt = draw(st.lists(token, min_size=1 if root else 0, max_size=6))
             generated = draw(st.lists(token, min_size=1, max_size=6))
             parent = None if root else prev.call_id
-            items = [reasoning(f"think {k}", f"rs_{k}")] + ([answer(f"answer {k}")] if draw(st.booleans()) else [])
+            if gym:
+                items = ([reasoning(f"think {k}", f"rs_{k}")] if draw(st.booleans()) else []) + \
+                    draw(st.sampled_from([[answer(f"answer {k}")], [_tool_call(k)],
+                                          [answer(f"answer {k}"), _tool_call(k)]]))
+            else:
+                items = [reasoning(f"think {k}", f"rs_{k}")] + ([answer(f"answer {k}")] if draw(st.booleans()) else [])
             if not root and draw(st.integers(0, 3)) == 0:  # a rejected attempt, left off-chain
                 calls.append(call(f"x{k}", parent, prompt, draw(st.lists(token, min_size=1, max_size=4)),
                                   [reasoning(f"rejected {k}")]))
@@ -53,8 +65,18 @@ def _record(output):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(episodes())
 def test_rows_are_exactly_the_captured_chains(episode):
+    _check_rows(episode, "items")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(episodes(gym=True))
+def test_rows_are_exactly_the_captured_chains_selected_by_gym_fingerprints(episode):
+    _check_rows(episode, "fingerprint")
+
+
+def _check_rows(episode, evidence: str):
     calls, chains, output = episode
-    outcome, batch = reassemble(_record(output), stage_rollout("g_g0", calls))
+    outcome, batch = reassemble(_record(output), stage_rollout("g_g0", calls, evidence=evidence))
     assert outcome.ok, (outcome.reason, outcome.detail)
     assert len(outcome.segments) == len(chains)
     assert outcome.n_offchain == len(calls) - sum(len(c) for c in chains)
