@@ -16,11 +16,12 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
-from .publish import NightNumbers, publish_staged, staging_dir, verify_staged
-from .read import LoadSummary, find_night, load_night
+from .lock import OutputLock
+from .publish import NightNumbers, publish_staged, recover, staging_dir, verify_staged
+from .read import MAX_LINE_BYTES, LoadSummary, find_night, load_night
 from .rollout import Options
 from .shard import ShardResult, run_shard
-from .warehouse import DuckDBSettings, connect, sql
+from .warehouse import DuckDBSettings, clear_dead_spill_folders, connect, sql
 
 
 def new_run_id(ds: str) -> str:
@@ -28,17 +29,20 @@ def new_run_id(ds: str) -> str:
 
 
 def load_step(input_dir, output_dir, ds: str, shards: int = 1,
-              settings: DuckDBSettings = DuckDBSettings()) -> LoadSummary:
-    """Replace the night in the warehouse and split its groups into `shards` shards."""
+              settings: DuckDBSettings = DuckDBSettings(), allow_empty: bool = False,
+              max_line_bytes: int = MAX_LINE_BYTES, lock_wait: float = 0.0) -> LoadSummary:
+    """Replace the night in the warehouse and split its groups into `shards` shards. Under
+    the output lock: first finish any interrupted publish, then clean up, then load."""
     if shards < 1:
         raise ValueError("shards must be >= 1")
     night = find_night(input_dir, ds)
-    shutil.rmtree(Path(output_dir) / "_staging" / ds, ignore_errors=True)  # earlier failed runs
-    for stale in (Path(settings.temp_directory or Path(output_dir) / "_tmp" / "duckdb")).glob("pid-*"):
-        shutil.rmtree(stale, ignore_errors=True)  # spill folders of finished processes
-    with connect(output_dir, settings) as con:
-        summary = load_night(con, night)
-        con.execute(sql("plan_shards"), {"ds": ds, "shards": shards})
+    with OutputLock(output_dir, ds, "load", lock_wait):
+        with connect(output_dir, settings) as con:
+            recover(con, Path(output_dir))
+            shutil.rmtree(Path(output_dir) / "_staging" / ds, ignore_errors=True)  # earlier failed runs
+            clear_dead_spill_folders(output_dir, settings)
+            summary = load_night(con, night, allow_empty, max_line_bytes)
+            con.execute(sql("plan_shards"), {"ds": ds, "shards": shards})
     return summary
 
 
@@ -53,9 +57,10 @@ def shard_step(input_dir, output_dir, ds: str, shard: int, run_id: str, options:
 
 def publish_step(input_dir, output_dir, ds: str, run_id: str, options: Options = Options(),
                  settings: DuckDBSettings = DuckDBSettings(), max_mask_rate: float = 1.0,
-                 seconds: float | None = None) -> NightNumbers:
+                 seconds: float | None = None, lock_wait: float = 0.0) -> NightNumbers:
     staging = staging_dir(output_dir, ds, run_id)
-    with connect(output_dir, settings) as con:
+    with OutputLock(output_dir, ds, "publish", lock_wait), connect(output_dir, settings) as con:
+        recover(con, Path(output_dir))
         numbers = verify_staged(con, staging, ds, max_mask_rate)
         publish_staged(con, Path(output_dir), staging, ds, run_id, numbers, {
             "input_dir": str(Path(input_dir).resolve()), "mode": options.mode,
@@ -76,12 +81,21 @@ class BuildSummary:
 def build_night(input_dir, output_dir, ds: str, options: Options = Options(), shards: int = 1,
                 settings: DuckDBSettings = DuckDBSettings(), max_mask_rate: float = 1.0,
                 run_id: str | None = None, log: Callable[[str], None] | None = None,
-                workers: int = 1) -> BuildSummary:
+                workers: int = 1, allow_empty: bool = False,
+                max_line_bytes: int = MAX_LINE_BYTES) -> BuildSummary:
     """`workers` > 1 runs that many shards at once in worker processes (each opens the
-    warehouse read-only), as Airflow's mapped tasks do."""
+    warehouse read-only), as Airflow's mapped tasks do. The output lock is held throughout:
+    a second build of the same output fails at once (OutputBusy) and touches nothing."""
+    with OutputLock(output_dir, ds, "build"):
+        return _build(input_dir, output_dir, ds, options, shards, settings, max_mask_rate, run_id, log,
+                      workers, allow_empty, max_line_bytes)
+
+
+def _build(input_dir, output_dir, ds, options, shards, settings, max_mask_rate, run_id, log, workers,
+           allow_empty, max_line_bytes) -> BuildSummary:
     started = time.perf_counter()
     run_id = run_id or new_run_id(ds)
-    load = load_step(input_dir, output_dir, ds, shards, settings)
+    load = load_step(input_dir, output_dir, ds, shards, settings, allow_empty, max_line_bytes)
     if workers > 1 and shards > 1:
         with ProcessPoolExecutor(max_workers=min(workers, shards), mp_context=get_context("fork")) as pool:
             for done in [pool.submit(shard_step, input_dir, output_dir, ds, k, run_id, options, settings)

@@ -1,25 +1,24 @@
 """The `reassembler` command (CONTRACT.md section 6).
 
-Exit codes: 0 the night was built (masked rollouts included); 2 bad usage or unreadable
-input, with one line naming the file and the problem; 1 the staged night failed its audit
-checks (nothing published).
+Exit codes (errors.py): 0 the night was built (masked rollouts included); 1 the staged night
+failed its audit checks (nothing published); 2 bad usage or unusable input; 3 the output or
+the warehouse is busy; 4 out of memory or disk; 70 a bug. Every error is one line on stderr.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import date
 
-import duckdb
-
 from .build import build_night
+from .errors import EXIT_BUG, EXIT_OK, InputError, classify
 from .explain import explain
-from .publish import AuditCheckFailed
-from .read import InputError
+from .read import MAX_LINE_BYTES
 from .report import report
 from .rollout import Options
 from .synth import SynthConfig, synth_night
-from .warehouse import DuckDBSettings
+from .warehouse import MEMORY_LIMIT, DuckDBSettings
 
 
 def _ds(value: str) -> str:
@@ -36,6 +35,19 @@ def _positive(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError("must be >= 1")
     return n
+
+
+def _memory(value: str) -> str:
+    if not MEMORY_LIMIT.fullmatch(value.strip()):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size such as 128MB or 2GB")
+    return value
+
+
+def _seconds(value: str) -> float:
+    x = float(value)
+    if x < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return x
 
 
 def _rate(value: str) -> float:
@@ -61,9 +73,16 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", type=_positive, default=1, help="shards to run at once, in worker processes")
     b.add_argument("--max-mask-rate", type=_rate, default=1.0,
                    help="refuse to publish a night whose share of masked rollouts is above this")
-    b.add_argument("--memory-limit", default=DuckDBSettings.memory_limit)
+    b.add_argument("--memory-limit", type=_memory, default=DuckDBSettings.memory_limit,
+                   help="DuckDB memory_limit (default %(default)s)")
     b.add_argument("--threads", type=_positive, default=DuckDBSettings.threads)
-    b.add_argument("--temp-directory", default=None)
+    b.add_argument("--temp-directory", default=None, help="DuckDB spill folder (default <output>/_tmp/duckdb)")
+    b.add_argument("--lock-wait", type=_seconds, default=DuckDBSettings.lock_wait_seconds,
+                   help="seconds to wait for another client of the warehouse file (default %(default)s)")
+    b.add_argument("--allow-empty", action="store_true",
+                   help="publish a night from which no rollout could be read (refused by default)")
+    b.add_argument("--max-line-bytes", type=_positive, default=MAX_LINE_BYTES,
+                   help="longest JSON line read; a longer one is a reject row (default %(default)s)")
 
     s = sub.add_parser("synth", help="write a synthetic night with faults and expected outcomes")
     s.add_argument("--output", required=True)
@@ -95,12 +114,13 @@ def _scaled(span: tuple[int, int], scale: float) -> tuple[int, int]:
 def run(args) -> int:
     if args.command == "build":
         options = Options(args.mode, args.offchain, not args.no_std_normalize, args.leave_one_out)
-        settings = DuckDBSettings(args.memory_limit, args.threads, args.temp_directory)
+        settings = DuckDBSettings(args.memory_limit, args.threads, args.temp_directory, args.lock_wait)
         s = build_night(args.input, args.output, args.ds, options, args.shards, settings, args.max_mask_rate,
-                        workers=args.workers)
+                        workers=args.workers, allow_empty=args.allow_empty, max_line_bytes=args.max_line_bytes)
         n = s.numbers
         print(f"built ds={args.ds} in {s.seconds:.1f}s: {n.audit_rows} rollouts, {n.ok_rollouts} ok, "
               f"{n.masked} masked ({n.mask_rate:.1%}), {n.n_rows} rows; {s.load.n_rejects} rejected input rows")
+        print("input:   " + "\n         ".join(s.load.lines()))
         if n.reasons:
             print("mask reasons: " + ", ".join(f"{r} {c}" for r, c in n.reasons.items()))
         print(f"rows:  {args.output}/rows/ds={args.ds}/\naudit: {args.output}/audit/ds={args.ds}/\n"
@@ -129,17 +149,29 @@ def run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    settings = None
     try:
+        if args.command == "build":
+            settings = DuckDBSettings(args.memory_limit, args.threads, args.temp_directory, args.lock_wait)
         return run(args)
-    except (InputError, FileNotFoundError) as e:
-        print(f"reassembler: error: {e}", file=sys.stderr)
-        return 2
-    except (duckdb.IOException, duckdb.InvalidInputException) as e:
-        print(f"reassembler: error: unreadable input: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    except AuditCheckFailed as e:
-        print(f"reassembler: error: {e}", file=sys.stderr)
-        return 1
+    except BrokenPipeError:
+        # the reader of our output went away (`| head`): the work itself is done
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except KeyboardInterrupt:
+        print("reassembler: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the one place every error becomes one line
+        known = classify(e, settings)
+        if known is None:
+            if os.environ.get("REASSEMBLER_DEBUG"):
+                raise
+            print(f"reassembler: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                  "(set REASSEMBLER_DEBUG=1 for the traceback)", file=sys.stderr)
+            return EXIT_BUG
+        message = str(known).replace("\n", " ")
+        print(f"reassembler: error: {message}", file=sys.stderr)
+        return known.exit_code
 
 
 if __name__ == "__main__":

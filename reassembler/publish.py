@@ -1,26 +1,39 @@
-"""Publish a staged night: verify its numbers, then swap whole partitions in.
+"""Publish a staged night: verify its numbers, then move whole partitions in, with a journal
+so that a crash at any point is rolled forward by the next run.
 
 Shards write into `<output>/_staging/<ds>/<run_id>/{rows,audit}/`. `verify_staged` runs
-sql/audit_checks.sql over those files; `publish_staged` then replaces
-`<output>/{rows,audit}/ds=<ds>/` by renaming directories (same filesystem, so each swap is
-atomic): a reader sees the old partition or the new one, never a mix of files. Each
-published partition carries a `_SUCCESS` file naming the run.
+sql/audit_checks.sql over those files. `publish_staged` then, under the output lock:
+
+1. writes the journal `<output>/_publish/ds=<ds>.json` (run id, staging folder, run info)
+   by an atomic rename: from here on the publish is decided and will be finished;
+2. for rows, then audit: moves the published partition `<table>/ds=<ds>` out of the table
+   folder into `<output>/_trash/`, then renames the staged folder to `<table>/ds=<ds>`;
+3. replaces the night's `audit` rows in the warehouse and records the run (one
+   transaction, idempotent), and refreshes the reader snapshots in `<output>/tables/`;
+4. writes the manifest `<output>/_published/ds=<ds>.json` (run id and numbers);
+5. deletes the journal, then the trash and the staging folder.
+
+Every rename is of a whole folder on one filesystem, so at every instant each
+`<table>/ds=<ds>` is one complete partition of one run, or absent (between the two renames
+of step 2); nothing else ever sits in `rows/` or `audit/`. A crash after step 1 leaves the
+journal: `recover` (run by every build and load before anything else) finishes steps 2-5
+from it, so rows, audit, the warehouse and the manifest all name the same run again. A
+crash before step 1 leaves only a staging folder, which the next load of that ds removes.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .errors import AuditCheckFailed
 from .warehouse import run_script, sql
 
 KINDS = ("rows", "audit")
-
-
-class AuditCheckFailed(Exception):
-    """The staged night breaks an invariant; nothing was published."""
+__all__ = ["AuditCheckFailed", "NightNumbers", "verify_staged", "publish_staged", "recover", "staging_dir"]
 
 
 @dataclass(frozen=True)
@@ -50,8 +63,33 @@ def partition_dir(output: Path, kind: str, ds: str) -> Path:
     return Path(output) / kind / f"ds={ds}"
 
 
+def journal_path(output: Path, ds: str) -> Path:
+    return Path(output) / "_publish" / f"ds={ds}.json"
+
+
+def manifest_path(output: Path, ds: str) -> Path:
+    return Path(output) / "_published" / f"ds={ds}.json"
+
+
 def _files(folder: Path) -> list[str]:
     return sorted(str(p) for p in folder.glob("part-*.parquet"))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.rename(tmp, path)
+
+
+def _checkpoint(step: str) -> None:
+    """Test-only: `REASSEMBLER_TEST_KILL_AT=<step>` kills this process with SIGKILL here."""
+    if os.environ.get("REASSEMBLER_TEST_KILL_AT") == step:
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def verify_staged(con, staging: Path, ds: str, max_mask_rate: float = 1.0) -> NightNumbers:
@@ -78,31 +116,70 @@ def verify_staged(con, staging: Path, ds: str, max_mask_rate: float = 1.0) -> Ni
     return numbers
 
 
-def _swap(new: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    old = target.with_name(target.name + ".old")
-    if old.exists():  # left by a crash between the two renames below
-        shutil.rmtree(old)
-    if target.exists():
-        os.rename(target, old)
-    os.rename(new, target)
-    if old.exists():
-        shutil.rmtree(old)
-
-
 def publish_staged(con, output: Path, staging: Path, ds: str, run_id: str, numbers: NightNumbers,
                    run_info: dict) -> dict[str, Path]:
-    marker = json.dumps({"run_id": run_id, **asdict(numbers)}, sort_keys=True)
-    published = {}
+    """Steps 1-5 of the module docstring. The caller holds the output lock."""
+    output = Path(output)
+    for kind in KINDS:  # a night without ok rollouts has no rows file: publish an empty folder
+        (staging / kind).mkdir(parents=True, exist_ok=True)
+    journal = {"ds": ds, "run_id": run_id, "staging": str(staging), "numbers": asdict(numbers),
+               "run_info": run_info}
+    _write_atomically(journal_path(output, ds), json.dumps(journal, sort_keys=True))
+    _checkpoint("journal")
+    _finish(con, output, journal)
+    return {kind: partition_dir(output, kind, ds) for kind in KINDS}
+
+
+def _finish(con, output: Path, journal: dict) -> None:
+    ds, run_id, staging = journal["ds"], journal["run_id"], Path(journal["staging"])
+    trash = output / "_trash" / ds
     for kind in KINDS:
-        (staging / kind / "_SUCCESS").write_text(marker + "\n")
-        target = partition_dir(output, kind, ds)
-        _swap(staging / kind, target)
-        published[kind] = target
-    shutil.rmtree(staging, ignore_errors=True)
-    audit_files = _files(published["audit"])
+        staged, target = staging / kind, partition_dir(output, kind, ds)
+        if not staged.exists():
+            continue  # moved in before a crash
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            trash.mkdir(parents=True, exist_ok=True)
+            os.rename(target, trash / f"{kind}-{uuid.uuid4().hex}")
+            _checkpoint(f"{kind}_aside")
+        os.rename(staged, target)
+        _checkpoint(f"{kind}_in")
+    audit_files = _files(partition_dir(output, "audit", ds))
     con.execute("BEGIN TRANSACTION")
     run_script(con, "publish_audit", {"ds": ds, "audit_files": audit_files})
-    con.execute(sql("record_run"), {"ds": ds, "run_id": run_id, "n_rows": numbers.n_rows, **run_info})
+    run_script(con, "record_run", {"ds": ds, "run_id": run_id, "n_rows": journal["numbers"]["n_rows"],
+                                   **journal["run_info"]})
     con.execute("COMMIT")
-    return published
+    _checkpoint("warehouse")
+    export_tables(con, output)
+    _write_atomically(manifest_path(output, ds), json.dumps({"run_id": run_id, **journal["numbers"]}, sort_keys=True))
+    _checkpoint("manifest")
+    journal_path(output, ds).unlink()
+    shutil.rmtree(trash, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def recover(con, output: Path) -> list[str]:
+    """Finish every publish a crash interrupted (roll forward); the ds values finished."""
+    done = []
+    for path in sorted((Path(output) / "_publish").glob("ds=*.json")):
+        journal = json.loads(path.read_text())
+        _finish(con, Path(output), journal)
+        done.append(journal["ds"])
+    return done
+
+
+def pending(output: Path) -> list[str]:
+    """The ds values whose publish was interrupted and awaits the next build."""
+    return sorted(p.name[3:-5] for p in (Path(output) / "_publish").glob("ds=*.json"))
+
+
+def export_tables(con, output: Path) -> None:
+    """Reader snapshots of the warehouse's small tables, `<output>/tables/<table>.parquet`,
+    replaced by an atomic rename, so analysts query them without ever locking the job out."""
+    folder = Path(output) / "tables"
+    folder.mkdir(parents=True, exist_ok=True)
+    for table in ("runs", "rejects"):
+        tmp = folder / f".{table}.{os.getpid()}.tmp"
+        con.execute(sql("export_table", table=table, path=str(tmp).replace("'", "''")))
+        os.rename(tmp, folder / f"{table}.parquet")

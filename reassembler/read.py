@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .records import (LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS, RecordError, parse_ledger_row,
-                      parse_rollout)
+                      parse_rollout, rollout_id_from_path)
+from .errors import InputError
 from .warehouse import run_script, sql
 
 CHUNK_ROWS = 5_000
@@ -27,8 +29,8 @@ NOT_LEDGER_SUFFIX = ".tokens.jsonl"
 RAW_CHARS = 300
 
 
-class InputError(Exception):
-    """Unusable input: the night cannot be built. The message is one line naming the file."""
+# the largest JSON line read; a longer one is a reject row (README: choices)
+MAX_LINE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,54 @@ class NightFiles:
         return self.root / kind / f"ds={self.ds}" / rel
 
 
+def _list_files(part: Path, suffix: str, recursive: bool, exclude: str | None = None) -> list[str]:
+    """Files ending in `suffix` in a partition folder (and its subfolders when `recursive`),
+    as sorted relative paths. Symbolic links are followed; a dangling link, an unreadable
+    entry or a link loop is an InputError naming it: nothing is skipped silently."""
+    found: list[str] = []
+    seen: set[tuple[int, int]] = set()
+
+    def visit(folder: Path, rel: str) -> None:
+        st = folder.stat()
+        if (st.st_dev, st.st_ino) in seen:
+            raise InputError(f"{folder}: symbolic link loop (this folder is reached twice)")
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            raise InputError(f"{folder}: cannot list the folder ({e.strerror})") from e
+        for entry in entries:
+            name = f"{rel}{entry.name}"
+            try:
+                is_dir, is_file = entry.is_dir(), entry.is_file()
+            except OSError as e:
+                raise InputError(f"{folder / entry.name}: cannot read ({e.strerror})") from e
+            if entry.is_symlink() and not (is_dir or is_file):
+                if entry.name.endswith(suffix) or recursive:
+                    raise InputError(f"{folder / entry.name}: dangling symbolic link "
+                                     f"(points to {os.readlink(entry.path)})")
+                continue
+            if is_dir:
+                if recursive:
+                    visit(Path(entry.path), name + "/")
+            elif is_file and entry.name.endswith(suffix) and not (exclude and entry.name.endswith(exclude)):
+                if not os.access(entry.path, os.R_OK):
+                    raise InputError(f"{folder / entry.name}: file is not readable")
+                found.append(name)
+
+    visit(part, "")
+    return sorted(found)
+
+
 def find_night(input_dir: str | Path, ds: str) -> NightFiles:
     root = Path(input_dir)
     found = {}
-    for kind, pattern in (("rollouts", "*.jsonl"), ("ledger", "**/*.jsonl"), ("tokens", "*.parquet")):
+    for kind, suffix, recursive in (("rollouts", ".jsonl", False), ("ledger", ".jsonl", True),
+                                    ("tokens", ".parquet", False)):
         part = root / kind / f"ds={ds}"
         if not part.is_dir():
             raise InputError(f"{part}: input partition folder is missing")
-        found[kind] = sorted(rel for p in part.glob(pattern) if p.is_file()
-                             and not (rel := p.relative_to(part).as_posix()).endswith(NOT_LEDGER_SUFFIX))
+        found[kind] = _list_files(part, suffix, recursive, NOT_LEDGER_SUFFIX if kind == "ledger" else None)
     return NightFiles(root, ds, found["rollouts"], found["ledger"], found["tokens"])
 
 
@@ -106,18 +147,46 @@ class _Inserter:
             self.rows = []
 
 
-def _json_lines(path: Path, rel: str):
-    """(line number, raw bytes, decoded value or the error) of each non-blank line."""
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise RecordError(f"duplicate key {dup!r} in a JSON object")
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys)
+
+
+def _json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES):
+    """(line number, raw bytes, decoded value or the error) of each non-blank line. A line
+    longer than `max_bytes` is not decoded: it becomes a reject with its size."""
     try:
         fh = open(path, "rb")
     except OSError as e:
         raise InputError(f"{rel}: cannot open ({e.strerror})") from e
     with fh:
-        for number, raw in enumerate(fh, start=1):
+        number = 0
+        while True:
+            raw = fh.readline(max_bytes + 1)
+            if not raw:
+                return
+            number += 1
+            if len(raw) > max_bytes and not raw.endswith(b"\n"):
+                size = len(raw)
+                while (more := fh.readline(1 << 20)) and not more.endswith(b"\n"):
+                    size += len(more)
+                size += len(more)
+                yield number, raw[:RAW_CHARS], RecordError(
+                    f"line is {size:,} bytes, over the {max_bytes:,}-byte limit (--max-line-bytes)")
+                continue
             if not raw.strip():
                 continue
             try:
-                yield number, raw, json.loads(raw)
+                yield number, raw, _DECODER.decode(raw.decode("utf-8"))
+            except RecordError as e:
+                yield number, raw, e
             except (ValueError, RecursionError) as e:
                 yield number, raw, RecordError(f"not valid JSON: {e}")
 
@@ -132,23 +201,56 @@ def _reject(rejects: _Inserter, source: str, rel: str, line: int, error: str, ra
                  "raw": _raw_text(raw), "rollout_id": rollout_id, "model_call_id": model_call_id})
 
 
-def _guess_ids(value) -> tuple[str | None, str | None]:
+def _guess_ids(value, rel: str | None = None) -> tuple[str | None, str | None]:
+    """The ids a rejected line still tells: its own, or (a ledger line of NeMo Gym's
+    `<rollout_id>.lineage.jsonl`) the rollout id from the file name."""
+    rid = cid = None
     if isinstance(value, dict):
         rid, cid = value.get("rollout_id"), value.get("model_call_id")
-        return (rid if isinstance(rid, str) else None, cid if isinstance(cid, str) else None)
-    return None, None
+        rid = rid if isinstance(rid, str) and rid else None
+        cid = cid if isinstance(cid, str) and cid else None
+    if rid is None and rel is not None:
+        rid = rollout_id_from_path(rel)
+    return rid, cid
+
+
+@dataclass(frozen=True)
+class SourceCount:
+    """One input source of a night: every line / token row read is loaded or rejected."""
+
+    read: int
+    loaded: int
+    rejected: int
+
+    def __str__(self) -> str:
+        return f"{self.read} read = {self.loaded} loaded + {self.rejected} rejected"
 
 
 @dataclass(frozen=True)
 class LoadSummary:
-    n_rollouts: int
-    n_ledger_rows: int
-    n_rejects: int
+    rollouts: SourceCount
+    ledger: SourceCount
+    tokens: SourceCount
+    n_ledger_rows: int  # rows in the warehouse's ledger table (rows of unknown rollouts included)
     n_token_files: int
 
+    @property
+    def n_rollouts(self) -> int:
+        return self.rollouts.loaded
 
-def load_night(con: duckdb.DuckDBPyConnection, night: NightFiles) -> LoadSummary:
-    """Replace the night `night.ds` in the warehouse, in one transaction."""
+    @property
+    def n_rejects(self) -> int:
+        return self.rollouts.rejected + self.ledger.rejected + self.tokens.rejected
+
+    def lines(self) -> list[str]:
+        return [f"{name:<9}{count}" for name, count in
+                (("rollouts", self.rollouts), ("ledger", self.ledger), ("tokens", self.tokens))]
+
+
+def load_night(con: duckdb.DuckDBPyConnection, night: NightFiles, allow_empty: bool = False,
+               max_line_bytes: int = MAX_LINE_BYTES) -> LoadSummary:
+    """Replace the night `night.ds` in the warehouse, in one transaction. A night from which
+    no rollout could be read is refused (InputError) unless `allow_empty`."""
     ds = night.ds
     tokens = token_rows_sql(night)  # fail on unusable token files before touching anything
     con.execute("BEGIN TRANSACTION")
@@ -159,8 +261,10 @@ def load_night(con: duckdb.DuckDBPyConnection, night: NightFiles) -> LoadSummary
         rejects = _Inserter(con, "insert_rejects", REJECT_BATCH, ds)
 
         seen: set[str] = set()
+        n_rollout_lines = 0
         for rel in night.rollouts:
-            for line, raw, value in _json_lines(night.path("rollouts", rel), rel):
+            for line, raw, value in _json_lines(night.path("rollouts", rel), rel, max_line_bytes):
+                n_rollout_lines += 1
                 try:
                     if isinstance(value, RecordError):
                         raise value
@@ -176,28 +280,41 @@ def load_night(con: duckdb.DuckDBPyConnection, night: NightFiles) -> LoadSummary
 
         capture_seq = 0
         for rel in night.ledger:
-            for line, raw, value in _json_lines(night.path("ledger", rel), rel):
+            for line, raw, value in _json_lines(night.path("ledger", rel), rel, max_line_bytes):
                 capture_seq += 1
                 try:
                     if isinstance(value, RecordError):
                         raise value
                     row = parse_ledger_row(value, rel)
                 except RecordError as e:
-                    _reject(rejects, "ledger", rel, line, str(e), raw, *_guess_ids(value))
+                    _reject(rejects, "ledger", rel, line, str(e), raw, *_guess_ids(value, rel))
                     continue
                 row.update(capture_seq=capture_seq, source_file=rel, source_line=line)
                 ledger.add(row)
         for inserter in (rollouts, ledger, rejects):
             inserter.flush()
+        if rollouts.count == 0 and not allow_empty:
+            raise InputError(f"{night.path('rollouts', '')}: no rollout could be read ({len(night.rollouts)} files, "
+                             f"{n_rollout_lines} lines); an empty night is published only with --allow-empty")
         con.execute(sql("orphan_ledger_rejects"), {"ds": ds})
         con.execute(sql("orphan_token_rejects", tokens=tokens),
                     {"ds": ds, "token_dir": str(night.path("tokens", "")).rstrip("/") + "/"})
-        n_rejects = con.execute(sql("count_rejects"), {"ds": ds}).fetchone()[0]
+        counts = dict(con.execute(sql("count_rejects"), {"ds": ds}).fetchall())
+        ledger_used, token_rows = con.execute(sql("count_loaded", tokens=tokens), {"ds": ds}).fetchone()
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
         raise
-    return LoadSummary(rollouts.count, ledger.count, n_rejects, len(night.tokens))
+    summary = LoadSummary(
+        rollouts=SourceCount(n_rollout_lines, rollouts.count, counts.get("rollouts", 0)),
+        ledger=SourceCount(capture_seq, ledger_used, counts.get("ledger", 0)),
+        tokens=SourceCount(token_rows, token_rows - counts.get("tokens", 0), counts.get("tokens", 0)),
+        n_ledger_rows=ledger.count, n_token_files=len(night.tokens))
+    for name in ("rollouts", "ledger", "tokens"):
+        c = getattr(summary, name)
+        if c.read != c.loaded + c.rejected:  # every line and token row is accounted for
+            raise RuntimeError(f"internal: {name} {c}")
+    return summary
 
 
 # ---------------------------------------------------------------- token Parquet -> SQL

@@ -1,2 +1,2 @@
--- Reject rows of one night (the load summary).
-SELECT count(*) FROM rejects WHERE ds = $ds;
+-- Rejected input rows of one night, per source (rollouts, ledger, tokens).
+SELECT source, count(*) FROM rejects WHERE ds = $ds GROUP BY source;

@@ -1,3 +1,5 @@
+-- One row per published run (idempotent: a publish finished by recovery records it once).
+DELETE FROM runs WHERE run_id = $run_id;
 INSERT INTO runs BY NAME
 SELECT $run_id AS run_id, CAST($ds AS DATE) AS ds, now()::TIMESTAMP AS published_at,
        $input_dir AS input_dir, $mode AS mode, $offchain AS offchain, $options AS options,

@@ -1,6 +1,7 @@
 """Publishing: whole partitions or nothing, identical reruns, audit checks that refuse."""
 from __future__ import annotations
 
+import json
 import os
 
 import pyarrow.parquet as pq
@@ -37,7 +38,10 @@ def test_rerun_of_the_same_night_publishes_identical_rows(tmp_path, two_groups):
     rows2 = _files(out / "rows" / f"ds={DS}")
     assert first.run_id != second.run_id
     t1 = pq.read_table(out / "rows" / f"ds={DS}").to_pylist()
-    assert len(t1) == 3 and set(_parts(rows1)) == {"part-00000.parquet"} and "_SUCCESS" in rows2
+    assert len(t1) == 3 and set(rows1) == {"part-00000.parquet"}
+    assert set(rows2) == {"part-00000.parquet", "part-00001.parquet"}  # nothing but the partition's files
+    manifest = json.loads((out / "_published" / f"ds={DS}.json").read_text())
+    assert manifest["run_id"] == second.run_id and manifest["n_rows"] == 3
     build_night(two_groups, out, DS)
     assert _parts(_files(out / "rows" / f"ds={DS}")) == _parts(rows1)  # byte for byte
     assert not (out / "_staging" / DS).exists() or not any((out / "_staging" / DS).iterdir())
@@ -64,16 +68,20 @@ def test_a_crash_between_renames_leaves_nothing_half_and_the_next_run_recovers(t
 
     def flaky(src, dst):
         calls.append(dst)
-        if len(calls) == 2:  # old partition moved aside, new one not yet in place
+        if len(calls) == 3:  # journal written, old partition moved aside, new one not yet in place
             raise OSError("disk went away")
         return real_rename(src, dst)
     monkeypatch.setattr(publish_module.os, "rename", flaky)
     with pytest.raises(OSError):
         build_night(two_groups, out, DS)
     assert not (out / "rows" / f"ds={DS}").exists()  # nothing, rather than a mix
+    assert sorted(p.name for p in (out / "rows").iterdir()) == []  # and nothing beside it
+    assert (out / "_publish" / f"ds={DS}.json").exists()  # the journal says what to finish
     monkeypatch.setattr(publish_module.os, "rename", real_rename)
     summary = build_night(two_groups, out, DS)
-    assert summary.numbers.n_rows == 3 and not (out / "rows" / f"ds={DS}.old").exists()
+    assert summary.numbers.n_rows == 3
+    assert not (out / "_publish" / f"ds={DS}.json").exists() and not (out / "_trash").exists() or \
+        not any((out / "_trash").iterdir())
 
 
 def test_mask_rate_over_the_limit_publishes_nothing_and_says_why(tmp_path, two_groups):

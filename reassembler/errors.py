@@ -1,0 +1,82 @@
+"""Every way the job can stop, each with its exit code and a one-line message.
+
+The command line prints `reassembler: error: <message>` and exits with the code; the DAG
+fails its task with the same message. A message names the file or setting and says what
+to change. Nothing here is a data fault of a rollout: those mask the rollout
+(reasons.py) and the night still builds.
+
+| code | exception          | meaning                                                        |
+|------|--------------------|----------------------------------------------------------------|
+| 0    |                    | the night was built (masked rollouts included)                 |
+| 1    | AuditCheckFailed   | the staged night broke an invariant; nothing was published     |
+| 2    | InputError         | bad usage or unusable input (a file, a folder, an option)      |
+| 3    | OutputBusy         | another build holds the output, or the warehouse is locked     |
+| 4    | ResourceExhausted  | out of memory or disk: the message says which limit or path    |
+| 70   | (anything else)    | a bug: the message names it; REASSEMBLER_DEBUG=1 shows the trace |
+"""
+from __future__ import annotations
+
+import errno
+
+EXIT_OK = 0
+EXIT_AUDIT = 1
+EXIT_USAGE = 2
+EXIT_BUSY = 3
+EXIT_RESOURCES = 4
+EXIT_BUG = 70
+
+
+class ReassemblerError(Exception):
+    """Base of the job's own errors; `exit_code` is what the command line returns."""
+
+    exit_code = EXIT_BUG
+
+
+class AuditCheckFailed(ReassemblerError):
+    """The staged night breaks an invariant; nothing was published."""
+
+    exit_code = EXIT_AUDIT
+
+
+class InputError(ReassemblerError):
+    """Unusable input or bad usage: the night cannot be built. One line naming the file."""
+
+    exit_code = EXIT_USAGE
+
+
+class OutputBusy(ReassemblerError):
+    """Another process holds the output (a build) or the warehouse file (any DuckDB client)."""
+
+    exit_code = EXIT_BUSY
+
+
+class ResourceExhausted(ReassemblerError):
+    """Out of memory (DuckDB's memory_limit or the machine) or out of disk."""
+
+    exit_code = EXIT_RESOURCES
+
+
+def classify(exc: BaseException, settings=None) -> ReassemblerError | None:
+    """Turn an error raised by DuckDB, Arrow or the OS into one of ours, or None."""
+    import duckdb
+
+    if isinstance(exc, ReassemblerError):
+        return exc
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    limit = getattr(settings, "memory_limit", None)
+    if isinstance(exc, (duckdb.OutOfMemoryException, MemoryError)) or "Out of Memory" in text:
+        return ResourceExhausted(f"out of memory{f' at memory_limit {limit}' if limit else ''} ({text}); "
+                                 "raise --memory-limit (DAG: duckdb_memory_limit) or use more shards")
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left on device" in text:
+        where = getattr(exc, "filename", None)
+        return ResourceExhausted(f"no space left on device{f' writing {where}' if where else ''} ({text}); "
+                                 "free space there, or point --output / --temp-directory at a larger disk")
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return InputError(f"{exc.filename or text}: not writable ({exc.strerror or text})")
+    if isinstance(exc, duckdb.IOException) and "Could not set lock" in text:
+        return OutputBusy(f"the warehouse is locked by another process: {text}")
+    if isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
+        return InputError(f"unreadable input: {text}")
+    if isinstance(exc, FileNotFoundError):
+        return InputError(str(exc))
+    return None
