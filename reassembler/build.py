@@ -16,6 +16,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
+from .checkpoints import checkpoint
 from .lock import OutputLock
 from .publish import NightNumbers, publish_staged, recover, staging_dir, verify_staged
 from .read import MAX_LINE_BYTES, LoadSummary, find_night, load_night
@@ -43,6 +44,7 @@ def load_step(input_dir, output_dir, ds: str, shards: int = 1,
             clear_dead_spill_folders(output_dir, settings)
             summary = load_night(con, night, allow_empty, max_line_bytes)
             con.execute(sql("plan_shards"), {"ds": ds, "shards": shards})
+            checkpoint("loaded")
     return summary
 
 

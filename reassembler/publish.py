@@ -29,6 +29,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .checkpoints import checkpoint
 from .errors import AuditCheckFailed
 from .warehouse import run_script, sql
 
@@ -85,13 +86,6 @@ def _write_atomically(path: Path, text: str) -> None:
     os.rename(tmp, path)
 
 
-def _checkpoint(step: str) -> None:
-    """Test-only: `REASSEMBLER_TEST_KILL_AT=<step>` kills this process with SIGKILL here."""
-    if os.environ.get("REASSEMBLER_TEST_KILL_AT") == step:
-        import signal
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def verify_staged(con, staging: Path, ds: str, max_mask_rate: float = 1.0) -> NightNumbers:
     audit_files, rows_files = _files(staging / "audit"), _files(staging / "rows")
     if not audit_files:
@@ -125,7 +119,7 @@ def publish_staged(con, output: Path, staging: Path, ds: str, run_id: str, numbe
     journal = {"ds": ds, "run_id": run_id, "staging": str(staging), "numbers": asdict(numbers),
                "run_info": run_info}
     _write_atomically(journal_path(output, ds), json.dumps(journal, sort_keys=True))
-    _checkpoint("journal")
+    checkpoint("journal")
     _finish(con, output, journal)
     return {kind: partition_dir(output, kind, ds) for kind in KINDS}
 
@@ -141,19 +135,19 @@ def _finish(con, output: Path, journal: dict) -> None:
         if target.exists():
             trash.mkdir(parents=True, exist_ok=True)
             os.rename(target, trash / f"{kind}-{uuid.uuid4().hex}")
-            _checkpoint(f"{kind}_aside")
+            checkpoint(f"{kind}_aside")
         os.rename(staged, target)
-        _checkpoint(f"{kind}_in")
+        checkpoint(f"{kind}_in")
     audit_files = _files(partition_dir(output, "audit", ds))
     con.execute("BEGIN TRANSACTION")
     run_script(con, "publish_audit", {"ds": ds, "audit_files": audit_files})
     run_script(con, "record_run", {"ds": ds, "run_id": run_id, "n_rows": journal["numbers"]["n_rows"],
                                    **journal["run_info"]})
     con.execute("COMMIT")
-    _checkpoint("warehouse")
+    checkpoint("warehouse")
     export_tables(con, output)
     _write_atomically(manifest_path(output, ds), json.dumps({"run_id": run_id, **journal["numbers"]}, sort_keys=True))
-    _checkpoint("manifest")
+    checkpoint("manifest")
     journal_path(output, ds).unlink()
     shutil.rmtree(trash, ignore_errors=True)
     shutil.rmtree(staging, ignore_errors=True)

@@ -89,6 +89,7 @@ def connect(output_dir: str | Path, settings: DuckDBSettings = DuckDBSettings(),
         if not path.exists():
             raise InputError(f"{path}: no warehouse here; run `reassembler build` first")
         temp = Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler-duckdb") / _spill_name(os.getpid())
+        temp.parent.mkdir(parents=True, exist_ok=True)
     else:
         output_dir.mkdir(parents=True, exist_ok=True)
         # one spill folder per process: shards run at once, each with its own DuckDB instance

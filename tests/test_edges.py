@@ -1,0 +1,346 @@
+"""The job's edges, replayed as an operator meets them: SIGKILL at every step of publish,
+two builds at once, readers holding the warehouse, odd input, and every exit code. Builds
+run as subprocesses of the real command, so exit codes, messages and kills are real."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+from nights import DS, Night, worked_example
+
+from reassembler.publish import KINDS
+
+STEPS = ["journal", "rows_aside", "rows_in", "audit_aside", "audit_in", "warehouse", "manifest"]
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "reassembler.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def build(inp, out, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return cli("build", "--input", inp, "--output", out, "--ds", DS, *extra, env=env)
+
+
+def one_line_error(res: subprocess.CompletedProcess) -> str:
+    err = res.stderr.strip()
+    assert "Traceback" not in res.stderr and "\n" not in err, res.stderr
+    assert err.startswith("reassembler: error: "), err
+    return err
+
+
+def night_input(root: Path, extra: bool = False) -> Path:
+    """Three rollouts (3 rows); with `extra`, a fourth (4 rows)."""
+    n = Night(root)
+    worked_example(n, "a_g0", compaction=True, reward=1.0)
+    worked_example(n, "a_g1", compaction=False, reward=0.0)
+    worked_example(n, "b_g0", compaction=False, reward=0.3, failure_reason="timeout")
+    if extra:
+        worked_example(n, "b_g1", compaction=False, reward=0.1)
+    return n.write()
+
+
+def part_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def reader_view(out: Path) -> dict[str, int | None]:
+    """What a reader globbing <table>/ds=* sees: it must be one complete partition or none."""
+    seen = {}
+    for kind in KINDS:
+        entries = sorted(p.name for p in (out / kind).iterdir()) if (out / kind).exists() else []
+        assert all(re.fullmatch(r"ds=\d{4}-\d{2}-\d{2}", e) for e in entries), (kind, entries)  # nothing else
+        part = out / kind / f"ds={DS}"
+        assert all(p.name.startswith("part-") for p in part.iterdir()) if part.exists() else True
+        seen[kind] = pq.read_table(part).num_rows if part.exists() else None
+    return seen
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("edges")
+    old, new = night_input(root / "old"), night_input(root / "new", extra=True)
+    clean = root / "clean"
+    assert build(new, clean).returncode == 0
+    return old, new, part_bytes(clean / "rows" / f"ds={DS}")
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_sigkill_at_every_step_of_publish(tmp_path, inputs, step):
+    old, new, clean_rows = inputs
+    out = tmp_path / "out"
+    assert build(old, out).returncode == 0
+    killed = build(new, out, env={"REASSEMBLER_TEST_KILL_AT": step})
+    assert killed.returncode == -signal.SIGKILL
+    view = reader_view(out)
+    assert view["rows"] in (3, 4, None) and view["audit"] in (3, 4, None)
+    if step == "journal":  # decided but nothing moved yet: the old night is still whole
+        assert view == {"rows": 3, "audit": 3}
+    assert build(new, out).returncode == 0  # recovers, then rebuilds
+    assert reader_view(out) == {"rows": 4, "audit": 4}
+    assert part_bytes(out / "rows" / f"ds={DS}") == clean_rows  # byte-identical rows
+    manifest = json.loads((out / "_published" / f"ds={DS}.json").read_text())
+    audit_runs = set(pq.read_table(out / "audit" / f"ds={DS}").column("run_id").to_pylist())
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        wh_runs = {r for (r,) in con.execute("SELECT DISTINCT run_id FROM audit WHERE ds = ?", [DS]).fetchall()}
+        last = con.execute("SELECT run_id FROM runs ORDER BY published_at DESC LIMIT 1").fetchone()[0]
+    assert audit_runs == wh_runs == {manifest["run_id"]} == {last}
+    assert not list((out / "_publish").glob("*.json"))
+    assert not (out / "_trash").exists() or not any((out / "_trash").rglob("*.parquet"))
+
+
+def test_recovery_alone_finishes_an_interrupted_publish(tmp_path, inputs):
+    """A kill between the two tables leaves new rows beside old audit; the next run of any
+    night (here: a load of another ds) rolls the interrupted one forward first."""
+    old, new, _ = inputs
+    out = tmp_path / "out"
+    assert build(old, out).returncode == 0
+    assert build(new, out, env={"REASSEMBLER_TEST_KILL_AT": "rows_in"}).returncode == -signal.SIGKILL
+    assert reader_view(out) == {"rows": 4, "audit": 3}
+    other = Night(tmp_path / "other", ds="2026-11-27")
+    worked_example(other, "z_g0")
+    assert cli("build", "--input", other.write(), "--output", out, "--ds", "2026-11-27").returncode == 0
+    assert reader_view(out) == {"rows": 4, "audit": 4}
+
+
+def _wait_for_holder(out: Path, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = json.loads((out / "_lock").read_text() or "{}")
+            if info:
+                return info
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the first build never took the lock")
+
+
+def test_two_builds_at_once_the_second_fails_and_touches_nothing(tmp_path, inputs):
+    old, new, clean_rows = inputs
+    out, flag = tmp_path / "out", tmp_path / "pause"
+    flag.touch()
+    first = subprocess.Popen([sys.executable, "-m", "reassembler.cli", "build", "--input", str(new), "--output",
+                              str(out), "--ds", DS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "REASSEMBLER_TEST_PAUSE_AT": "loaded",
+                                  "REASSEMBLER_TEST_PAUSE_FILE": str(flag)})
+    try:
+        holder = _wait_for_holder(out)
+        second = build(old, out)
+        assert second.returncode == 3
+        err = one_line_error(second)
+        assert f"pid {first.pid}" in err and f"ds={DS}" in err and "since" in err and holder["host"] in err
+    finally:
+        flag.unlink()
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert part_bytes(out / "rows" / f"ds={DS}") == clean_rows
+    staggered = build(old, out)  # once the first is done, the next one runs
+    assert staggered.returncode == 0 and reader_view(out) == {"rows": 3, "audit": 3}
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, inputs):
+    old, _, _ = inputs
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "_lock").write_text(json.dumps({"pid": 999999, "host": "here", "ds": DS, "since": "yesterday"}))
+    assert build(old, out).returncode == 0
+
+
+def test_a_reader_of_the_warehouse_makes_the_job_wait_not_fail(tmp_path, inputs):
+    old, _, _ = inputs
+    out = tmp_path / "out"
+    assert build(old, out).returncode == 0
+    analyst = duckdb.connect(str(out / "warehouse.duckdb"), read_only=True)
+    res = build(old, out, "--lock-wait", "1")
+    assert res.returncode == 3
+    assert "locked by another DuckDB client" in one_line_error(res)
+    threading.Timer(2.0, analyst.close).start()  # the analyst closes after 2 s; the job waited
+    assert build(old, out, "--lock-wait", "60").returncode == 0
+
+
+def test_report_and_explain_never_write_to_the_output(tmp_path, inputs):
+    old, _, _ = inputs
+    out = tmp_path / "out"
+    assert build(old, out).returncode == 0
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert cli("report", "--output", out).returncode == 0
+    assert cli("explain", "--output", out, "--ds", DS, "a_g0").returncode == 0
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+    # analysts' way around the warehouse: the Parquet partitions and the table snapshots
+    with duckdb.connect() as con:
+        assert con.execute(f"SELECT count(*) FROM read_parquet('{out}/audit/ds=*/*.parquet', "
+                           "hive_partitioning = true)").fetchone()[0] == 3
+        assert con.execute(f"SELECT count(*) FROM '{out}/tables/runs.parquet'").fetchone()[0] == 1
+
+
+# ------------------------------------------------------------------ input nobody may skip
+
+
+def _partition(inp: Path, kind: str) -> Path:
+    return inp / kind / f"ds={DS}"
+
+
+def test_a_dangling_rollouts_link_stops_the_night_and_keeps_the_partition(tmp_path):
+    inp, out = night_input(tmp_path / "n"), tmp_path / "out"
+    assert build(inp, out).returncode == 0
+    before = part_bytes(out / "rows" / f"ds={DS}")
+    (_partition(inp, "rollouts") / "more.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    res = build(inp, out)
+    assert res.returncode == 2 and "more.jsonl: dangling symbolic link" in one_line_error(res)
+    assert part_bytes(out / "rows" / f"ds={DS}") == before
+
+
+def test_an_empty_rollouts_partition_is_refused_unless_asked_for(tmp_path):
+    inp, out = night_input(tmp_path / "n"), tmp_path / "out"
+    assert build(inp, out).returncode == 0
+    for f in _partition(inp, "rollouts").iterdir():
+        f.unlink()
+    res = build(inp, out)
+    assert res.returncode == 2 and "no rollout could be read" in one_line_error(res)
+    assert reader_view(out) == {"rows": 3, "audit": 3}
+    assert build(inp, out, "--allow-empty").returncode == 0
+    assert reader_view(out) == {"rows": 0, "audit": 0}
+
+
+def test_a_dangling_token_file_link_stops_the_night(tmp_path):
+    inp = night_input(tmp_path / "n")
+    (_partition(inp, "tokens") / "more.parquet").symlink_to(tmp_path / "gone.parquet")
+    res = build(inp, tmp_path / "out")
+    assert res.returncode == 2 and "more.parquet: dangling symbolic link" in one_line_error(res)
+
+
+def test_symlinked_ledger_folders_are_read_and_loops_refused(tmp_path):
+    inp, out = night_input(tmp_path / "n"), tmp_path / "out"
+    ledger = _partition(inp, "ledger")
+    elsewhere = tmp_path / "server-a"
+    elsewhere.mkdir()
+    (ledger / "ledger.jsonl").rename(elsewhere / "ledger.jsonl")
+    (ledger / "server-a").symlink_to(elsewhere, target_is_directory=True)
+    res = build(inp, out)
+    assert res.returncode == 0 and "3 read = 3 loaded + 0 rejected" in res.stdout
+    assert reader_view(out) == {"rows": 3, "audit": 3}
+    (elsewhere / "loop").symlink_to(ledger, target_is_directory=True)
+    res = build(inp, out)
+    assert res.returncode == 2 and "symbolic link loop" in one_line_error(res)
+
+
+def test_a_duplicate_key_is_a_reject_and_the_genuine_rollout_is_kept(tmp_path):
+    inp, out = night_input(tmp_path / "n"), tmp_path / "out"
+    path = _partition(inp, "rollouts") / "rollouts.jsonl"
+    lines = path.read_text().splitlines()
+    forged = lines[0].replace('"rollout_id": "a_g0"', '"rollout_id": "x_g9", "rollout_id": "a_g0"', 1)
+    path.write_text("\n".join([forged] + lines) + "\n")
+    res = build(inp, out)
+    assert res.returncode == 0 and "rollouts 4 read = 3 loaded + 1 rejected" in res.stdout
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        [(line, error)] = con.execute("SELECT line, error FROM rejects WHERE source = 'rollouts'").fetchall()
+        rollouts = con.execute("SELECT rollout_id, source_line FROM rollouts ORDER BY 2").fetchall()
+    assert line == 1 and "duplicate key 'rollout_id'" in error
+    assert rollouts == [("a_g0", 2), ("a_g1", 3), ("b_g0", 4)]
+
+
+def test_a_rejected_line_of_a_lineage_file_masks_its_rollout(tmp_path):
+    n = Night(tmp_path / "n")
+    ledger, _ = worked_example(n, "a_g0")
+    worked_example(n, "a_g1", compaction=False)
+    inp = n.write()
+    folder = _partition(inp, "ledger")
+    (folder / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in n.ledger if r["rollout_id"] == "a_g1"))
+    rows = [dict(r) for r in ledger]
+    for r in rows:
+        del r["rollout_id"]
+    rows[2]["prev_len"] = "zero"  # wrong type: a reject row that names no rollout itself
+    (folder / "a_g0.lineage.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = build(inp, tmp_path / "out")
+    assert res.returncode == 0
+    audit = {a["rollout_id"]: a for a in pq.read_table(tmp_path / "out" / "audit" / f"ds={DS}").to_pylist()}
+    assert (audit["a_g0"]["reason"], audit["a_g1"]["status"]) == ("invalid_record", "ok")
+    assert "a_g0.lineage.jsonl:3" in audit["a_g0"]["detail"]
+
+
+def test_a_huge_line_is_a_reject_row_with_its_size(tmp_path):
+    inp, out = night_input(tmp_path / "n"), tmp_path / "out"
+    with open(_partition(inp, "rollouts") / "rollouts.jsonl", "a") as fh:
+        fh.write(json.dumps({"rollout_id": "huge_g0", "group_id": "huge", "slot": 0, "reward": 1.0,
+                             "output": [{"type": "message", "content": "x" * 3000}]}) + "\n")
+    res = build(inp, out, "--max-line-bytes", "2000")
+    assert res.returncode == 0 and "rollouts 4 read = 3 loaded + 1 rejected" in res.stdout
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        [(error,)] = con.execute("SELECT error FROM rejects").fetchall()
+    assert error.startswith("line is 3,") and "over the 2,000-byte limit" in error
+
+
+# ------------------------------------------------------------------ one line, one exit code
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--memory-limit", "banana"], 2, "'banana' is not a size"),
+    (["--memory-limit", "4MB"], 4, "out of memory at memory_limit 4MB"),
+    (["--temp-directory", "{file}"], 2, "is a file, not a folder"),
+])
+def test_exit_codes(tmp_path, inputs, args, code, message):
+    old, _, _ = inputs
+    (tmp_path / "a-file").touch()
+    res = build(old, tmp_path / "out", *[a.format(file=tmp_path / "a-file") for a in args])
+    assert res.returncode == code and "Traceback" not in res.stderr
+    assert message in res.stderr
+    if code != 2:
+        one_line_error(res)
+    assert not (tmp_path / "out" / "rows").exists()
+
+
+def test_a_broken_pipe_is_no_traceback(tmp_path, inputs):
+    old, _, _ = inputs
+    res = subprocess.run(f"{sys.executable} -m reassembler.cli build --input {old} --output {tmp_path / 'out'} "
+                         f"--ds {DS} | head -c 10", shell=True, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in res.stderr and res.stdout == "built ds=2"
+    assert reader_view(tmp_path / "out") == {"rows": 3, "audit": 3}
+
+
+def test_a_full_disk_is_exit_4_naming_the_path(tmp_path, inputs, monkeypatch, capsys):
+    import errno
+
+    from reassembler import publish
+    from reassembler.cli import main
+
+    old, _, _ = inputs
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "tables"))
+    monkeypatch.setattr(publish, "export_tables", full)
+    assert main(["build", "--input", str(old), "--output", str(tmp_path / "out"), "--ds", DS]) == 4
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("reassembler: error: no space left on device writing ") and "tables" in err
+
+
+def test_common_readers_load_the_rows_folder(tmp_path, inputs):
+    """pyarrow, DuckDB, polars and Hugging Face datasets, pointed at <output>/rows."""
+    old, new, _ = inputs
+    out = tmp_path / "out"
+    assert build(old, out).returncode == 0
+    other = Night(tmp_path / "other", ds="2026-11-27")
+    worked_example(other, "z_g0")
+    assert cli("build", "--input", other.write(), "--output", out, "--ds", "2026-11-27").returncode == 0
+    rows = out / "rows"
+    import pyarrow.dataset as pads
+    assert pads.dataset(rows, format="parquet", partitioning="hive").to_table().num_rows == 5
+    with duckdb.connect() as con:
+        assert con.execute(f"SELECT count(*), count(DISTINCT ds) FROM read_parquet('{rows}/*/*.parquet', "
+                           "hive_partitioning = true)").fetchone() == (5, 2)
+    import polars as pl
+    assert pl.scan_parquet(f"{rows}/**/*.parquet", hive_partitioning=True).collect().height == 5
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ["HF_HOME"] = str(tmp_path / "hf")
+    from datasets import load_dataset
+    ds = load_dataset("parquet", data_dir=str(rows), split="train", cache_dir=str(tmp_path / "hf-cache"))
+    assert ds.num_rows == 5 and set(ds.column_names) >= {"row_id", "input_ids", "advantage"}
