@@ -1,6 +1,7 @@
 """`reassembler report`: capture quality across every night the warehouse holds."""
 from __future__ import annotations
 
+from .publish import pending
 from .warehouse import connect, sql
 
 
@@ -21,4 +22,6 @@ def report(output_dir) -> str:
         by_ds.setdefault(ds, []).append(f"{reason} {n}")
     for ds, items in by_ds.items():
         out.append(f"  {ds}: " + ", ".join(items))
+    for ds in pending(output_dir):
+        out.append(f"note: the publish of ds={ds} was interrupted; the next build or load finishes it")
     return "\n".join(out)
