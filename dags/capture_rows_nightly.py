@@ -24,6 +24,7 @@ from pathlib import Path
 
 from airflow.sdk import Asset, Metadata, Param, Variable, dag, task
 
+from reassembler_airflow.failures import task_errors
 from reassembler_airflow.operators import ReassembleOperator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,9 +57,10 @@ def _setting(name: str, default: str) -> str:
         "std_normalize": Param(True, type="boolean"),
         "leave_one_out": Param(False, type="boolean"),
         "max_mask_rate": Param(0.5, type="number", minimum=0, maximum=1),
-        "duckdb_memory_limit": Param("512MB", type="string"),
+        "duckdb_memory_limit": Param("128MB", type="string", pattern=r"^\d+(\.\d+)?\s*([KMGT]i?B|B)$",
+                                     description="DuckDB memory_limit of every task (the core's default)"),
         "duckdb_threads": Param(2, type="integer", minimum=1),
-        "duckdb_temp_directory": Param("", type="string", description="default: <output>/_tmp/duckdb"),
+        "duckdb_temp_directory": Param(None, type=["null", "string"], description="DuckDB spill folder; default: <output>/_tmp/duckdb"),
     },
     doc_md=__doc__,
 )
@@ -73,7 +75,8 @@ def capture_rows_nightly():
             anchor = logical_date or dag_run.run_after
             ds = (anchor - timedelta(days=1)).date().isoformat()
         input_dir, output_dir = _setting("input", DEFAULT_INPUT), _setting("output", DEFAULT_OUTPUT)
-        night = find_night(input_dir, ds)  # raises naming the missing folder
+        with task_errors():
+            night = find_night(input_dir, ds)  # raises naming the missing folder
         print(f"ds={ds}: {len(night.rollouts)} rollout files, {len(night.ledger)} ledger files, "
               f"{len(night.tokens)} token files under {input_dir}")
         return {"ds": ds, "input_dir": input_dir, "output_dir": output_dir,
@@ -86,8 +89,9 @@ def capture_rows_nightly():
         from reassembler.build import load_step
 
         shards = int(params["shards"])
-        summary = load_step(input_dir, output_dir, night_ds, shards, _duckdb(params))
-        print(f"loaded ds={night_ds}: {summary}")
+        with task_errors():
+            summary = load_step(input_dir, output_dir, night_ds, shards, _duckdb(params))
+        print(f"loaded ds={night_ds}: " + "; ".join(summary.lines()))
         return list(range(shards))
 
     @task
@@ -98,7 +102,7 @@ def capture_rows_nightly():
         from reassembler.publish import staging_dir, verify_staged
         from reassembler.warehouse import connect
 
-        with connect(output_dir, _duckdb(params), read_only=True) as con:
+        with task_errors(), connect(output_dir, _duckdb(params), read_only=True) as con:
             numbers = verify_staged(con, staging_dir(output_dir, night_ds, run_key), night_ds, float(params["max_mask_rate"]))
         shard_rows = sum(shard_results[i]["rows"] for i in range(len(shard_results)))
         if shard_rows != numbers.n_rows:
@@ -113,8 +117,9 @@ def capture_rows_nightly():
         from reassembler.rollout import Options
 
         options = Options(params["mode"], params["offchain"], params["std_normalize"], params["leave_one_out"])
-        n = publish_step(input_dir, output_dir, night_ds, run_key, options, _duckdb(params),
-                         float(params["max_mask_rate"]))
+        with task_errors():
+            n = publish_step(input_dir, output_dir, night_ds, run_key, options, _duckdb(params),
+                             float(params["max_mask_rate"]))
         print(f"published ds={night_ds}: {n.n_rows} rows, {n.ok_rollouts} ok, {n.masked} masked; "
               f"rows in {output_dir}/rows/ds={night_ds}/")
         yield Metadata(ROWS_ASSET, {"ds": night_ds, "partition": f"{output_dir}/rows/ds={night_ds}", "rows": n.n_rows,

@@ -129,8 +129,6 @@ def test_check_input_resolves_the_night_and_names_what_is_missing(tmp_path, monk
 
     from airflow.dag_processing.dagbag import DagBag
 
-    from reassembler.read import InputError
-
     check = DagBag(dag_folder=str(REPO / "dags")).dags["capture_rows_nightly"].get_task("check_input").python_callable
     inp = night.write()  # ds 2026-11-28
     monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_INPUT", str(inp))
@@ -143,5 +141,8 @@ def test_check_input_resolves_the_night_and_names_what_is_missing(tmp_path, monk
     got = check(params={"ds": None, "shards": 2}, logical_date=None,
                 dag_run=SimpleNamespace(run_after=nightly), run_id="manual__1")
     assert got["ds"] == DS
-    with pytest.raises(InputError, match=r"rollouts/ds=2026-11-27: input partition folder is missing"):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    # bad input cannot pass on a retry: the task fails at once, with the core's one line
+    with pytest.raises(AirflowFailException, match=r"rollouts/ds=2026-11-27: input partition folder is missing"):
         check(params={"ds": "2026-11-27", "shards": 2}, logical_date=nightly, dag_run=None, run_id="manual__2")

@@ -344,3 +344,21 @@ def test_common_readers_load_the_rows_folder(tmp_path, inputs):
     from datasets import load_dataset
     ds = load_dataset("parquet", data_dir=str(rows), split="train", cache_dir=str(tmp_path / "hf-cache"))
     assert ds.num_rows == 5 and set(ds.column_names) >= {"row_id", "input_ids", "advantage"}
+
+
+def test_a_read_only_output_serves_report_and_explain_and_refuses_a_build(tmp_path, inputs):
+    old, _, _ = inputs
+    src, ro = tmp_path / "out", tmp_path / "ro"
+    assert build(old, src).returncode == 0
+    ro.mkdir()
+    if subprocess.run(["mount", "--bind", str(src), str(ro)], capture_output=True).returncode != 0:
+        pytest.skip("bind mounts need privileges this machine does not give")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], capture_output=True).returncode != 0:
+            pytest.skip("read-only remount not permitted here")
+        assert cli("report", "--output", ro).returncode == 0
+        assert cli("explain", "--output", ro, "--ds", DS, "a_g0").returncode == 0
+        res = build(old, ro)
+        assert res.returncode == 2 and "not writable" in one_line_error(res)
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)

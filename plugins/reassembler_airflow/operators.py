@@ -10,6 +10,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from reassembler_airflow.failures import task_errors
+
 
 class ReassembleOperator(BaseOperator):
     """Select, cut and finalize the rollouts of shard `shard` of night `ds`.
@@ -25,7 +27,7 @@ class ReassembleOperator(BaseOperator):
 
     def __init__(self, *, input_dir: str, output_dir: str, ds: str, run_key: str, shard: int,
                  mode: str = "select", offchain: str = "selected", std_normalize: bool = True,
-                 leave_one_out: bool = False, memory_limit: str = "512MB", threads: int = 2,
+                 leave_one_out: bool = False, memory_limit: str = "128MB", threads: int = 2,
                  temp_directory: str | None = None, batch_rows: int = 4096, **kwargs):
         super().__init__(**kwargs)
         self.input_dir, self.output_dir, self.ds, self.run_key = input_dir, output_dir, ds, run_key
@@ -44,8 +46,9 @@ class ReassembleOperator(BaseOperator):
         options = Options(self.mode, self.offchain, bool(self.std_normalize), bool(self.leave_one_out))
         settings = DuckDBSettings(self.memory_limit, int(self.threads), self.temp_directory or None)
         self.log.info("reassembling shard %s of ds=%s from %s (%s)", self.shard, self.ds, self.input_dir, options)
-        result = shard_step(self.input_dir, self.output_dir, self.ds, int(self.shard), self.run_key, options,
-                            settings, log=self.log.info, batch_rows=self.batch_rows)
+        with task_errors():
+            result = shard_step(self.input_dir, self.output_dir, self.ds, int(self.shard), self.run_key, options,
+                                settings, log=self.log.info, batch_rows=self.batch_rows)
         self.log.info("shard %s done: %d rollouts, %d ok, %d masked, %d rows, %d tokens; reasons %s",
                       result.shard, result.n_rollouts, result.n_ok, result.n_masked, result.n_rows,
                       result.n_tokens, dict(result.reasons))
