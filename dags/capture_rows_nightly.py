@@ -4,6 +4,7 @@ Runs every day at 02:00 UTC for the previous day's partition (ds = logical date 
 the `ds` param overrides it for manual runs and backfills).
 
     check_input -> load_ledger -> reassemble[shard 0..K-1] -> audit_checks -> publish
+        -> quality_report -> quality_gate
 
 - check_input:   resolve ds, input and output roots; fail naming what is missing.
 - load_ledger:   export the night's ledger and rollouts into the DuckDB warehouse
@@ -14,6 +15,11 @@ the `ds` param overrides it for manual runs and backfills).
                  distinct rollouts in rows, mask rate under the limit).
 - publish:       swap the rows and audit partitions in whole, record the run, and emit the
                  rows Asset with counts and mask reasons in the event's extra.
+- quality_report: write the night's capture-quality report (<output>/reports/ds=<ds>/)
+                 and the index over all nights, from the warehouse alone.
+- quality_gate:  check the night against the alert thresholds (gate_* params), record the
+                 verdict, and fail with every breach listed, so the deployment's failure
+                 alerts fire; the rows stay published.
 """
 from __future__ import annotations
 
@@ -60,6 +66,19 @@ def _setting(name: str, default: str) -> str:
         "duckdb_memory_limit": Param("128MB", type="string", pattern=r"^\d+(\.\d+)?\s*([KMGT]i?B|B)$",
                                      description="DuckDB memory_limit of every task (the core's default)"),
         "duckdb_threads": Param(2, type="integer", minimum=1),
+        "gate_max_mask_rate": Param(0.2, type=["null", "number"], minimum=0, maximum=1,
+                                    description="alert when the night's mask rate is above this (null: off)"),
+        "gate_max_reason_rate": Param(0.1, type=["null", "number"], minimum=0, maximum=1,
+                                      description="alert when one reason masks more than this share of rollouts"),
+        "gate_max_mask_rate_rise": Param(0.05, type=["null", "number"], minimum=0, maximum=1,
+                                         description="alert when the mask rate rises more than this over the "
+                                                     "trailing 7-night mean"),
+        "gate_max_rejects": Param(0, type=["null", "integer"], minimum=0,
+                                  description="alert when more input lines than this were rejected"),
+        "report_nights": Param(30, type="integer", minimum=1, description="nights shown in the report's trends"),
+        "report_by": Param(None, type=["null", "string"],
+                           description="rollout metadata keys to break the mask rate down by, comma-separated "
+                                       "(default: the keys present on most rollouts)"),
         "duckdb_temp_directory": Param(None, type=["null", "string"], description="DuckDB spill folder; default: <output>/_tmp/duckdb"),
     },
     doc_md=__doc__,
@@ -127,6 +146,35 @@ def capture_rows_nightly():
                                     "mask_rate": round(n.mask_rate, 6), "mask_reasons": n.reasons,
                                     "run_id": run_key})
 
+    @task
+    def quality_report(output_dir: str, night_ds: str, published, params=None) -> str:
+        """Write the night's capture-quality report and the index page (no token reads)."""
+        from reassembler.build import report_step
+
+        with task_errors():
+            page = report_step(output_dir, night_ds, _duckdb(params), int(params["report_nights"]), _by(params))
+        print(f"capture-quality report of ds={night_ds}: {page}")
+        return str(page)
+
+    @task
+    def quality_gate(output_dir: str, night_ds: str, run_key: str, report: str, params=None) -> dict:
+        """Fail (no retry) listing every breached threshold; the rows stay published."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from reassembler.build import gate_step
+        from reassembler.quality import Thresholds
+
+        thresholds = Thresholds(params["gate_max_mask_rate"], params["gate_max_reason_rate"],
+                                params["gate_max_mask_rate_rise"], params["gate_max_rejects"])
+        with task_errors():
+            breaches = gate_step(output_dir, night_ds, run_key, thresholds, _duckdb(params),
+                                 int(params["report_nights"]), _by(params))
+        if breaches:
+            raise AirflowFailException(f"capture quality of ds={night_ds} breached {len(breaches)} threshold(s): "
+                                       + "; ".join(b["message"] for b in breaches) + f" (report: {report})")
+        print(f"quality gate passed for ds={night_ds}")
+        return {"ds": night_ds, "verdict": "ok"}
+
     night = check_input()
     loaded = load_ledger(night["input_dir"], night["output_dir"], night["ds"])
     shards = ReassembleOperator.partial(
@@ -139,7 +187,13 @@ def capture_rows_nightly():
         temp_directory="{{ params.duckdb_temp_directory }}",
     ).expand(shard=loaded)
     numbers = audit_checks(night["output_dir"], night["ds"], night["run_key"], shards.output)
-    publish(night["input_dir"], night["output_dir"], night["ds"], night["run_key"], numbers)
+    published = publish(night["input_dir"], night["output_dir"], night["ds"], night["run_key"], numbers)
+    report = quality_report(night["output_dir"], night["ds"], published)
+    quality_gate(night["output_dir"], night["ds"], night["run_key"], report)
+
+
+def _by(params) -> list[str] | None:
+    return [k.strip() for k in params["report_by"].split(",") if k.strip()] if params.get("report_by") else None
 
 
 def _duckdb(params):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from .checkpoints import checkpoint
+from .errors import InputError
 from .lock import OutputLock
 from .publish import NightNumbers, publish_staged, recover, staging_dir, verify_staged
 from .read import MAX_LINE_BYTES, LoadSummary, find_night, load_night
@@ -109,3 +110,29 @@ def _build(input_dir, output_dir, ds, options, shards, settings, max_mask_rate, 
     seconds = time.perf_counter() - started
     numbers = publish_step(input_dir, output_dir, ds, run_id, options, settings, max_mask_rate, seconds)
     return BuildSummary(run_id, load, numbers, time.perf_counter() - started)
+
+
+def report_step(output_dir, ds: str | None, settings: DuckDBSettings = DuckDBSettings(), nights: int = 30,
+                by: list[str] | None = None) -> Path | None:
+    """Write the night's capture-quality report and the index, from the warehouse alone."""
+    from .report_html import write_reports
+
+    with connect(output_dir, settings, read_only=True) as con:
+        return write_reports(con, output_dir, ds, nights, by)
+
+
+def gate_step(output_dir, ds: str, run_id: str | None, thresholds, settings: DuckDBSettings = DuckDBSettings(),
+              nights: int = 30, by: list[str] | None = None) -> list[dict]:
+    """Check the night against `thresholds`, record the verdict in the warehouse and rewrite
+    the report so that it shows it; return the breaches (empty: the night passed)."""
+    from .quality import gate, night_quality, record_verdict
+    from .report_html import write_reports
+
+    with OutputLock(output_dir, ds, "gate", settings.lock_wait_seconds), connect(output_dir, settings) as con:
+        quality = night_quality(con, ds, nights, by, traces=False)
+        if quality["night"] is None:
+            raise InputError(f"{output_dir}: no published night {ds} to check")
+        breaches = gate(quality, thresholds)
+        record_verdict(con, ds, run_id, breaches)
+        write_reports(con, output_dir, ds, nights, by)
+    return breaches

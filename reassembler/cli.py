@@ -2,7 +2,8 @@
 
 Exit codes (errors.py): 0 the night was built (masked rollouts included); 1 the staged night
 failed its audit checks (nothing published); 2 bad usage or unusable input; 3 the output or
-the warehouse is busy; 4 out of memory or disk; 70 a bug. Every error is one line on stderr.
+the warehouse is busy; 4 out of memory or disk; 5 (`gate`) the night breached an alert
+threshold; 70 a bug. Every error is one line on stderr.
 """
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import os
 import sys
 from datetime import date
 
-from .build import build_night
-from .errors import EXIT_BUG, EXIT_OK, InputError, classify
+from .build import build_night, gate_step, report_step
+from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
 from .explain import explain
 from .read import MAX_LINE_BYTES
+from .quality import Thresholds
 from .report import report
 from .rollout import Options
 from .synth import SynthConfig, synth_night
@@ -104,6 +106,23 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="capture quality across the nights in the warehouse")
     r.add_argument("--output", required=True)
+    r.add_argument("--html", action="store_true",
+                   help="write <output>/reports/ds=<ds>/index.html and the index page instead of a text table")
+    r.add_argument("--ds", type=_ds, default=None, help="the night of the HTML report (default: the latest)")
+    r.add_argument("--nights", type=_positive, default=30, help="nights in the trends (default %(default)s)")
+    r.add_argument("--by", default=None,
+                   help="rollout metadata keys to break the mask rate down by, comma-separated "
+                        "(default: the keys present on most rollouts)")
+
+    g = sub.add_parser("gate", help="check a published night against alert thresholds (exit 5 when breached)")
+    g.add_argument("--output", required=True)
+    g.add_argument("--ds", required=True, type=_ds)
+    d = Thresholds()
+    g.add_argument("--max-mask-rate", type=_rate, default=d.max_mask_rate, help="default %(default)s")
+    g.add_argument("--max-reason-rate", type=_rate, default=d.max_reason_rate, help="default %(default)s")
+    g.add_argument("--max-mask-rate-rise", type=_rate, default=d.max_mask_rate_rise,
+                   help="over the trailing 7-night mean; default %(default)s")
+    g.add_argument("--max-rejects", type=int, default=d.max_rejects, help="default %(default)s")
     return p
 
 
@@ -142,8 +161,22 @@ def run(args) -> int:
         print(f"input: {args.output}  expected outcomes: {args.output}/_expected/ds={args.ds}/outcomes.jsonl")
     elif args.command == "explain":
         print(explain(args.output, args.ds, args.rollout_id))
+    elif args.command == "report" and args.html:
+        by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
+        page = report_step(args.output, args.ds, nights=args.nights, by=by)
+        if page is None:
+            raise InputError(f"{args.output}: no published night{' ' + args.ds if args.ds else ''} in the warehouse")
+        print(f"report: {page}\nindex:  {page.parent.parent / 'index.html'}")
     elif args.command == "report":
         print(report(args.output))
+    elif args.command == "gate":
+        thresholds = Thresholds(args.max_mask_rate, args.max_reason_rate, args.max_mask_rate_rise, args.max_rejects)
+        breaches = gate_step(args.output, args.ds, None, thresholds)
+        if breaches:
+            print(f"reassembler: quality gate breached for ds={args.ds}: "
+                  + "; ".join(b["message"] for b in breaches), file=sys.stderr)
+            return EXIT_GATE
+        print(f"quality gate passed for ds={args.ds}")
     return 0
 
 

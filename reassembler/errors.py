@@ -12,6 +12,7 @@ to change. Nothing here is a data fault of a rollout: those mask the rollout
 | 2    | InputError         | bad usage or unusable input (a file, a folder, an option)      |
 | 3    | OutputBusy         | another build holds the output, or the warehouse is locked     |
 | 4    | ResourceExhausted  | out of memory or disk: the message says which limit or path    |
+| 5    |                    | `reassembler gate`: the night breached an alert threshold      |
 | 70   | (anything else)    | a bug: the message names it; REASSEMBLER_DEBUG=1 shows the trace |
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ EXIT_AUDIT = 1
 EXIT_USAGE = 2
 EXIT_BUSY = 3
 EXIT_RESOURCES = 4
+EXIT_GATE = 5
 EXIT_BUG = 70
 
 

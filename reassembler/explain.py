@@ -8,8 +8,55 @@ from pathlib import Path
 from .read import InputError, find_night
 from .reasons import DESCRIPTIONS
 from .rollout import Options
+from .select import select_calls
 from .shard import reassemble_one
 from .warehouse import connect, sql
+
+
+def _ledger_line(ledger) -> str:
+    if not ledger:
+        return "ledger: no calls"
+    return f"ledger: {len(ledger)} calls in capture order: " + ", ".join(
+        f"{cid} ({'poison: ' + fr if fr else 'root' if parent is None else 'parent ' + parent})"
+        for cid, parent, fr in ledger)
+
+
+def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
+    """The trace of one published rollout replayed from the warehouse alone (no token
+    reads): its ledger, selection, cut and walks, then the outcome the build recorded. The
+    per-call token checks are not rerun here; `reassembler explain` reruns everything."""
+    from .calls import calls_from_rows
+    from .cut import cut_chains
+    from .finalize import walk_to_root
+    from .reasons import Masked
+    from .rollout import declared_terminal
+
+    params = {"ds": ds, "shard": None, "rollout_id": rollout_id}
+    cur = con.execute(sql("shard_rollouts"), params)
+    names = [d[0] for d in cur.description]
+    records = [dict(zip(names, row)) for row in cur.fetchall()]
+    published = con.execute(sql("explain_audit"), {"ds": ds, "rollout_id": rollout_id}).fetchone()
+    if not records or published is None:
+        return [f"rollout {rollout_id}: not in the warehouse for ds={ds}"]
+    rollout = records[0]
+    cur = con.execute(sql("explain_ledger"), {"ds": ds, "rollout_id": rollout_id})
+    names = [d[0] for d in cur.description]
+    rows = [dict(zip(names, row), _row=0, token_fields=None) for row in cur.fetchall()]
+    calls = calls_from_rows(rows)
+    status, reason, detail, failed, *_ , mode = published[:8]
+    lines = [_ledger_line([(c.model_call_id, c.parent_call_id, c.failure_reason) for c in calls])]
+    if mode != "terminal" and calls and not rollout["failure_reason"] and rollout["reward"] is not None:
+        try:
+            selected = select_calls(rollout, calls, declared_terminal(rollout, calls), lines)
+            chains = cut_chains(selected, lines)
+            by_id = {c.model_call_id: c for c in calls}
+            for chain in chains:
+                lines.append("finalize: walk " + " -> ".join(c.model_call_id for c in reversed(walk_to_root(chain[-1], by_id))))
+        except Masked as m:
+            lines.append(f"stopped: {m.reason.value}: {m.detail}")
+    at = f" at call {failed}" if failed else ""
+    lines.append(f"result (as built): {status}" + (f", {reason}{at}: {detail}" if reason else ""))
+    return lines
 
 
 def explain(output_dir, ds: str, rollout_id: str) -> str:
@@ -28,9 +75,7 @@ def explain(output_dir, ds: str, rollout_id: str) -> str:
     r = outcome.rollout
     lines = [f"rollout {rollout_id} (group {r['group_id']}, slot {r['slot']}), ds={ds}, "
              f"mode {opts.mode}, off-chain policy {opts.offchain}; published by run {run_id}",
-             f"ledger: {len(ledger)} calls in capture order: " + ", ".join(
-                 f"{cid} ({'poison: ' + fr if fr else 'root' if parent is None else 'parent ' + parent})"
-                 for cid, parent, fr in ledger) if ledger else "ledger: no calls",
+             _ledger_line(ledger),
              f"output: {len(r['generated_items'] or [])} generated items, "
              f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)"]
     lines += trace

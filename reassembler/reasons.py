@@ -85,6 +85,20 @@ DESCRIPTIONS: dict[Reason, str] = {
     Reason.HISTORY_REWRITTEN: "terminal mode: the ledger holds several roots (context compaction)",
 }
 
+# The step of the pipeline that raises each code (the audit report groups by it).
+STEPS: dict[Reason, str] = {}
+for _step, _codes in (
+    ("rollout checks", "ROLLOUT_FAILED INVALID_REWARD EMPTY_LEDGER DUPLICATE_CALL_ID CAPTURE_POISONED"),
+    ("select", "UNMATCHED_OUTPUT AMBIGUOUS_OUTPUT EMPTY_SELECTION OUT_OF_CAPTURE_ORDER TERMINAL_NOT_LAST"),
+    ("cut", "MISSING_ROOT BROKEN_CHAIN"),
+    ("finalize", "MISSING_PARENT LINEAGE_CYCLE ORDER_MISMATCH MISSING_TERMINAL HISTORY_REWRITTEN"),
+    ("record checks", "MISSING_TOKENS DUPLICATE_TOKENS UNSUPPORTED_VERSION FIELD_MISMATCH INVALID_RECORD "
+                      "LENGTH_MISMATCH PARENT_LENGTH_MISMATCH INVALID_TOKEN INVALID_MASK EMPTY_GENERATION "
+                      "INVALID_LOGPROB DIGEST_MISMATCH CHAIN_HASH_MISMATCH CUMULATIVE_HASH_MISMATCH"),
+):
+    STEPS.update({Reason[c]: _step for c in _codes.split()})
+
+
 class Masked(Exception):
     """Raised inside the per-rollout steps: the rollout is masked with `reason`."""
 

@@ -112,3 +112,12 @@ ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS terminal_response_id VARCHAR;
 ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS model_items STRUCT(output_index INTEGER, field BLOB)[];
 ALTER TABLE ledger ADD COLUMN IF NOT EXISTS output_fingerprint VARCHAR;
 ALTER TABLE ledger ADD COLUMN IF NOT EXISTS fingerprint_version BIGINT;
+
+-- The quality gate's verdict per night (quality.py): ok, or breached with what breached.
+CREATE TABLE IF NOT EXISTS quality (
+    ds          DATE    NOT NULL,
+    run_id      VARCHAR,
+    checked_at  TIMESTAMP,
+    verdict     VARCHAR NOT NULL,     -- ok | breached
+    breaches    VARCHAR              -- JSON list of {check, value, threshold, message}
+);

@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import duckdb
 import pyarrow.parquet as pq
 import pytest
 
@@ -30,7 +31,8 @@ def test_dag_imports_with_the_expected_shape():
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     dag = bag.dags["capture_rows_nightly"]
-    assert set(dag.task_ids) == {"check_input", "load_ledger", "reassemble", "audit_checks", "publish"}
+    assert set(dag.task_ids) == {"check_input", "load_ledger", "reassemble", "audit_checks", "publish",
+                                 "quality_report", "quality_gate"}
     assert dag.timetable.expression == "0 2 * * *"
     assert dag.max_active_runs == 1
     assert {"ds", "shards", "mode", "offchain", "max_mask_rate", "duckdb_memory_limit", "duckdb_threads",
@@ -69,10 +71,10 @@ def _airflow_env(home: Path, inp: Path, out: Path) -> dict:
     return env
 
 
-def _airflow(env: dict, *args: str) -> str:
+def _airflow(env: dict, *args: str, ok: bool = True) -> str:
     airflow = str(Path(sys.executable).parent / "airflow")
     res = subprocess.run([airflow, *args], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    assert (res.returncode == 0) == ok, (res.stdout[-3000:], res.stderr[-3000:])
     return res.stdout + res.stderr
 
 
@@ -86,8 +88,14 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
                                      observation_tokens=(5, 40), generated_tokens=(3, 30)))
     env = _airflow_env(home, inp, out)
     _airflow(env, "db", "migrate")
-    log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-29")  # ds = logical date - 1 day
-    assert "DagRun Finished" in log and "state=success" in log
+    # ds = logical date - 1 day; half the rollouts carry a fault, so the quality gate fails the
+    # run at its last task, after the rows were published and the report written
+    log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-29", ok=False)
+    assert "DagRun Finished" in log and "state=failed" in log
+    assert f"AirflowFailException: capture quality of ds={DS} breached" in log and "mask rate" in log
+    assert (out / "reports" / f"ds={DS}" / "index.html").exists() and (out / "reports" / "index.html").exists()
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT verdict FROM quality WHERE ds = ?", [DS]).fetchone() == ("breached",)
 
     expected = read_expected(inp, DS)
     audit = {a["rollout_id"]: a for a in pq.read_table(out / "audit" / f"ds={DS}").to_pylist()}
@@ -107,7 +115,8 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     assert (extra["ds"], extra["rows"], extra["rollouts"], extra["masked"]) == (DS, len(rows), 64, masked)
     assert sum(extra["mask_reasons"].values()) == masked
 
-    log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-30", "-c", json.dumps({"ds": DS}))
+    relaxed = {"gate_max_mask_rate": None, "gate_max_reason_rate": None, "gate_max_mask_rate_rise": None}
+    log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-30", "-c", json.dumps({"ds": DS, **relaxed}))
     assert "state=success" in log
     assert {p.name: p.read_bytes() for p in rows_dir.glob("part-*.parquet")} == first
 

@@ -1,0 +1,202 @@
+"""Capture quality of one night, from the warehouse alone (no token reads): the numbers of
+the nightly report (report_html.py), and the quality gate that turns them into alerts.
+
+`night_quality` gathers, for one night and the nights before it:
+
+- the headline (rollouts, ok, masked, mask rate, rows, tokens published, tokens and rows
+  lost to masking, rejected input lines) and its change against the trailing 7 nights;
+- trends over the last `nights` nights and the mask reasons of each;
+- per reason: count, share, the step that raises it, its meaning, a few example rollouts
+  with the trace of their selection and lineage (replayed from the ledger);
+- mask-rate breakdowns by weight version, model server, metadata keys and rollout size;
+- compaction: rollouts with several roots, segments per rollout, off-chain calls and faults,
+  and what compaction-aware selection keeps that ordinary capture (`--mode terminal`) masks;
+- rejected input by source and kind, with the first lines of each kind.
+
+`gate` checks a night against `Thresholds` and returns the breaches; `record_verdict`
+keeps the verdict in the warehouse's `quality` table, which the report shows.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from datetime import date
+
+from .reasons import DESCRIPTIONS, STEPS, Reason
+from .warehouse import run_script, sql
+
+TRAILING = 7
+CALL_BUCKETS = (5, 10, 20, 40)
+TOKEN_BUCKETS = (10_000, 50_000, 200_000)
+MAX_KEY_VALUES = 30  # a metadata key with more distinct values is no default breakdown
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Alert thresholds; None switches a check off."""
+
+    max_mask_rate: float | None = 0.2        # share of masked rollouts
+    max_reason_rate: float | None = 0.1      # share of rollouts masked by any one reason
+    max_mask_rate_rise: float | None = 0.05  # mask rate minus the trailing 7-night mean
+    max_rejects: int | None = 0              # rejected input lines
+
+
+def _bucket(value: int, edges: tuple[int, ...]) -> tuple[int, str]:
+    """(order, label) of the size bucket holding `value`."""
+    lo = 0
+    for k, edge in enumerate(edges):
+        if value <= edge:
+            return k, f"{lo + 1 if lo else 0:,}-{edge:,}"
+        lo = edge
+    return len(edges), f"> {edges[-1]:,}"
+
+
+def _rates(groups: dict, ordered: bool = False) -> list[dict]:
+    out = []
+    for value, masked in sorted(groups.items()) if ordered else groups.items():
+        n = len(masked)
+        label = value[1] if ordered else value
+        out.append({"value": label, "rollouts": n, "masked": sum(masked), "mask_rate": sum(masked) / n if n else 0.0})
+    return out if ordered else sorted(out, key=lambda r: (-r["rollouts"], r["value"]))
+
+
+def _breakdowns(rollouts: list[dict], by: list[str] | None) -> tuple[dict[str, list[dict]], list[str]]:
+    metadata = [json.loads(r["metadata"]) if r["metadata"] else {} for r in rollouts]
+    if by is None:  # keys present on most rollouts, with few enough values to read
+        counts = Counter(k for m in metadata if isinstance(m, dict) for k in m)
+        by = [k for k, n in counts.most_common() if n * 2 >= len(rollouts)
+              and len({json.dumps(m.get(k)) for m in metadata if isinstance(m, dict)}) <= MAX_KEY_VALUES]
+    groups: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for r, m in zip(rollouts, metadata):
+        masked = r["status"] == "masked"
+        wv = r["weight_version"]
+        groups["weight version"]["(no ledger)" if wv is None else str(wv)].append(masked)
+        groups["model server"][r["model_server"] or "(one capture folder)"].append(masked)
+        for key in by:
+            v = m.get(key) if isinstance(m, dict) else None
+            groups[f"metadata: {key}"][str(v) if v is not None else "(none)"].append(masked)
+        groups["calls per rollout"][_bucket(r["n_ledger_calls"] or 0, CALL_BUCKETS)].append(masked)
+        groups["declared tokens"][_bucket(r["declared_tokens"] or 0, TOKEN_BUCKETS)].append(masked)
+    sizes = ("calls per rollout", "declared tokens")
+    return {name: _rates(g, ordered=name in sizes) for name, g in groups.items()}, by
+
+
+def _compaction(rollouts: list[dict]) -> dict:
+    ok = [r for r in rollouts if r["status"] == "ok"]
+    saved = [r for r in ok if (r["n_roots"] or 0) > 1]  # terminal mode: history_rewritten
+    return {
+        "compacted": sum((r["n_roots"] or 0) > 1 for r in rollouts),
+        "segments": dict(sorted(Counter(r["n_segments"] for r in ok).items())),
+        "offchain_calls": sum(r["n_offchain"] or 0 for r in rollouts),
+        "offchain_faults": sum(r["n_offchain_faults"] or 0 for r in rollouts),
+        "saved_rollouts": len(saved),
+        "saved_rows": sum(r["n_segments"] for r in saved),
+        "saved_tokens": sum(r["n_tokens"] for r in saved),
+    }
+
+
+def night_quality(con, ds: str, nights: int = 30, by: list[str] | None = None, examples: int = 3,
+                  traces: bool = True) -> dict:
+    """Everything the report shows for night `ds` (a JSON-able dict)."""
+    from .explain import ledger_trace
+
+    params = {"ds": ds, "nights": nights}
+    trend = _trend(con, ds, nights)
+    night = next((r for r in trend if r["ds"] == ds), None)
+    if night is None:
+        return {"ds": ds, "night": None, "trend": trend}
+    before = [r for r in trend if r["ds"] < ds][-TRAILING:]
+    keys = ("rollouts", "ok", "masked", "mask_rate", "rows", "tokens", "tokens_lost", "rows_lost", "rejects")
+    baseline = {k: sum(r[k] for r in before) / len(before) for k in keys} if before else None
+
+    reasons_by_night = [{"ds": d.isoformat(), "reason": r, "n": n}
+                        for d, r, n in con.execute(sql("quality_reasons"), params).fetchall()]
+    tonight = [x for x in reasons_by_night if x["ds"] == ds]
+    example_rows = con.execute(sql("quality_examples"), {"ds": ds, "per_reason": examples}).fetchall()
+    by_reason: dict[str, list[dict]] = defaultdict(list)
+    for reason, rid, failed, detail in example_rows:
+        by_reason[reason].append({"rollout_id": rid, "failed_call_id": failed, "detail": detail,
+                                  "trace": ledger_trace(con, ds, rid) if traces else []})
+    reasons = [{"reason": x["reason"], "n": x["n"], "share": x["n"] / night["rollouts"],
+                "step": STEPS[Reason(x["reason"])], "meaning": DESCRIPTIONS[Reason(x["reason"])],
+                "examples": by_reason.get(x["reason"], [])} for x in tonight]
+
+    cur = con.execute(sql("quality_rollouts"), {"ds": ds})
+    names = [d[0] for d in cur.description]
+    rollouts = [dict(zip(names, row)) for row in cur.fetchall()]
+    breakdowns, keys_used = _breakdowns(rollouts, by)
+    rejects = [{"source": s, "kind": k, "n": n, "first": first}
+               for s, k, n, first in con.execute(sql("quality_rejects"), {"ds": ds}).fetchall()]
+    verdicts = _verdicts(con, ds, nights)
+    return {"ds": ds, "night": night, "baseline": baseline, "trailing_nights": len(before), "trend": trend,
+            "reasons_by_night": reasons_by_night, "reasons": reasons, "breakdowns": breakdowns,
+            "metadata_keys": keys_used, "compaction": _compaction(rollouts), "rejects": rejects,
+            "verdicts": verdicts}
+
+
+def _table_exists(con, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchone()[0])
+
+
+def _trend(con, ds: str, nights: int) -> list[dict]:
+    cur = con.execute(sql("quality_nights"), {"ds": ds, "nights": nights})
+    names = [d[0] for d in cur.description]
+    trend = [dict(zip(names, row)) for row in cur.fetchall()]
+    for row in trend:
+        row["ds"] = row["ds"].isoformat() if isinstance(row["ds"], date) else str(row["ds"])
+        row["mask_rate"] = float(row["mask_rate"])
+    return trend
+
+
+def _verdicts(con, ds: str, nights: int) -> list[dict]:
+    if not _table_exists(con, "quality"):  # a warehouse no build of this version has written yet
+        return []
+    return [{"ds": d.isoformat(), "verdict": v, "breaches": json.loads(b or "[]"), "checked_at": str(t)}
+            for d, v, b, t in con.execute(sql("quality_verdicts"), {"ds": ds, "nights": nights}).fetchall()]
+
+
+def nights_overview(con) -> dict:
+    """Every published night's headline and gate verdict (the report's index page)."""
+    latest = con.execute("SELECT max(ds) FROM audit").fetchone()[0]
+    if latest is None:
+        return {"trend": [], "verdicts": []}
+    return {"trend": _trend(con, latest.isoformat(), 100_000), "verdicts": _verdicts(con, latest.isoformat(), 100_000)}
+
+
+def gate(quality: dict, thresholds: Thresholds) -> list[dict]:
+    """The breached thresholds of a night, each with its numbers and a one-line message."""
+    night, breaches = quality["night"], []
+
+    def breach(check: str, value, threshold, message: str) -> None:
+        breaches.append({"check": check, "value": value, "threshold": threshold, "message": message})
+
+    t = thresholds
+    if t.max_mask_rate is not None and night["mask_rate"] > t.max_mask_rate:
+        breach("mask_rate", night["mask_rate"], t.max_mask_rate,
+               f"mask rate {night['mask_rate']:.3f} ({night['masked']}/{night['rollouts']}) > {t.max_mask_rate:.3f}")
+    if t.max_reason_rate is not None:
+        for r in quality["reasons"]:
+            if r["share"] > t.max_reason_rate:
+                breach(f"reason:{r['reason']}", r["share"], t.max_reason_rate,
+                       f"{r['reason']} masks {r['share']:.3f} of rollouts ({r['n']}) > {t.max_reason_rate:.3f}")
+    base = quality.get("baseline")
+    if t.max_mask_rate_rise is not None and base is not None:
+        rise = night["mask_rate"] - base["mask_rate"]
+        if rise > t.max_mask_rate_rise:
+            breach("mask_rate_rise", rise, t.max_mask_rate_rise,
+                   f"mask rate {night['mask_rate']:.3f} is {rise:+.3f} over the trailing "
+                   f"{quality['trailing_nights']}-night mean {base['mask_rate']:.3f} (limit {t.max_mask_rate_rise:+.3f})")
+    if t.max_rejects is not None and night["rejects"] > t.max_rejects:
+        breach("rejects", night["rejects"], t.max_rejects,
+               f"{night['rejects']} rejected input lines > {t.max_rejects}")
+    return breaches
+
+
+def record_verdict(con, ds: str, run_id: str | None, breaches: list[dict]) -> None:
+    run_script(con, "record_verdict", {"ds": ds, "run_id": run_id, "verdict": "breached" if breaches else "ok",
+                                       "breaches": json.dumps(breaches)})
+
+
+def thresholds_dict(t: Thresholds) -> dict:
+    return asdict(t)

@@ -1,0 +1,20 @@
+-- One row per rollout of one night with what the breakdowns group by: its weight version
+-- (the highest its ledger declares), model server (the ledger subfolder of its first row,
+-- else the metadata key model_server), metadata, size in calls and declared tokens.
+WITH calls AS (
+    SELECT rollout_id,
+           max(weight_version)                                    AS weight_version,
+           arg_min(CASE WHEN contains(source_file, '/') THEN split_part(source_file, '/', 1) END,
+                   capture_seq)                                    AS folder,
+           sum(delta_len)                                         AS declared_tokens
+    FROM ledger WHERE ds = CAST($ds AS DATE)
+    GROUP BY rollout_id
+)
+SELECT a.rollout_id, a.status, a.reason, a.n_ledger_calls, a.n_roots, a.n_segments, a.n_tokens,
+       a.n_offchain, a.n_offchain_faults, a.metadata,
+       c.weight_version,
+       coalesce(c.folder, json_extract_string(a.metadata, '$.model_server')) AS model_server,
+       coalesce(c.declared_tokens, 0) AS declared_tokens
+FROM audit a
+LEFT JOIN calls c USING (rollout_id)
+WHERE a.ds = CAST($ds AS DATE);
