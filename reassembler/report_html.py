@@ -51,7 +51,7 @@ def _fig(fig: go.Figure, div_id: str, height: int = 320) -> str:
     fig.update_layout(height=height, margin=dict(l=50, r=20, t=40, b=40), template="plotly_white",
                       legend=dict(orientation="h", y=-0.2))
     if div_id in ("chart-mask-rate", "chart-volume", "chart-reasons-by-night", "chart-index"):
-        fig.update_xaxes(type="category")  # nights, not a time axis
+        fig.update_xaxes(type="category", categoryorder="category ascending")  # nights, not a time axis
     return pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div_id,
                        config={"displaylogo": False, "responsive": True})
 
@@ -117,6 +117,8 @@ def night_page(q: dict) -> str:
                                hovertemplate="%{y}: %{x} (%{customdata})<extra></extra>"))
         fig.update_layout(title="masked rollouts by reason (colour: the step that raises it)")
         parts.append(_fig(fig, "chart-reasons", max(260, 22 * len(q["reasons"]) + 80)))
+        parts.append('<div class="sub">' + " ".join(
+            f'<span style="color:{c}">&#9632;</span> {_e(step)}' for step, c in STEP_COLORS.items()) + "</div>")
         rows = []
         for r in q["reasons"]:
             examples = "".join(

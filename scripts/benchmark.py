@@ -6,7 +6,9 @@ Prints ratios measured in this one run (nothing here is asserted by the tests):
   memory = peak RSS of the build process on a ~10M-token night (goal <= 1 GiB), and on a
            night 4x larger (goal: within 20%)
 
-Usage: python scripts/benchmark.py [--tokens 10e6] [--workdir bench-out] [--workers 2]
+Also times the capture-quality report over 30 nights of 10,000 rollouts each.
+
+Usage: python scripts/benchmark.py [--tokens 10e6] [--workdir bench-out] [--workers 2] [--report-only]
 The memory figures are for the one-process build (--shards 1), the default of the CLI.
 """
 from __future__ import annotations
@@ -76,14 +78,39 @@ def outcomes_match(root: Path) -> tuple[int, int]:
     return agree, len(expected)
 
 
+def report_seconds(workdir: Path, nights: int = 30, rollouts: int = 10_000, calls: int = 8) -> tuple[float, int]:
+    """Time the capture-quality report over `nights` nights of `rollouts` rollouts each,
+    written straight into a fresh warehouse (scripts/report_bench.sql): (seconds, HTML bytes)."""
+    from reassembler.report_html import write_reports
+    from reassembler.warehouse import connect
+
+    out = workdir / "report"
+    shutil.rmtree(out, ignore_errors=True)
+    with connect(out, DuckDBSettings(memory_limit="1GB")) as con:
+        text = (Path(__file__).parent / "report_bench.sql").read_text()
+        for statement in text.split(";\n"):
+            body = "\n".join(line for line in statement.splitlines() if not line.startswith("--"))
+            if body.strip():
+                con.execute(body, {k: v for k, v in {"nights": nights, "rollouts": rollouts, "calls": calls}.items()
+                                   if f"${k}" in body})
+    with connect(out, read_only=True) as con:
+        start = time.perf_counter()
+        page = write_reports(con, out, "2026-11-28", nights)
+        seconds = time.perf_counter() - start
+    return seconds, page.stat().st_size
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=float, default=10e6)
     p.add_argument("--workdir", default="bench-out")
     p.add_argument("--workers", type=int, default=2, help="for the parallel run: shards = workers")
     p.add_argument("--memory-limit", default=DuckDBSettings.memory_limit, help="DuckDB memory_limit of the builds")
+    p.add_argument("--report-only", action="store_true", help="only time the capture-quality report")
     args = p.parse_args()
     work = Path(args.workdir)
+    if args.report_only:
+        return report_main(work)
 
     root1, t1 = night(work, "1x", args.tokens, seed=1)
     tokens_dir = root1 / "input" / "tokens" / f"ds={DS}"
@@ -116,6 +143,13 @@ def main() -> None:
     print(f"speed ratio  build / default-settings baseline = {b1['seconds'] / base_default:.2f}")
     print(f"memory       peak RSS 1x               = {b1['rss_mib']:.0f} MiB (goal <= 1024)")
     print(f"memory ratio peak RSS 4x / 1x          = {b4['rss_mib'] / b1['rss_mib']:.2f}   (goal <= 1.20)")
+    report_main(work)
+
+
+def report_main(workdir: Path) -> None:
+    seconds, size = report_seconds(workdir)
+    print(f"report: 30 nights x 10,000 rollouts, one night's page and the index in {seconds:.2f} s; "
+          f"page {size / 1024:.0f} KiB (+ plotly.min.js once beside the pages)")
 
 
 if __name__ == "__main__":

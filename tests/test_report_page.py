@@ -1,0 +1,99 @@
+"""The capture-quality report as a person sees it: several synthetic nights with faults,
+rendered by headless Chromium (Debian's package, driven by Playwright): every chart drew,
+no console error, no network request, and the numbers on the page are the warehouse's."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from reassembler.build import build_night, gate_step, report_step
+from reassembler.quality import Thresholds
+from reassembler.synth import SynthConfig, synth_night
+
+NIGHTS = ["2026-11-25", "2026-11-26", "2026-11-27", "2026-11-28"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    for k, ds in enumerate(NIGHTS):
+        cfg = SynthConfig(rollouts=48, seed=20 + k, fault_rate=0.1 + 0.1 * k, max_calls=10, prompt_tokens=(20, 60),
+                          observation_tokens=(5, 30), generated_tokens=(3, 20))
+        synth_night(root / "input", ds, cfg)
+        build_night(root / "input", root / "out", ds)
+        gate_step(root / "out", ds, None, Thresholds())
+    with open(root / "input" / "rollouts" / f"ds={NIGHTS[-1]}" / "rollouts-00000.jsonl", "a") as fh:
+        fh.write("{not json\n")  # one rejected line on the last night
+    build_night(root / "input", root / "out", NIGHTS[-1])
+    page = report_step(root / "out", NIGHTS[-1])
+    return root / "out", page
+
+
+def test_the_report_is_written_small_and_self_contained(reports):
+    out, page = reports
+    assert page == out / "reports" / f"ds={NIGHTS[-1]}" / "index.html"
+    text = page.read_text()
+    assert len(text) < 400_000  # summaries, not one point per call
+    assert "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text.replace(
+        "https://plotly.com", "")
+    assert '<script src="../plotly.min.js">' in text and (out / "reports" / "plotly.min.js").exists()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_report_in_headless_chromium(reports, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    out, page_path = reports
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        rollouts, masked, rows = con.execute(
+            "SELECT count(*), count(*) FILTER (status = 'masked'), sum(n_segments) FROM audit WHERE ds = ?",
+            [NIGHTS[-1]]).fetchone()
+        rejects = con.execute("SELECT count(*) FROM rejects WHERE ds = ?", [NIGHTS[-1]]).fetchone()[0]
+        top_reason, top_n = con.execute(
+            "SELECT reason, count(*) FROM audit WHERE ds = ? AND status = 'masked' GROUP BY 1 ORDER BY 2 DESC, 1 "
+            "LIMIT 1", [NIGHTS[-1]]).fetchone()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors, requests = [], []
+        tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        tab.on("request", lambda r: requests.append(r.url))
+        tab.goto(page_path.as_uri())
+        tab.wait_for_function("document.querySelectorAll('.js-plotly-plot').length > 0")
+        charts = tab.locator("div.js-plotly-plot")
+        assert charts.count() >= 10
+        for i in range(charts.count()):  # every chart drew its plot area and some marks
+            assert charts.nth(i).locator("svg.main-svg").count() >= 1
+            assert charts.nth(i).locator("g.trace, g.barlayer path, g.scatterlayer path").count() >= 1, i
+        assert errors == [] and all(u.startswith("file://") for u in requests), (errors, requests)
+
+        shot = tmp_path / "report.png"
+        tab.screenshot(path=str(shot))
+        assert shot.stat().st_size > 10_000
+        docs = Path(__file__).resolve().parents[1] / "docs"
+        if os.environ.get("REASSEMBLER_UPDATE_SCREENSHOT"):
+            tab.screenshot(path=str(docs / "report.png"))
+
+        def tile(key: str) -> str:
+            return tab.locator(f"#tile-{key} .v").inner_text()
+        assert (tile("rollouts"), tile("masked"), tile("rows"), tile("rejects")) == \
+            (f"{rollouts:,}", f"{masked:,}", f"{rows:,}", f"{rejects:,}")
+        assert tile("mask_rate") == f"{masked / rollouts:.1%}"
+        assert tab.locator("table", has_text=top_reason).first.is_visible()
+        details = tab.locator("details").first  # an example's trace, one click away
+        details.locator("summary").click()
+        assert "select:" in details.locator("pre").inner_text() or "ledger:" in details.locator("pre").inner_text()
+        if os.environ.get("REASSEMBLER_UPDATE_SCREENSHOT"):
+            tab.screenshot(path=str(docs / "report-reasons.png"))
+        index = out / "reports" / "index.html"
+        tab.goto(index.as_uri())
+        tab.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0")
+        assert tab.locator("table tr").count() == len(NIGHTS) + 1
+        browser.close()
+    assert top_n >= 1
