@@ -131,6 +131,58 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     assert {rid: (a["status"], a["n_segments"]) for rid, a in audit.items()} == {
         e["rollout_id"]: (e["select"]["status"], e["select"]["n_segments"]) for e in gym_expected["rollouts"]}
 
+    _check_the_ui_plugin_in_a_running_api_server(env, home, out)
+
+
+def _check_the_ui_plugin_in_a_running_api_server(env: dict, home: Path, out: Path) -> None:
+    """`airflow api-server` with this repo's plugins: the navigation entry shows the index
+    over nights, and a DAG run's tab shows that run's night (headless Chromium)."""
+    import shutil
+    import socket
+    import time
+    import urllib.request
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server_env = dict(env, AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True")
+    server = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
+                              env=server_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                plugins = json.load(urllib.request.urlopen(f"{base}/api/v2/plugins", timeout=5))
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "the API server did not come up"
+                time.sleep(1)
+        [plugin] = [p for p in plugins["plugins"] if p["name"] == "capture_quality"]
+        assert {v["destination"] for v in plugin["external_views"]} == {"nav", "dag_run"}
+        with sqlite3.connect(home / "airflow.db") as db:
+            runs = [r for (r,) in db.execute("SELECT run_id FROM dag_run ORDER BY id")]
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{base}/plugin/capture-quality")
+            frame = page.frame_locator("iframe")
+            assert frame.locator("h1").inner_text(timeout=30_000) == "Capture quality, every night"
+            assert frame.locator("table a", has_text=DS).count() == 1
+            page.goto(f"{base}/dags/capture_rows_nightly/runs/{runs[1]}/plugin/capture-quality-run")
+            frame = page.frame_locator("iframe")
+            assert frame.locator("h1").inner_text(timeout=30_000) == f"Capture quality, night {DS}"
+            frame.locator("div.js-plotly-plot svg.main-svg").first.wait_for(timeout=30_000)
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
 
 def test_check_input_resolves_the_night_and_names_what_is_missing(tmp_path, monkeypatch, night):
     from datetime import datetime, timezone
