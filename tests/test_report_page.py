@@ -97,3 +97,31 @@ def test_the_report_in_headless_chromium(reports, tmp_path):
         assert tab.locator("table tr").count() == len(NIGHTS) + 1
         browser.close()
     assert top_n >= 1
+
+
+def test_the_gate_lists_every_breached_threshold_and_keeps_the_verdict(reports):
+    from reassembler.quality import gate, night_quality
+    from reassembler.warehouse import connect
+
+    out, _ = reports
+    with connect(out, read_only=True) as con:
+        q = night_quality(con, NIGHTS[-1], traces=False)
+    night = q["night"]
+    assert night["rejects"] == 1 and q["trailing_nights"] == 3
+    everything = gate(q, Thresholds(max_mask_rate=0.0, max_reason_rate=0.0, max_mask_rate_rise=0.0, max_rejects=0))
+    checks = {b["check"] for b in everything}
+    assert {"mask_rate", "mask_rate_rise", "rejects"} <= checks
+    assert {c for c in checks if c.startswith("reason:")} == {f"reason:{r['reason']}" for r in q["reasons"]}
+    assert gate(q, Thresholds(None, None, None, None)) == []
+    assert gate(q, Thresholds(max_mask_rate=night["mask_rate"], max_reason_rate=None, max_mask_rate_rise=None,
+                              max_rejects=None)) == []  # at the threshold is not over it
+    rise = night["mask_rate"] - q["baseline"]["mask_rate"]
+    [b] = gate(q, Thresholds(None, None, rise - 0.001, None))
+    assert b["check"] == "mask_rate_rise" and "over the trailing 3-night mean" in b["message"]
+    breaches = gate_step(out, NIGHTS[-1], "run-x", Thresholds(max_mask_rate=0.0, max_reason_rate=None,
+                                                              max_mask_rate_rise=None, max_rejects=None))
+    assert [b["check"] for b in breaches] == ["mask_rate"]
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT verdict, run_id FROM quality WHERE ds = ?", [NIGHTS[-1]]).fetchall() == \
+            [("breached", "run-x")]
+    assert "breached" in (out / "reports" / f"ds={NIGHTS[-1]}" / "index.html").read_text()
