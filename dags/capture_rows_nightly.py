@@ -1,25 +1,31 @@
-"""capture_rows_nightly: one night of agent capture -> verified training rows + audit table.
+"""capture_rows_nightly: one night of agent capture -> verified training rows + an audit table.
 
 Runs every day at 02:00 UTC for the previous day's partition (ds = logical date - 1 day;
 the `ds` param overrides it for manual runs and backfills).
 
-    check_input -> load_ledger -> reassemble[shard 0..K-1] -> audit_checks -> publish
-        -> quality_report -> quality_gate
+    check_input -> wait_for_input -> load_ledger -> reassemble[shard 0..K-1] -> audit_checks
+        -> publish -> quality_report -> quality_gate
 
-- check_input:   resolve ds, input and output roots; fail naming what is missing.
-- load_ledger:   export the night's ledger and rollouts into the DuckDB warehouse
-                 (sql/, idempotent: a rerun replaces the night) and plan K shards.
-- reassemble:    ReassembleOperator, mapped over the shards; each streams its rollouts'
-                 calls joined with the token Parquet and stages rows and audit files.
-- audit_checks:  SQL checks on the staged night (rollouts in = audit rows, ok rollouts =
-                 distinct rollouts in rows, mask rate under the limit).
-- publish:       swap the rows and audit partitions in whole, record the run, and emit the
-                 rows Asset with counts and mask reasons in the event's extra.
-- quality_report: write the night's capture-quality report (<output>/reports/ds=<ds>/)
-                 and the index over all nights, from the warehouse alone.
-- quality_gate:  check the night against the alert thresholds (gate_* params), record the
-                 verdict, and fail with every breach listed, so the deployment's failure
-                 alerts fire; the rows stay published.
+- check_input:    resolve ds and the input and output roots.
+- wait_for_input: a rescheduling sensor: waits (holding no worker slot) until the night's
+                  input partitions, and the completion marker if one is configured, exist;
+                  fails after `input_wait_hours`.
+- load_ledger:    export the night's ledger and rollouts into the DuckDB warehouse (sql/,
+                  idempotent: a rerun replaces the night) and plan K shards.
+- reassemble:     ReassembleOperator, mapped over the shards; each streams its rollouts'
+                  calls joined with the token Parquet and stages rows and audit files.
+- audit_checks:   SQL checks on the staged night (rollouts in = audit rows, ok rollouts =
+                  distinct rollouts in rows, mask rate under the limit).
+- publish:        swap the rows and audit partitions in whole, record the run, and emit the
+                  rows Asset (partition key = ds) with counts and mask reasons in its extra.
+- quality_report: write the night's capture-quality report and the index over all nights.
+- quality_gate:   check the alert thresholds (gate_* params), record the verdict, and fail
+                  listing every breach, so the deployment's failure alerts fire; the rows
+                  stay published.
+
+The warehouse has one writer: the tasks that open it take slots of the Airflow pool
+`reassembler_warehouse` (4 slots; writers take all 4, readers 1), so nights run side by side
+and a night waiting for its input blocks nobody.
 """
 from __future__ import annotations
 
@@ -28,8 +34,9 @@ import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from airflow.sdk import Asset, Metadata, Param, Variable, dag, task
+from airflow.sdk import Asset, Param, PokeReturnValue, Variable, dag, task
 
+from reassembler.settings import DEFAULTS, Thresholds
 from reassembler_airflow.failures import task_errors
 from reassembler_airflow.operators import ReassembleOperator
 
@@ -37,6 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = os.environ.get("REASSEMBLER_INPUT", str(REPO / "data" / "input"))
 DEFAULT_OUTPUT = os.environ.get("REASSEMBLER_OUTPUT", str(REPO / "data" / "output"))
 ROWS_ASSET = Asset(name="capture_rows", uri=f"file://{DEFAULT_OUTPUT}/rows")
+POOL, POOL_SLOTS = "reassembler_warehouse", 4  # create it: airflow pools set reassembler_warehouse 4 "..."
+GATE = Thresholds()
 
 
 def _setting(name: str, default: str) -> str:
@@ -46,128 +55,178 @@ def _setting(name: str, default: str) -> str:
 
 @dag(
     dag_id="capture_rows_nightly",
+    description="One night of LLM-agent token capture -> verified training rows, an audit table and a "
+                "capture-quality report",
     schedule="0 2 * * *",
     start_date=datetime(2026, 11, 1, tzinfo=timezone.utc),
     catchup=False,
-    max_active_runs=1,  # one writer per warehouse file
+    max_active_runs=4,  # the warehouse pool, not this, serialises the writers
     render_template_as_native_obj=True,
     default_args={"retries": int(os.environ.get("REASSEMBLER_TASK_RETRIES", "1")),
                   "retry_delay": timedelta(minutes=5)},
     tags=["capture", "training-data"],
     params={
         "ds": Param(None, type=["null", "string"], pattern=r"^\d{4}-\d{2}-\d{2}$",
-                    description="night to build (YYYY-MM-DD); default: the day before the logical date"),
-        "shards": Param(4, type="integer", minimum=1, maximum=256),
-        "mode": Param("select", enum=["select", "terminal"]),
-        "offchain": Param("selected", enum=["selected", "strict"]),
-        "std_normalize": Param(True, type="boolean"),
-        "leave_one_out": Param(False, type="boolean"),
-        "max_mask_rate": Param(0.5, type="number", minimum=0, maximum=1),
-        "duckdb_memory_limit": Param("128MB", type="string", pattern=r"^\d+(\.\d+)?\s*([KMGT]i?B|B)$",
-                                     description="DuckDB memory_limit of every task (the core's default)"),
-        "duckdb_threads": Param(2, type="integer", minimum=1),
-        "gate_max_mask_rate": Param(0.2, type=["null", "number"], minimum=0, maximum=1,
-                                    description="alert when the night's mask rate is above this (null: off)"),
-        "gate_max_reason_rate": Param(0.1, type=["null", "number"], minimum=0, maximum=1,
-                                      description="alert when one reason masks more than this share of rollouts"),
-        "gate_max_mask_rate_rise": Param(0.05, type=["null", "number"], minimum=0, maximum=1,
-                                         description="alert when the mask rate rises more than this over the "
-                                                     "trailing 7-night mean"),
-        "gate_max_rejects": Param(0, type=["null", "integer"], minimum=0,
-                                  description="alert when more input lines than this were rejected"),
-        "report_nights": Param(30, type="integer", minimum=1, description="nights shown in the report's trends"),
+                    description="Night to build (YYYY-MM-DD). Empty: the day before the run's logical date."),
+        "shards": Param(4, type="integer", minimum=1, maximum=256,
+                        description="Group ranges reassembled as separate mapped tasks (in parallel)."),
+        "mode": Param(DEFAULTS.options.mode, enum=["select", "terminal"],
+                      description="select: compaction-aware selection (the default). terminal: ordinary "
+                                  "capture, one row from the last call (to compare against)."),
+        "offchain": Param(DEFAULTS.options.offchain, enum=["selected", "strict"],
+                          description="selected: calls outside every chain are counted, never mask. strict: "
+                                      "a poison row or a faulty off-chain call masks the rollout."),
+        "std_normalize": Param(DEFAULTS.options.std_normalize, type="boolean",
+                               description="Divide each group's advantages by its population std (+1e-6)."),
+        "leave_one_out": Param(DEFAULTS.options.leave_one_out, type="boolean",
+                               description="Use the mean of the group's other valid rollouts as the baseline."),
+        "max_mask_rate": Param(0.5, type="number", minimum=0, maximum=1,
+                               description="Refuse to publish a night whose share of masked rollouts is above this."),
+        "input_wait_hours": Param(6.0, type="number", minimum=0,
+                                  description="How long wait_for_input waits for the night's input before failing."),
+        "input_marker": Param(None, type=["null", "string"],
+                              description="A file the capture writes into rollouts/ds=<ds>/ when the night is "
+                                          "complete (for example _SUCCESS); empty: the partitions suffice."),
+        "duckdb_memory_limit": Param(DEFAULTS.duckdb.memory_limit, type="string",
+                                     pattern=r"^\d+(\.\d+)?\s*([KMGT]i?B|B)$",
+                                     description="DuckDB memory_limit of every task."),
+        "duckdb_threads": Param(DEFAULTS.duckdb.threads, type="integer", minimum=1,
+                                description="DuckDB threads of every task."),
+        "duckdb_temp_directory": Param(None, type=["null", "string"],
+                                       description="DuckDB spill folder. Empty: <output>/_tmp/duckdb."),
+        "retention_nights": Param(DEFAULTS.retention_nights, type="integer", minimum=1,
+                                  description="Nights of per-call tables (rollouts, ledger) kept in the warehouse."),
+        "gate_max_mask_rate": Param(GATE.max_mask_rate, type=["null", "number"], minimum=0, maximum=1,
+                                    description="Alert when the night's mask rate is above this (empty: off)."),
+        "gate_max_reason_rate": Param(GATE.max_reason_rate, type=["null", "number"], minimum=0, maximum=1,
+                                      description="Alert when one reason masks more than this share of rollouts."),
+        "gate_max_mask_rate_rise": Param(GATE.max_mask_rate_rise, type=["null", "number"], minimum=0, maximum=1,
+                                         description="Alert when the mask rate rises more than this over the "
+                                                     "trailing 7-night mean."),
+        "gate_max_rejects": Param(GATE.max_rejects, type=["null", "integer"], minimum=0,
+                                  description="Alert when more input lines than this were rejected."),
+        "report_nights": Param(30, type="integer", minimum=1, description="Nights shown in the report's trends."),
         "report_by": Param(None, type=["null", "string"],
-                           description="rollout metadata keys to break the mask rate down by, comma-separated "
-                                       "(default: the keys present on most rollouts)"),
-        "duckdb_temp_directory": Param(None, type=["null", "string"], description="DuckDB spill folder; default: <output>/_tmp/duckdb"),
+                           description="Rollout metadata keys to break the mask rate down by, comma-separated. "
+                                       "Empty: the keys present on most rollouts."),
     },
     doc_md=__doc__,
 )
 def capture_rows_nightly():
     @task(multiple_outputs=True)
     def check_input(params=None, logical_date=None, dag_run=None, run_id=None) -> dict:
-        """Resolve the night and check that its input partitions exist."""
-        from reassembler.read import find_night
-
+        """Resolve the night and the input and output roots."""
         ds = params.get("ds")
         if not ds:
             anchor = logical_date or dag_run.run_after
             ds = (anchor - timedelta(days=1)).date().isoformat()
         input_dir, output_dir = _setting("input", DEFAULT_INPUT), _setting("output", DEFAULT_OUTPUT)
-        with task_errors():
-            night = find_night(input_dir, ds)  # raises naming the missing folder
-        print(f"ds={ds}: {len(night.rollouts)} rollout files, {len(night.ledger)} ledger files, "
-              f"{len(night.tokens)} token files under {input_dir}")
+        print(f"night ds={ds}: input {input_dir}, output {output_dir}")
         return {"ds": ds, "input_dir": input_dir, "output_dir": output_dir,
                 "run_key": re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)}
 
-    @task
+    @task.sensor(poke_interval=300, timeout=timedelta(days=7).total_seconds(), mode="reschedule")
+    def wait_for_input(input_dir: str, night_ds: str, params=None, dag_run=None) -> PokeReturnValue:
+        """Wait for the night's input partitions (and the completion marker, if configured)."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from reassembler.read import InputError, find_night
+
+        try:
+            night = find_night(input_dir, night_ds)
+            missing = None
+            marker = params.get("input_marker")
+            if marker and not (Path(input_dir) / "rollouts" / f"ds={night_ds}" / marker).exists():
+                missing = f"{Path(input_dir) / 'rollouts' / f'ds={night_ds}' / marker}: completion marker is missing"
+        except InputError as e:
+            night, missing = None, str(e)
+        if missing is None:
+            print(f"ds={night_ds}: {len(night.rollouts)} rollout files, {len(night.ledger)} ledger files, "
+                  f"{len(night.tokens)} token files")
+            return PokeReturnValue(is_done=True)
+        started = dag_run.start_date or datetime.now(timezone.utc)
+        waited = (datetime.now(timezone.utc) - started).total_seconds() / 3600
+        if waited >= float(params["input_wait_hours"]):
+            raise AirflowFailException(f"input of ds={night_ds} did not arrive within {params['input_wait_hours']} "
+                                       f"hours: {missing}")
+        print(f"waiting for the input of ds={night_ds} ({waited:.1f} h so far): {missing}")
+        return PokeReturnValue(is_done=False)
+
+    @task(pool=POOL, pool_slots=POOL_SLOTS)
     def load_ledger(input_dir: str, output_dir: str, night_ds: str, params=None) -> list[int]:
         """Export the night's ledger and rollouts into the warehouse; plan the shards.
         Returns the shard numbers, which the reassemble task is mapped over."""
         from reassembler.build import load_step
+        from reassembler.settings import Settings
 
-        shards = int(params["shards"])
+        settings = Settings.from_params(params)
         with task_errors():
-            summary = load_step(input_dir, output_dir, night_ds, shards, _duckdb(params))
-        print(f"loaded ds={night_ds}: " + "; ".join(summary.lines()))
-        return list(range(shards))
+            summary = load_step(input_dir, output_dir, night_ds, settings, settings.duckdb.lock_wait_seconds)
+        print(f"loaded ds={night_ds}:\n  " + "\n  ".join(summary.lines()))
+        return list(range(settings.shards))
 
-    @task
+    @task(pool=POOL)
     def audit_checks(output_dir: str, night_ds: str, run_key: str, shard_results: list, params=None) -> dict:
         """Check the staged night in SQL before anything is published."""
         from dataclasses import asdict
 
         from reassembler.publish import staging_dir, verify_staged
+        from reassembler.settings import Settings
         from reassembler.warehouse import connect
 
-        with task_errors(), connect(output_dir, _duckdb(params), read_only=True) as con:
-            numbers = verify_staged(con, staging_dir(output_dir, night_ds, run_key), night_ds, float(params["max_mask_rate"]))
+        settings = Settings.from_params(params)
+        with task_errors(), connect(output_dir, settings.duckdb, read_only=True) as con:
+            numbers = verify_staged(con, staging_dir(output_dir, night_ds, run_key), night_ds, settings.max_mask_rate)
         shard_rows = sum(shard_results[i]["rows"] for i in range(len(shard_results)))
         if shard_rows != numbers.n_rows:
             raise RuntimeError(f"shards reported {shard_rows} rows, staged files hold {numbers.n_rows}")
-        print(f"audit checks passed for ds={night_ds}: {numbers}")
+        print(f"audit checks passed for ds={night_ds}: {numbers.audit_rows} rollouts, {numbers.ok_rollouts} ok, "
+              f"{numbers.masked} masked ({numbers.mask_rate:.1%}), {numbers.n_rows} rows")
         return {**asdict(numbers), "shards": len(shard_results)}
 
-    @task(outlets=[ROWS_ASSET])
-    def publish(input_dir: str, output_dir: str, night_ds: str, run_key: str, numbers: dict, params=None):
+    @task(outlets=[ROWS_ASSET], pool=POOL, pool_slots=POOL_SLOTS)
+    def publish(input_dir: str, output_dir: str, night_ds: str, run_key: str, numbers: dict, params=None,
+                outlet_events=None):
         """Swap the rows and audit partitions in whole; emit the rows asset event."""
         from reassembler.build import publish_step
-        from reassembler.rollout import Options
+        from reassembler.settings import Settings
 
-        options = Options(params["mode"], params["offchain"], params["std_normalize"], params["leave_one_out"])
+        settings = Settings.from_params(params)
         with task_errors():
-            n = publish_step(input_dir, output_dir, night_ds, run_key, options, _duckdb(params),
-                             float(params["max_mask_rate"]))
+            n = publish_step(input_dir, output_dir, night_ds, run_key, settings,
+                             lock_wait=settings.duckdb.lock_wait_seconds)
         print(f"published ds={night_ds}: {n.n_rows} rows, {n.ok_rollouts} ok, {n.masked} masked; "
               f"rows in {output_dir}/rows/ds={night_ds}/")
-        yield Metadata(ROWS_ASSET, {"ds": night_ds, "partition": f"{output_dir}/rows/ds={night_ds}", "rows": n.n_rows,
-                                    "rollouts": n.audit_rows, "ok": n.ok_rollouts, "masked": n.masked,
-                                    "mask_rate": round(n.mask_rate, 6), "mask_reasons": n.reasons,
-                                    "run_id": run_key})
+        event = outlet_events[ROWS_ASSET]
+        event.extra = {"ds": night_ds, "partition": f"{output_dir}/rows/ds={night_ds}", "rows": n.n_rows,
+                       "rollouts": n.audit_rows, "ok": n.ok_rollouts, "masked": n.masked,
+                       "mask_rate": round(n.mask_rate, 6), "mask_reasons": n.reasons, "run_id": run_key}
+        event.add_partitions(night_ds)
 
-    @task
+    @task(pool=POOL)
     def quality_report(output_dir: str, night_ds: str, published, params=None) -> str:
         """Write the night's capture-quality report and the index page (no token reads)."""
         from reassembler.build import report_step
+        from reassembler.settings import Settings
 
         with task_errors():
-            page = report_step(output_dir, night_ds, _duckdb(params), int(params["report_nights"]), _by(params))
+            page = report_step(output_dir, night_ds, Settings.from_params(params), int(params["report_nights"]),
+                               _by(params))
         print(f"capture-quality report of ds={night_ds}: {page}")
         return str(page)
 
-    @task
+    @task(pool=POOL, pool_slots=POOL_SLOTS)
     def quality_gate(output_dir: str, night_ds: str, run_key: str, report: str, params=None) -> dict:
         """Fail (no retry) listing every breached threshold; the rows stay published."""
         from airflow.sdk.exceptions import AirflowFailException
 
         from reassembler.build import gate_step
-        from reassembler.quality import Thresholds
+        from reassembler.settings import Settings
 
         thresholds = Thresholds(params["gate_max_mask_rate"], params["gate_max_reason_rate"],
                                 params["gate_max_mask_rate_rise"], params["gate_max_rejects"])
         with task_errors():
-            breaches = gate_step(output_dir, night_ds, run_key, thresholds, _duckdb(params),
+            breaches = gate_step(output_dir, night_ds, run_key, thresholds, Settings.from_params(params),
                                  int(params["report_nights"]), _by(params))
         if breaches:
             raise AirflowFailException(f"capture quality of ds={night_ds} breached {len(breaches)} threshold(s): "
@@ -176,15 +235,14 @@ def capture_rows_nightly():
         return {"ds": night_ds, "verdict": "ok"}
 
     night = check_input()
+    ready = wait_for_input(night["input_dir"], night["ds"])
     loaded = load_ledger(night["input_dir"], night["output_dir"], night["ds"])
+    ready >> loaded
     shards = ReassembleOperator.partial(
         task_id="reassemble",
         input_dir=night["input_dir"], output_dir=night["output_dir"], ds=night["ds"],
-        run_key=night["run_key"],
-        mode="{{ params.mode }}", offchain="{{ params.offchain }}",
-        std_normalize="{{ params.std_normalize }}", leave_one_out="{{ params.leave_one_out }}",
-        memory_limit="{{ params.duckdb_memory_limit }}", threads="{{ params.duckdb_threads }}",
-        temp_directory="{{ params.duckdb_temp_directory }}",
+        run_key=night["run_key"], settings="{{ params }}",
+        pool=POOL, map_index_template="shard {{ task.shard }}: {{ task.group_range }}",
     ).expand(shard=loaded)
     numbers = audit_checks(night["output_dir"], night["ds"], night["run_key"], shards.output)
     published = publish(night["input_dir"], night["output_dir"], night["ds"], night["run_key"], numbers)
@@ -194,13 +252,6 @@ def capture_rows_nightly():
 
 def _by(params) -> list[str] | None:
     return [k.strip() for k in params["report_by"].split(",") if k.strip()] if params.get("report_by") else None
-
-
-def _duckdb(params):
-    from reassembler.warehouse import DuckDBSettings
-
-    return DuckDBSettings(params["duckdb_memory_limit"], int(params["duckdb_threads"]),
-                          params["duckdb_temp_directory"] or None)
 
 
 capture_rows_nightly()

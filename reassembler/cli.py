@@ -8,19 +8,20 @@ threshold; 70 a bug. Every error is one line on stderr.
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import sys
+from dataclasses import replace
 from datetime import date
 
 from .build import build_night, gate_step, report_step
 from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
 from .explain import explain
-from .read import MAX_LINE_BYTES
-from .quality import Thresholds
+from .producer.synth import SynthConfig, synth_night
+
 from .report import report
-from .rollout import Options
-from .synth import SynthConfig, synth_night
-from .warehouse import MEMORY_LIMIT, DuckDBSettings
+from .settings import DEFAULTS, MEMORY_LIMIT, DuckDBSettings, Options, Settings, Thresholds
 
 
 def _ds(value: str) -> str:
@@ -59,70 +60,87 @@ def _rate(value: str) -> float:
     return x
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows every option's default."""
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reassembler", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="reassembler", description=__doc__.splitlines()[0], formatter_class=_Help)
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log progress to stderr (-v: steps and summaries, -vv: every batch)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    b = sub.add_parser("build", help="build one night: rows and audit partitions")
-    b.add_argument("--input", required=True)
-    b.add_argument("--output", required=True)
-    b.add_argument("--ds", required=True, type=_ds)
-    b.add_argument("--mode", choices=("select", "terminal"), default="select")
-    b.add_argument("--offchain", choices=("selected", "strict"), default="selected")
-    b.add_argument("--no-std-normalize", action="store_true")
-    b.add_argument("--leave-one-out", action="store_true")
-    b.add_argument("--shards", type=_positive, default=1)
-    b.add_argument("--workers", type=_positive, default=1, help="shards to run at once, in worker processes")
-    b.add_argument("--max-mask-rate", type=_rate, default=1.0,
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, formatter_class=_Help)
+
+    b = command("build", "build one night: rows and audit partitions")
+    b.add_argument("--input", required=True, help="input root: rollouts/, ledger/, tokens/ partitioned by ds=")
+    b.add_argument("--output", required=True, help="output root: rows/, audit/, reports/, warehouse.duckdb")
+    b.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
+    b.add_argument("--mode", choices=("select", "terminal"), default=DEFAULTS.options.mode,
+                   help="select: compaction-aware; terminal: ordinary capture, to compare against")
+    b.add_argument("--offchain", choices=("selected", "strict"), default=DEFAULTS.options.offchain,
+                   help="strict: poison rows and faulty off-chain calls mask the rollout")
+    b.add_argument("--no-std-normalize", action="store_true", help="advantages without division by the group std")
+    b.add_argument("--leave-one-out", action="store_true", help="baseline: the mean of the group's other rollouts")
+    b.add_argument("--shards", type=_positive, default=DEFAULTS.shards, help="group ranges built one after the other")
+    b.add_argument("--workers", type=_positive, default=DEFAULTS.workers,
+                   help="shards to run at once, in worker processes")
+    b.add_argument("--max-mask-rate", type=_rate, default=DEFAULTS.max_mask_rate,
                    help="refuse to publish a night whose share of masked rollouts is above this")
-    b.add_argument("--memory-limit", type=_memory, default=DuckDBSettings.memory_limit,
-                   help="DuckDB memory_limit (default %(default)s)")
-    b.add_argument("--threads", type=_positive, default=DuckDBSettings.threads)
-    b.add_argument("--temp-directory", default=None, help="DuckDB spill folder (default <output>/_tmp/duckdb)")
-    b.add_argument("--lock-wait", type=_seconds, default=DuckDBSettings.lock_wait_seconds,
-                   help="seconds to wait for another client of the warehouse file (default %(default)s)")
+    b.add_argument("--memory-limit", type=_memory, default=DEFAULTS.duckdb.memory_limit, help="DuckDB memory_limit")
+    b.add_argument("--threads", type=_positive, default=DEFAULTS.duckdb.threads, help="DuckDB threads")
+    b.add_argument("--temp-directory", default=None, help="DuckDB spill folder (None: <output>/_tmp/duckdb)")
+    b.add_argument("--lock-wait", type=_seconds, default=DEFAULTS.duckdb.lock_wait_seconds,
+                   help="seconds to wait for another client of the warehouse file")
     b.add_argument("--allow-empty", action="store_true",
                    help="publish a night from which no rollout could be read (refused by default)")
-    b.add_argument("--max-line-bytes", type=_positive, default=MAX_LINE_BYTES,
-                   help="longest JSON line read; a longer one is a reject row (default %(default)s)")
+    b.add_argument("--max-line-bytes", type=_positive, default=DEFAULTS.max_line_bytes,
+                   help="longest JSON line read; a longer one is a reject row")
+    b.add_argument("--retention-nights", type=_positive, default=DEFAULTS.retention_nights,
+                   help="nights of per-call tables (rollouts, ledger) kept in the warehouse")
 
-    s = sub.add_parser("synth", help="write a synthetic night with faults and expected outcomes")
-    s.add_argument("--output", required=True)
-    s.add_argument("--ds", required=True, type=_ds)
-    s.add_argument("--rollouts", required=True, type=_positive)
-    s.add_argument("--seed", type=int, default=SynthConfig.seed)
-    s.add_argument("--group-size", type=_positive, default=SynthConfig.group_size)
-    s.add_argument("--fault-rate", type=_rate, default=SynthConfig.fault_rate)
-    s.add_argument("--min-calls", type=_positive, default=SynthConfig.min_calls)
-    s.add_argument("--max-calls", type=_positive, default=SynthConfig.max_calls)
-    s.add_argument("--compaction-rate", type=_rate, default=SynthConfig.compaction_rate)
+    s = command("synth", "write a synthetic night with faults and expected outcomes")
+    s.add_argument("--output", required=True, help="input root to write the night under")
+    s.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
+    s.add_argument("--rollouts", required=True, type=_positive, help="rollouts in the night")
+    s.add_argument("--seed", type=int, default=SynthConfig.seed, help="random seed")
+    s.add_argument("--group-size", type=_positive, default=SynthConfig.group_size, help="rollouts per group")
+    s.add_argument("--fault-rate", type=_rate, default=SynthConfig.fault_rate,
+                   help="share of rollouts with one injected fault")
+    s.add_argument("--min-calls", type=_positive, default=SynthConfig.min_calls, help="fewest calls a rollout")
+    s.add_argument("--max-calls", type=_positive, default=SynthConfig.max_calls, help="most calls a rollout")
+    s.add_argument("--compaction-rate", type=_rate, default=SynthConfig.compaction_rate,
+                   help="share of rollouts whose history is compacted")
     s.add_argument("--token-scale", type=float, default=1.0,
                    help="multiply every token length range (0.05 for tiny test nights)")
 
-    e = sub.add_parser("explain", help="replay one rollout of a built night step by step")
-    e.add_argument("--output", required=True)
-    e.add_argument("--ds", required=True, type=_ds)
-    e.add_argument("rollout_id")
+    e = command("explain", "replay one rollout of a built night step by step")
+    e.add_argument("--output", required=True, help="output root of the build")
+    e.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
+    e.add_argument("--json", action="store_true", help="print the replay as one JSON object")
+    e.add_argument("rollout_id", help="the rollout to replay")
 
-    r = sub.add_parser("report", help="capture quality across the nights in the warehouse")
-    r.add_argument("--output", required=True)
+    r = command("report", "capture quality across the nights in the warehouse")
+    r.add_argument("--output", required=True, help="output root of the builds")
     r.add_argument("--html", action="store_true",
                    help="write <output>/reports/ds=<ds>/index.html and the index page instead of a text table")
-    r.add_argument("--ds", type=_ds, default=None, help="the night of the HTML report (default: the latest)")
-    r.add_argument("--nights", type=_positive, default=30, help="nights in the trends (default %(default)s)")
+    r.add_argument("--ds", type=_ds, default=None, help="the night of the HTML report (None: the latest)")
+    r.add_argument("--nights", type=_positive, default=30, help="nights in the trends")
     r.add_argument("--by", default=None,
                    help="rollout metadata keys to break the mask rate down by, comma-separated "
-                        "(default: the keys present on most rollouts)")
+                        "(None: the keys present on most rollouts)")
 
-    g = sub.add_parser("gate", help="check a published night against alert thresholds (exit 5 when breached)")
-    g.add_argument("--output", required=True)
-    g.add_argument("--ds", required=True, type=_ds)
+    g = command("gate", "check a published night against alert thresholds (exit 5 when breached)")
+    g.add_argument("--output", required=True, help="output root of the builds")
+    g.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
     d = Thresholds()
-    g.add_argument("--max-mask-rate", type=_rate, default=d.max_mask_rate, help="default %(default)s")
-    g.add_argument("--max-reason-rate", type=_rate, default=d.max_reason_rate, help="default %(default)s")
+    g.add_argument("--max-mask-rate", type=_rate, default=d.max_mask_rate, help="share of masked rollouts")
+    g.add_argument("--max-reason-rate", type=_rate, default=d.max_reason_rate,
+                   help="share of rollouts masked by any one reason")
     g.add_argument("--max-mask-rate-rise", type=_rate, default=d.max_mask_rate_rise,
-                   help="over the trailing 7-night mean; default %(default)s")
-    g.add_argument("--max-rejects", type=int, default=d.max_rejects, help="default %(default)s")
+                   help="rise of the mask rate over the trailing 7-night mean")
+    g.add_argument("--max-rejects", type=int, default=d.max_rejects, help="rejected input lines")
     return p
 
 
@@ -130,12 +148,19 @@ def _scaled(span: tuple[int, int], scale: float) -> tuple[int, int]:
     return max(1, int(span[0] * scale)), max(1, int(span[1] * scale))
 
 
+def settings_from(args) -> Settings:
+    """The build's Settings from its command line (settings.py holds every default)."""
+    return replace(
+        DEFAULTS,
+        options=Options(args.mode, args.offchain, not args.no_std_normalize, args.leave_one_out),
+        duckdb=DuckDBSettings(args.memory_limit, args.threads, args.temp_directory, args.lock_wait),
+        shards=args.shards, workers=args.workers, max_mask_rate=args.max_mask_rate, allow_empty=args.allow_empty,
+        max_line_bytes=args.max_line_bytes, retention_nights=args.retention_nights)
+
+
 def run(args) -> int:
     if args.command == "build":
-        options = Options(args.mode, args.offchain, not args.no_std_normalize, args.leave_one_out)
-        settings = DuckDBSettings(args.memory_limit, args.threads, args.temp_directory, args.lock_wait)
-        s = build_night(args.input, args.output, args.ds, options, args.shards, settings, args.max_mask_rate,
-                        workers=args.workers, allow_empty=args.allow_empty, max_line_bytes=args.max_line_bytes)
+        s = build_night(args.input, args.output, args.ds, settings_from(args))
         n = s.numbers
         print(f"built ds={args.ds} in {s.seconds:.1f}s: {n.audit_rows} rollouts, {n.ok_rollouts} ok, "
               f"{n.masked} masked ({n.mask_rate:.1%}), {n.n_rows} rows; {s.load.n_rejects} rejected input rows")
@@ -160,7 +185,8 @@ def run(args) -> int:
               f"{t['token_files']} token files; {faults} rollouts with an injected fault")
         print(f"input: {args.output}  expected outcomes: {args.output}/_expected/ds={args.ds}/outcomes.jsonl")
     elif args.command == "explain":
-        print(explain(args.output, args.ds, args.rollout_id))
+        replay = explain(args.output, args.ds, args.rollout_id)
+        print(json.dumps(replay.to_dict(), indent=2) if args.json else replay.text())
     elif args.command == "report" and args.html:
         by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
         page = report_step(args.output, args.ds, nights=args.nights, by=by)
@@ -182,10 +208,22 @@ def run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    logger = logging.getLogger("reassembler")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG))
+    try:
+        return _main(args)
+    finally:
+        logger.removeHandler(handler)
+
+
+def _main(args) -> int:
     settings = None
     try:
         if args.command == "build":
-            settings = DuckDBSettings(args.memory_limit, args.threads, args.temp_directory, args.lock_wait)
+            settings = settings_from(args).duckdb
         return run(args)
     except BrokenPipeError:
         # the reader of our output went away (`| head`): the work itself is done

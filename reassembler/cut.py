@@ -15,10 +15,10 @@ def cut_chains(selected: list[Call], trace: list[str] | None = None) -> list[lis
     for i, call in enumerate(selected):
         if call.is_root:
             chains.append([call])
-            note = f"{call.model_call_id} root -> chain {len(chains) - 1}"
+            note = f"{call.model_call_id} root -> starts chain {len(chains) - 1}"
         elif i > 0 and call.parent_call_id == selected[i - 1].model_call_id:
             chains[-1].append(call)
-            note = f"{call.model_call_id} continues -> chain {len(chains) - 1}"
+            note = f"{call.model_call_id} continues chain {len(chains) - 1}"
         elif i == 0:
             raise Masked(Reason.MISSING_ROOT,
                          f"first selected call {call.model_call_id} has parent {call.parent_call_id}",
@@ -28,5 +28,5 @@ def cut_chains(selected: list[Call], trace: list[str] | None = None) -> list[lis
                          f"{call.model_call_id} has parent {call.parent_call_id} but follows "
                          f"{selected[i - 1].model_call_id}", call.model_call_id)
         if trace is not None:
-            trace.append(f"cut: {note} [{', '.join(c.model_call_id for c in chains[-1])}]")
+            trace.append(f"cut: {note}")
     return chains

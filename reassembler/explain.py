@@ -3,11 +3,12 @@ CONTRACT.md section 7 narrates the worked example."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .read import InputError, find_night
 from .reasons import DESCRIPTIONS
-from .rollout import Options
+from .settings import Options
 from .select import select_calls
 from .shard import reassemble_one
 from .warehouse import connect, sql
@@ -59,7 +60,44 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     return lines
 
 
-def explain(output_dir, ds: str, rollout_id: str) -> str:
+@dataclass
+class Replay:
+    """One rollout replayed: the steps of CONTRACT.md section 7, each printed once."""
+
+    rollout_id: str
+    ds: str
+    header: str
+    ledger: list[dict]
+    steps: list[str]
+    result: dict
+    rows: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def text(self) -> str:
+        lines = [self.header, _ledger_line([(c["model_call_id"], c["parent_call_id"], c["failure_reason"])
+                                            for c in self.ledger])]
+        lines += self.steps
+        lines += [f"row {r['row_id']}: calls [{', '.join(r['calls'])}], {r['tokens']} tokens, "
+                  f"{r['generated']} generated, prompt_len {r['prompt_len']}" for r in self.rows]
+        res = self.result
+        if res["status"] == "ok":
+            lines.append(f"off-chain: {', '.join(res['offchain']) or 'none'} ({res['offchain_faults']} faulty)")
+            k = len(self.rows)
+            lines.append(f"result: ok, {k} row{'s' if k != 1 else ''}, rollout_weight {1 / k:g}, "
+                         f"advantage {res['advantage']}")
+        else:
+            at = f" at call {res['failed_call_id']}" if res["failed_call_id"] else ""
+            lines.append(f"result: masked, {res['reason']}{at}: {res['detail']}")
+            lines.append(f"  ({res['reason']}: {res['meaning']})")
+            if res.get("failed_call_source"):
+                lines.append(f"  the failing call's ledger row: {res['failed_call_source']}")
+        return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
+
+
+def explain(output_dir, ds: str, rollout_id: str) -> Replay:
     with connect(output_dir, read_only=True) as con:
         published = con.execute(sql("explain_audit"), {"ds": ds, "rollout_id": rollout_id}).fetchone()
         if published is None:
@@ -69,34 +107,32 @@ def explain(output_dir, ds: str, rollout_id: str) -> str:
         opts = Options(**json.loads(options)) if options else Options()
         night = find_night(input_dir, ds)
         outcome, trace, batch = reassemble_one(con, night, rollout_id, opts)
-        con.execute(sql("explain_calls"), {"ds": ds, "rollout_id": rollout_id})
-        ledger = con.fetchall()
+        cur = con.execute(sql("explain_calls"), {"ds": ds, "rollout_id": rollout_id})
+        names = [d[0] for d in cur.description]
+        ledger = [dict(zip(names, row)) for row in cur.fetchall()]
 
     r = outcome.rollout
-    lines = [f"rollout {rollout_id} (group {r['group_id']}, slot {r['slot']}), ds={ds}, "
-             f"mode {opts.mode}, off-chain policy {opts.offchain}; published by run {run_id}",
-             _ledger_line(ledger),
-             f"output: {len(r['generated_items'] or [])} generated items, "
-             f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)"]
-    lines += trace
+    header = (f"rollout {rollout_id} (group {r['group_id']}, slot {r['slot']}), ds={ds}, mode {opts.mode}, "
+              f"off-chain policy {opts.offchain}; published by run {run_id}\n"
+              f"output: {len(r['generated_items'] or [])} generated items, "
+              f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)")
+    replay = Replay(rollout_id, ds, header, ledger, trace, {})
     if outcome.ok:
-        k = len(outcome.segments)
         on_chain = {c.model_call_id for s in outcome.segments for c in s.calls}
-        off = [cid for cid, _, _ in ledger if cid not in on_chain]
         for i, seg in enumerate(outcome.segments):
             rows = seg.token_rows
-            lines.append(f"row {rollout_id}_s{i}: calls [{', '.join(c.model_call_id for c in seg.calls)}], "
-                         f"{int(batch.n_ids[rows].sum())} tokens, {int(batch.ones[rows].sum())} generated, "
-                         f"prompt_len {int(batch.zeros[rows[0]])}")
-        lines.append(f"off-chain: {', '.join(off) if off else 'none'} "
-                     f"({outcome.n_offchain_faults} faulty)")
-        lines.append(f"result: ok, {k} row{'s' if k != 1 else ''}, rollout_weight {1 / k:g}, "
-                     f"advantage {advantage}")
+            replay.rows.append({"row_id": f"{rollout_id}_s{i}", "calls": [c.model_call_id for c in seg.calls],
+                                "tokens": int(batch.n_ids[rows].sum()), "generated": int(batch.ones[rows].sum()),
+                                "prompt_len": int(batch.zeros[rows[0]])})
+        replay.result = {"status": "ok", "advantage": advantage, "offchain_faults": outcome.n_offchain_faults,
+                         "offchain": [c["model_call_id"] for c in ledger if c["model_call_id"] not in on_chain]}
     else:
-        at = f" at call {outcome.failed_call_id}" if outcome.failed_call_id else ""
-        lines.append(f"result: masked, {outcome.reason.value}{at}: {outcome.detail}")
-        lines.append(f"  ({outcome.reason.value}: {DESCRIPTIONS[outcome.reason]})")
+        source = next((f"{c['source_file']}:{c['source_line']}" for c in ledger
+                       if c["model_call_id"] == outcome.failed_call_id), None)
+        replay.result = {"status": "masked", "reason": outcome.reason.value, "detail": outcome.detail,
+                         "failed_call_id": outcome.failed_call_id, "meaning": DESCRIPTIONS[outcome.reason],
+                         "failed_call_source": f"ledger/ds={ds}/{source}" if source else None}
     if (status == "ok") != outcome.ok or (reason or None) != (outcome.reason.value if outcome.reason else None):
-        lines.append(f"warning: the published audit row says {status} {reason or ''}; "
-                     "the input changed since it was built")
-    return "\n".join(lines)
+        replay.warnings.append(f"the published audit row says {status} {reason or ''}; "
+                               "the input changed since it was built")
+    return replay

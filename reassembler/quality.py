@@ -20,26 +20,17 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import date
 
 from .reasons import DESCRIPTIONS, STEPS, Reason
+from .settings import Thresholds
 from .warehouse import run_script, sql
 
 TRAILING = 7
 CALL_BUCKETS = (5, 10, 20, 40)
 TOKEN_BUCKETS = (10_000, 50_000, 200_000)
 MAX_KEY_VALUES = 30  # a metadata key with more distinct values is no default breakdown
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Alert thresholds; None switches a check off."""
-
-    max_mask_rate: float | None = 0.2        # share of masked rollouts
-    max_reason_rate: float | None = 0.1      # share of rollouts masked by any one reason
-    max_mask_rate_rise: float | None = 0.05  # mask rate minus the trailing 7-night mean
-    max_rejects: int | None = 0              # rejected input lines
 
 
 def _bucket(value: int, edges: tuple[int, ...]) -> tuple[int, str]:

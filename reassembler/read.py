@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from .records import (LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS, RecordError, parse_ledger_row,
                       parse_rollout, rollout_id_from_path)
 from .errors import InputError
+from .settings import MAX_LINE_BYTES
 from .warehouse import run_script, sql
 
 CHUNK_ROWS = 5_000
@@ -29,8 +30,6 @@ NOT_LEDGER_SUFFIX = ".tokens.jsonl"
 RAW_CHARS = 300
 
 
-# the largest JSON line read; a longer one is a reject row (README: choices)
-MAX_LINE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)

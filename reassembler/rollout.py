@@ -9,31 +9,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
 
 from .calls import Call
 from .cut import cut_chains
 from .finalize import Segment, finalize_chain, walk_to_root
 from .reasons import Masked, Reason
 from .select import select_calls
-
-Mode = Literal["select", "terminal"]
-OffchainPolicy = Literal["selected", "strict"]
-
-
-@dataclass(frozen=True)
-class Options:
-    mode: Mode = "select"
-    offchain: OffchainPolicy = "selected"
-    std_normalize: bool = True
-    leave_one_out: bool = False
-
-    def __post_init__(self):
-        if self.mode not in ("select", "terminal"):
-            raise ValueError(f"mode must be select or terminal, not {self.mode!r}")
-        if self.offchain not in ("selected", "strict"):
-            raise ValueError(f"offchain must be selected or strict, not {self.offchain!r}")
-
+from .settings import Options
 
 @dataclass
 class Outcome:

@@ -8,11 +8,12 @@ once it holds `batch_rows` calls; the token lists of just that batch are then re
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,13 +22,15 @@ import pyarrow.parquet as pq
 from .advantage import assign_advantages
 from .calls import calls_from_rows
 from .read import NightFiles, token_rows_sql
-from .rollout import Options, Outcome, reassemble_rollout
+from .rollout import Outcome, reassemble_rollout
+from .settings import Options, Settings
 from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, rows_table
 from .token_store import TokenStore
 from .tokens import TokenBatch
 from .warehouse import sql
 
 ROW_GROUP_ROWS = 256
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,6 +45,20 @@ class ShardResult:
     @property
     def n_masked(self) -> int:
         return self.n_rollouts - self.n_ok
+
+    def add(self, outcomes: list[Outcome], rows: pa.Table) -> None:
+        self.n_rollouts += len(outcomes)
+        self.n_ok += sum(o.ok for o in outcomes)
+        self.n_rows += rows.num_rows
+        self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
+        self.reasons.update(o.reason.value for o in outcomes if not o.ok)
+
+    def summary(self) -> str:
+        """A few log lines: the shard's counts, then its mask reasons one per line."""
+        lines = [f"shard {self.shard}: {self.n_rollouts} rollouts, {self.n_ok} ok, {self.n_masked} masked, "
+                 f"{self.n_rows} rows, {self.n_tokens:,} tokens"]
+        lines += [f"  {reason:<26}{n:>6}" for reason, n in self.reasons.most_common()]
+        return "\n".join(lines)
 
 
 def _rollouts(con, params: dict) -> Iterator[dict]:
@@ -132,56 +149,74 @@ def reassemble_one(con, night: NightFiles, rollout_id: str, options: Options) ->
     return outcomes[0], trace.get(rollout_id, []), batch
 
 
-def run_shard(con, night: NightFiles, shard: int, options: Options, run_id: str, staging: Path,
-              batch_rows: int = 4096, batch_tokens: int = 250_000,
-              log: Callable[[str], None] | None = None) -> ShardResult:
+def run_shard(con, night: NightFiles, shard: int, settings: Settings, run_id: str, staging: Path) -> ShardResult:
     """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet."""
     params = {"ds": night.ds, "shard": shard, "rollout_id": None}
     # Both streams run at once on the same database; the small rollouts query starts
     # first so that the calls query's sort can take the rest of the memory limit.
     rollouts = _rollouts(con.cursor(), params)
-    calls = con.cursor().sql(sql("shard_calls", tokens=token_rows_sql(night)), params=params)
-    reader = calls.to_arrow_reader(64)
+    calls = con.cursor().sql(sql("shard_calls", tokens=token_rows_sql(night)), params=params).to_arrow_reader(64)
+    units = _units(calls, rollouts, settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
-    store = TokenStore(cache_bytes=64 << 20)
-    name = f"part-{shard:05d}.parquet"
-    (staging / "rows").mkdir(parents=True, exist_ok=True)
-    (staging / "audit").mkdir(parents=True, exist_ok=True)
+    with _ShardWriter(staging, shard) as writer:
+        for outcomes, batch in _reassembled(units, TokenStore(settings.token_cache_bytes), settings.options, writer):
+            rows = rows_table(outcomes, batch)
+            writer.write(rows, audit_table(outcomes, batch, run_id))
+            result.add(outcomes, rows)
+            log.debug("shard %d: %d rollouts, %d ok, %d rows", shard, result.n_rollouts, result.n_ok, result.n_rows)
+    log.info("%s", result.summary())
+    return result
+
+
+class _ShardWriter:
+    """The shard's two Parquet writers and the I/O thread. The thread reads the next batch's
+    token row groups and writes the previous batch's rows while the main thread checks the
+    current batch (pyarrow releases the GIL); it runs its tasks in order, so the writers are
+    never used concurrently."""
+
+    def __init__(self, staging: Path, shard: int):
+        name = f"part-{shard:05d}.parquet"
+        for kind in ("rows", "audit"):
+            (staging / kind).mkdir(parents=True, exist_ok=True)
+        self.rows_out = pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA, **ROW_WRITE_OPTIONS)
+        self.audit_out = pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA)
+        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-io")
+        self.last_write = None
+
+    def __enter__(self) -> _ShardWriter:
+        return self
+
+    def _write(self, rows: pa.Table, audit: pa.Table) -> None:
+        if rows.num_rows:
+            self.rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
+        self.audit_out.write_table(audit)
+
+    def write(self, rows: pa.Table, audit: pa.Table) -> None:
+        if self.last_write is not None:
+            self.last_write.result()  # re-raises a failed write; usually long finished
+        self.last_write = self.io.submit(self._write, rows, audit)
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self.last_write is not None and exc[0] is None:
+                self.last_write.result()
+        finally:
+            self.io.shutdown(wait=True)
+            self.rows_out.close()
+            self.audit_out.close()
+
+
+def _reassembled(units, store: TokenStore, options: Options, writer: _ShardWriter):
+    """(outcomes, token batch) per unit, with the next unit's token rows read ahead on the
+    writer's I/O thread."""
     def fetch(unit):
         rollouts, table = unit
         return rollouts, table, store.fetch(table.column("t_file"), table.column("t_row"))
 
-    # One I/O thread reads the next batch's token row groups and writes the previous
-    # batch's rows while this thread checks the current batch (pyarrow releases the GIL).
-    # The thread runs its tasks in order, so the writers are never used concurrently.
-    with pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA, **ROW_WRITE_OPTIONS) as rows_out, \
-            pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA) as audit_out, \
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-io") as io:
-        def write(rows, audit):
-            if rows.num_rows:
-                rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
-            audit_out.write_table(audit)
-
-        units = _units(reader, rollouts, batch_rows, batch_tokens)
-        first = next(units, None)
-        ahead = io.submit(fetch, first) if first is not None else None
-        last_write = None
-        while ahead is not None:
-            rollouts, table, tokens = ahead.result()
-            following = next(units, None)
-            ahead = io.submit(fetch, following) if following is not None else None
-            outcomes, batch = reassemble_unit(rollouts, table, tokens, options)
-            rows = rows_table(outcomes, batch)
-            if last_write is not None:
-                last_write.result()  # re-raises a failed write; usually long finished
-            last_write = io.submit(write, rows, audit_table(outcomes, batch, run_id))
-            result.n_rollouts += len(outcomes)
-            result.n_ok += sum(o.ok for o in outcomes)
-            result.n_rows += rows.num_rows
-            result.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
-            result.reasons.update(o.reason.value for o in outcomes if not o.ok)
-            if log:
-                log(f"shard {shard}: {result.n_rollouts} rollouts, {result.n_ok} ok, {result.n_rows} rows")
-        if last_write is not None:
-            last_write.result()
-    return result
+    following = next(units, None)
+    ahead = writer.io.submit(fetch, following) if following is not None else None
+    while ahead is not None:
+        rollouts, table, tokens = ahead.result()
+        following = next(units, None)
+        ahead = writer.io.submit(fetch, following) if following is not None else None
+        yield reassemble_unit(rollouts, table, tokens, options)

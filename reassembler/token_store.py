@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from .read import LOGPROB_NAMES, InputError
 from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS
+from .settings import DEFAULTS
 
 IDS = pa.list_(pa.int64())
 FLOATS = pa.list_(pa.float32())
@@ -65,7 +66,7 @@ class _File:
 
 
 class TokenStore:
-    def __init__(self, cache_bytes: int = 256 << 20):
+    def __init__(self, cache_bytes: int = DEFAULTS.token_cache_bytes):
         self.cache_bytes = cache_bytes
         self._files: dict[str, _File] = {}
         self._cache: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()

@@ -1,4 +1,10 @@
-"""The night's DuckDB warehouse: connection settings and the SQL files of `sql/`."""
+"""The night's DuckDB warehouse: connections, the SQL files of `sql/`, the schema version
+and its forward migrations, and the retention of the per-call tables.
+
+The SQL files live in the repository's top-level `sql/` folder (the one source); a wheel
+ships them as the package data `reassembler.sql` (pyproject.toml), so an installed package
+finds them wherever it runs.
+"""
 from __future__ import annotations
 
 import os
@@ -13,28 +19,23 @@ from pathlib import Path
 import duckdb
 
 from .errors import InputError, OutputBusy
+from .settings import DuckDBSettings
 
-SQL_DIR = Path(os.environ.get("REASSEMBLER_SQL_DIR", Path(__file__).resolve().parent.parent / "sql"))
+SCHEMA_VERSION = 2  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
+
+def _sql_dir() -> Path:
+    """The repository's sql/ in a checkout (and an editable install), else the package data."""
+    if os.environ.get("REASSEMBLER_SQL_DIR"):
+        return Path(os.environ["REASSEMBLER_SQL_DIR"])
+    checkout = Path(__file__).resolve().parent.parent / "sql"
+    if (checkout / "schema.sql").exists():
+        return checkout
+    from importlib.resources import files
+    return Path(str(files("reassembler.sql")))
+
+
+SQL_DIR = _sql_dir()
 WAREHOUSE_FILE = "warehouse.duckdb"
-
-
-MEMORY_LIMIT = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class DuckDBSettings:
-    """Resource limits for every DuckDB connection the job opens (set explicitly, always)."""
-
-    memory_limit: str = "128MB"
-    threads: int = 2
-    temp_directory: str | None = None  # default: <output>/_tmp/duckdb (a folder per process)
-    lock_wait_seconds: float = 60.0  # how long to wait for another client of the warehouse file
-
-    def __post_init__(self):
-        if not MEMORY_LIMIT.fullmatch(str(self.memory_limit).strip()):
-            raise InputError(f"memory limit {self.memory_limit!r} is not a size such as 128MB or 2GB")
-        if self.temp_directory and Path(self.temp_directory).exists() and not Path(self.temp_directory).is_dir():
-            raise InputError(f"temp directory {self.temp_directory}: is a file, not a folder")
 
 
 def _spill_root(output_dir: Path, settings: DuckDBSettings) -> Path:
@@ -113,5 +114,33 @@ def connect(output_dir: str | Path, settings: DuckDBSettings = DuckDBSettings(),
                                  "blocking the job)") from None
             time.sleep(0.5)
     if not read_only:
-        run_script(con, "schema")
+        migrate(con)
     return con
+
+
+def schema_version(con) -> int:
+    """0 for an empty database; 1 for a warehouse of the release before versions were kept."""
+    tables = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    if "schema_version" in tables:
+        return con.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
+    return 1 if "rollouts" in tables else 0
+
+
+def migrate(con) -> None:
+    """Bring the warehouse to SCHEMA_VERSION: create it, or apply the migrations it lacks."""
+    current = schema_version(con)
+    if current > SCHEMA_VERSION:
+        raise InputError(f"the warehouse is at schema version {current}, newer than this release "
+                         f"({SCHEMA_VERSION}); use the release that wrote it")
+    if current == SCHEMA_VERSION:
+        return
+    for step in range(current + 1 if current else SCHEMA_VERSION + 1, SCHEMA_VERSION + 1):
+        [migration] = sorted((SQL_DIR / "migrations").glob(f"{step:03d}_*.sql"))
+        run_script(con, f"migrations/{migration.stem}")
+    run_script(con, "schema")  # tables the migrations do not touch, at the current version
+    con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [SCHEMA_VERSION])
+
+
+def apply_retention(con, ds: str, nights: int) -> None:
+    """Keep the per-call tables of the newest `nights` nights (audit and runs are kept for good)."""
+    run_script(con, "retention", {"nights": nights})

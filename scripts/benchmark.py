@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from reassembler.synth import SynthConfig, read_expected, synth_night
-from reassembler.warehouse import DuckDBSettings
+from reassembler.producer.synth import SynthConfig, read_expected, synth_night
+from reassembler.settings import DuckDBSettings
 
 DS = "2026-11-28"
 TOKENS_PER_ROLLOUT = 24_000  # SynthConfig defaults: ~24k tokens per rollout on average
@@ -32,10 +32,10 @@ TOKENS_PER_ROLLOUT = 24_000  # SynthConfig defaults: ~24k tokens per rollout on 
 CHILD = """
 import json, resource, sys, time
 from reassembler.build import build_night
-from reassembler.warehouse import DuckDBSettings
+from reassembler.settings import DuckDBSettings, Settings
 t = time.perf_counter()
-s = build_night(sys.argv[1], sys.argv[2], sys.argv[3], shards=int(sys.argv[4]), workers=int(sys.argv[5]),
-                settings=DuckDBSettings(memory_limit=sys.argv[6]))
+s = build_night(sys.argv[1], sys.argv[2], sys.argv[3], Settings(shards=int(sys.argv[4]), workers=int(sys.argv[5]),
+                duckdb=DuckDBSettings(memory_limit=sys.argv[6])))
 print(json.dumps({"seconds": time.perf_counter() - t, "rows": s.numbers.n_rows,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "worker_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))

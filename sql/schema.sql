@@ -1,4 +1,6 @@
--- Warehouse tables (created once, kept across nights). Every night-scoped table carries ds.
+-- Warehouse tables at the current schema version (warehouse.py: SCHEMA_VERSION), created once
+-- and kept across nights; older warehouses are brought here by sql/migrations/. Every
+-- night-scoped table carries ds.
 CREATE TABLE IF NOT EXISTS rollouts (
     ds                     DATE    NOT NULL,
     rollout_seq            BIGINT  NOT NULL,   -- input order inside the night
@@ -107,12 +109,6 @@ CREATE TABLE IF NOT EXISTS runs (
     seconds       DOUBLE
 );
 
--- Columns added by contract v2 (NeMo Gym 0.7.0 capture), for warehouses created before it.
-ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS terminal_response_id VARCHAR;
-ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS model_items STRUCT(output_index INTEGER, field BLOB)[];
-ALTER TABLE ledger ADD COLUMN IF NOT EXISTS output_fingerprint VARCHAR;
-ALTER TABLE ledger ADD COLUMN IF NOT EXISTS fingerprint_version BIGINT;
-
 -- The quality gate's verdict per night (quality.py): ok, or breached with what breached.
 CREATE TABLE IF NOT EXISTS quality (
     ds          DATE    NOT NULL,
@@ -120,4 +116,10 @@ CREATE TABLE IF NOT EXISTS quality (
     checked_at  TIMESTAMP,
     verdict     VARCHAR NOT NULL,     -- ok | breached
     breaches    VARCHAR              -- JSON list of {check, value, threshold, message}
+);
+
+-- The schema version of this warehouse (warehouse.py applies sql/migrations/ up to it).
+CREATE TABLE IF NOT EXISTS schema_version (
+    version     INTEGER NOT NULL,
+    applied_at  TIMESTAMP
 );

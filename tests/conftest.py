@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from nights import DS, Night  # noqa: E402
 
 from reassembler.build import build_night  # noqa: E402
-from reassembler.rollout import Options  # noqa: E402
+from reassembler.settings import Options, Settings  # noqa: E402
 
 
 def read_partition(output: Path, kind: str, ds: str = DS) -> list[dict]:
@@ -38,5 +38,5 @@ def build(tmp_path):
     def run(night: Night, options: Options = Options(), shards: int = 1, **kw) -> Built:
         inp = night.write(**kw)
         out = tmp_path / "output"
-        return Built(out, build_night(inp, out, night.ds, options, shards))
+        return Built(out, build_night(inp, out, night.ds, Settings(options=options, shards=shards)))
     return run

@@ -8,7 +8,7 @@ import pyarrow as pa
 from reassembler.records import LEDGER_INTS as _INTS
 from reassembler.records import SHARED_FIELDS
 from reassembler.records import parse_rollout
-from reassembler.rollout import Options
+from reassembler.settings import Options
 from reassembler.shard import reassemble_unit
 from reassembler.token_store import CANONICAL
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reassembler.capture import CapturedCall, TokenFileTypes, stage_rollout, write_jsonl, write_token_file
+from reassembler.producer.capture import CapturedCall, TokenFileTypes, stage_rollout, write_jsonl, write_token_file
 
 DS = "2026-11-28"
 

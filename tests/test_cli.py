@@ -1,6 +1,7 @@
 """The reassembler command as a user runs it: exit codes and one-line messages."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,10 +21,16 @@ def test_build_explain_report(tmp_path, night, capsys):
     assert main(["explain", "--output", str(out), "--ds", DS, "group_g0"]) == 0
     text = capsys.readouterr().out
     for line in ("select: items 0-1 -> c1", "select: items 2-3 -> c2", "select: items 4-5 -> c3",
-                 "select: items 6-7 -> c5", "cut: c3 root -> chain 1 [c3]", "cut: c5 continues -> chain 1 [c3, c5]",
+                 "select: items 6-7 -> c5", "cut: c1 root -> starts chain 0", "cut: c2 continues chain 0",
+                 "cut: c3 root -> starts chain 1", "cut: c5 continues chain 1",
                  "finalize: walk c2 -> c1", "finalize: walk c5 -> c3", "off-chain: c4 (0 faulty)",
                  "row group_g0_s1: calls [c3, c5], 7 tokens, 3 generated, prompt_len 2", "result: ok, 2 rows"):
         assert line in text, line
+    assert text.count("cut:") == 4  # each step once
+    assert main(["explain", "--output", str(out), "--ds", DS, "--json", "group_g0"]) == 0
+    replay = json.loads(capsys.readouterr().out)
+    assert [r["calls"] for r in replay["rows"]] == [["c1", "c2"], ["c3", "c5"]]
+    assert replay["result"]["offchain"] == ["c4"] and "cut: c5 continues chain 1" in replay["steps"]
     assert main(["report", "--output", str(out)]) == 0
     assert "2026-11-28  1         1   0" in capsys.readouterr().out
 
@@ -36,6 +43,7 @@ def test_explain_names_the_reason_of_a_masked_rollout(tmp_path, night, capsys):
     text = capsys.readouterr().out
     assert "result: masked, terminal_not_last at call c5: declared terminal c3, last selected c5" in text
     assert "(terminal_not_last: the declared terminal call is not the last selected call)" in text
+    assert f"the failing call's ledger row: ledger/ds={DS}/ledger.jsonl:5" in text  # c5, the fifth line
 
 
 def test_missing_input_exits_2_with_one_line_naming_the_folder(tmp_path, capsys):
@@ -51,6 +59,23 @@ def test_bad_usage_exits_2(tmp_path, capsys):
         main(["build", "--input", "x", "--output", "y", "--ds", "28-11-2026"])
     assert e.value.code == 2
     assert "ds must be YYYY-MM-DD" in capsys.readouterr().err
+
+
+def test_help_shows_every_default(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        main(["build", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 128MB)", "(default: 2)", "(default: 60.0)", "(default: 30)", "(default: select)",
+                    "(default: 16777216)"):
+        assert default in text, default
+
+
+def test_verbose_logs_the_steps(tmp_path, night, capsys):
+    worked_example(night, "group_g0")
+    assert main(["-v", "build", "--input", str(night.write()), "--output", str(tmp_path / "o"), "--ds", DS]) == 0
+    err = capsys.readouterr().err
+    assert "loaded ds=2026-11-28" in err and "shard 0: 1 rollouts, 1 ok" in err and "published ds=2026-11-28" in err
 
 
 def test_console_script_is_installed(tmp_path):

@@ -31,12 +31,23 @@ def test_dag_imports_with_the_expected_shape():
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     dag = bag.dags["capture_rows_nightly"]
-    assert set(dag.task_ids) == {"check_input", "load_ledger", "reassemble", "audit_checks", "publish",
-                                 "quality_report", "quality_gate"}
+    assert set(dag.task_ids) == {"check_input", "wait_for_input", "load_ledger", "reassemble", "audit_checks",
+                                 "publish", "quality_report", "quality_gate"}
     assert dag.timetable.expression == "0 2 * * *"
-    assert dag.max_active_runs == 1
+    assert dag.description and dag.max_active_runs > 1  # the pool serialises the writers, not the runs
     assert {"ds", "shards", "mode", "offchain", "max_mask_rate", "duckdb_memory_limit", "duckdb_threads",
-            "duckdb_temp_directory"} <= set(dag.params.keys())
+            "duckdb_temp_directory", "input_wait_hours"} <= set(dag.params.keys())
+    # the trigger form works untouched: every param has a description and a default that validates
+    for name in dag.params.keys():
+        param = dag.params.get_param(name)
+        assert param.description, name
+        param.resolve(param.value)
+    writers = {"load_ledger", "publish", "quality_gate"}
+    for task in dag.tasks:
+        if task.task_id in writers | {"reassemble", "audit_checks", "quality_report"}:
+            assert task.pool == "reassembler_warehouse", task.task_id
+            assert task.pool_slots == (4 if task.task_id in writers else 1), task.task_id
+    assert dag.get_task("wait_for_input").mode == "reschedule"
     assert dag.get_task("reassemble").upstream_task_ids == {"load_ledger", "check_input"}
     assert dag.get_task("publish").upstream_task_ids >= {"audit_checks"}
     assert [o.name for o in dag.get_task("publish").outlets] == ["capture_rows"]
@@ -47,13 +58,16 @@ def test_operator_execute_reassembles_one_shard(tmp_path, night):
     from reassembler_airflow.operators import ReassembleOperator
 
     from reassembler.build import load_step, publish_step
+    from reassembler.settings import Settings
 
     worked_example(night, "a_g0", compaction=True, reward=1.0)
     worked_example(night, "b_g0", compaction=False, reward=0.0)
     inp, out = night.write(), tmp_path / "out"
-    load_step(inp, out, DS, shards=2)
-    results = [ReassembleOperator(task_id=f"reassemble_{k}", input_dir=str(inp), output_dir=str(out), ds=DS,
-                                  run_key="test_run", shard=k).execute(context={}) for k in (0, 1)]
+    load_step(inp, out, DS, Settings(shards=2))
+    operators = [ReassembleOperator(task_id=f"reassemble_{k}", input_dir=str(inp), output_dir=str(out), ds=DS,
+                                    run_key="test_run", shard=k) for k in (0, 1)]
+    results = [op.execute(context={}) for op in operators]
+    assert [op.group_range for op in operators] == ["groups a .. a (1)", "groups b .. b (1)"]  # the map index label
     assert [(r["shard"], r["rollouts"], r["ok"], r["rows"]) for r in results] == [(0, 1, 1, 2), (1, 1, 1, 1)]
     staged = out / "_staging" / DS / "test_run"
     assert sorted(p.name for p in (staged / "rows").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
@@ -80,7 +94,7 @@ def _airflow(env: dict, *args: str, ok: bool = True) -> str:
 
 @pytest.mark.timeout(600)
 def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
-    from reassembler.synth import SynthConfig, read_expected, synth_night
+    from reassembler.producer.synth import SynthConfig, read_expected, synth_night
 
     inp, out, home = tmp_path / "input", tmp_path / "output", tmp_path / "airflow"
     home.mkdir()
@@ -109,7 +123,8 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     assert {r["rollout_id"] for r in rows} == {rid for rid, a in audit.items() if a["status"] == "ok"}
 
     with sqlite3.connect(home / "airflow.db") as db:
-        [(extra,)] = db.execute("SELECT extra FROM asset_event").fetchall()
+        [(extra, partition_key)] = db.execute("SELECT extra, partition_key FROM asset_event").fetchall()
+    assert partition_key == DS  # the night is the asset event's partition key
     extra = json.loads(extra)
     masked = sum(a["status"] == "masked" for a in audit.values())
     assert (extra["ds"], extra["rows"], extra["rollouts"], extra["masked"]) == (DS, len(rows), 64, masked)
@@ -202,8 +217,26 @@ def test_check_input_resolves_the_night_and_names_what_is_missing(tmp_path, monk
     got = check(params={"ds": None, "shards": 2}, logical_date=None,
                 dag_run=SimpleNamespace(run_after=nightly), run_id="manual__1")
     assert got["ds"] == DS
+
+
+def test_wait_for_input_waits_then_fails_naming_what_is_missing(tmp_path, night):
+    from datetime import datetime, timedelta, timezone
+    from types import SimpleNamespace
+
+    from airflow.dag_processing.dagbag import DagBag
     from airflow.sdk.exceptions import AirflowFailException
 
-    # bad input cannot pass on a retry: the task fails at once, with the core's one line
-    with pytest.raises(AirflowFailException, match=r"rollouts/ds=2026-11-27: input partition folder is missing"):
-        check(params={"ds": "2026-11-27", "shards": 2}, logical_date=nightly, dag_run=None, run_id="manual__2")
+    poke = DagBag(dag_folder=str(REPO / "dags")).dags["capture_rows_nightly"].get_task("wait_for_input").python_callable
+    inp = night.write()
+    now = datetime.now(timezone.utc)
+    params = {"input_wait_hours": 6.0, "input_marker": None}
+    assert poke(str(inp), DS, params=params, dag_run=SimpleNamespace(start_date=now)).is_done
+    # late input: keep waiting (rescheduled, no worker slot held), then fail after the timeout
+    assert not poke(str(inp), "2026-11-27", params=params, dag_run=SimpleNamespace(start_date=now)).is_done
+    with pytest.raises(AirflowFailException, match=r"within 6.0 hours: .*rollouts/ds=2026-11-27: input partition"):
+        poke(str(inp), "2026-11-27", params=params, dag_run=SimpleNamespace(start_date=now - timedelta(hours=7)))
+    # a completion marker the capture writes last
+    marked = dict(params, input_marker="_SUCCESS")
+    assert not poke(str(inp), DS, params=marked, dag_run=SimpleNamespace(start_date=now)).is_done
+    (inp / "rollouts" / f"ds={DS}" / "_SUCCESS").touch()
+    assert poke(str(inp), DS, params=marked, dag_run=SimpleNamespace(start_date=now)).is_done

@@ -10,9 +10,9 @@ import json
 import pytest
 from nights import DS, answer, call, reasoning, tool_output
 
-from reassembler.capture import TokenFileTypes, as_gym_lineage_row, write_jsonl, write_token_file
+from reassembler.producer.capture import TokenFileTypes, as_gym_lineage_row, write_jsonl, write_token_file
 from reassembler.gym_fingerprint import afp
-from reassembler.rollout import Options
+from reassembler.settings import Options
 
 GYM = "fingerprint"
 

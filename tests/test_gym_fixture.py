@@ -14,7 +14,7 @@ import pytest
 from conftest import read_partition
 
 from reassembler.build import build_night
-from reassembler.rollout import Options
+from reassembler.settings import Options, Settings
 
 FIXTURE = Path(__file__).parent / "data" / "gym-0.7.0"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
@@ -30,7 +30,7 @@ def _digest(values, dtype: str) -> dict:
 @pytest.fixture(scope="module", params=list(BUILDS))
 def built(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"gym-{request.param}")
-    summary = build_night(FIXTURE, out, DS, BUILDS[request.param])
+    summary = build_night(FIXTURE, out, DS, Settings(options=BUILDS[request.param]))
     rows = read_partition(out, "rows", DS)
     audit = {a["rollout_id"]: a for a in read_partition(out, "audit", DS)}
     return request.param, summary, rows, audit

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from inmemory import reassemble
 from nights import answer, call, reasoning, tool_output
 
-from reassembler.capture import stage_rollout
+from reassembler.producer.capture import stage_rollout
 
 token = st.integers(min_value=0, max_value=2**31 - 1)
 

@@ -12,6 +12,7 @@ from reassembler import publish as publish_module
 from reassembler import shard as shard_module
 from reassembler.build import build_night
 from reassembler.publish import AuditCheckFailed
+from reassembler.settings import Settings
 
 
 def _files(folder):
@@ -34,7 +35,7 @@ def test_rerun_of_the_same_night_publishes_identical_rows(tmp_path, two_groups):
     out = tmp_path / "out"
     first = build_night(two_groups, out, DS)
     rows1 = _files(out / "rows" / f"ds={DS}")
-    second = build_night(two_groups, out, DS, shards=2)
+    second = build_night(two_groups, out, DS, Settings(shards=2))
     rows2 = _files(out / "rows" / f"ds={DS}")
     assert first.run_id != second.run_id
     t1 = pq.read_table(out / "rows" / f"ds={DS}").to_pylist()
@@ -87,5 +88,5 @@ def test_a_crash_between_renames_leaves_nothing_half_and_the_next_run_recovers(t
 def test_mask_rate_over_the_limit_publishes_nothing_and_says_why(tmp_path, two_groups):
     out = tmp_path / "out"
     with pytest.raises(AuditCheckFailed, match=r"mask rate 0.333 \(1/3\) above the limit 0.100; top reasons: rollout_failed 1"):
-        build_night(two_groups, out, DS, max_mask_rate=0.1)
+        build_night(two_groups, out, DS, Settings(max_mask_rate=0.1))
     assert not (out / "rows").exists() and not (out / "audit").exists()

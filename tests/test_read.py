@@ -11,7 +11,7 @@ import pytest
 from nights import DS, worked_example
 
 from reassembler.build import build_night
-from reassembler.capture import TOKEN_FILE_VARIANTS, write_jsonl, write_token_file
+from reassembler.producer.capture import TOKEN_FILE_VARIANTS, write_jsonl, write_token_file
 from reassembler.read import InputError, find_night, load_night
 from reassembler.warehouse import connect
 

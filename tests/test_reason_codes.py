@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from nights import answer, call, reasoning, tool_output, worked_example
 
-from reassembler.capture import resign
+from reassembler.producer.capture import resign
 from reassembler.reasons import Reason
-from reassembler.rollout import Options
+from reassembler.settings import Options
 
 GOOD_COMPACTED = [[101, 102, 103, 11, 12, 201, 21, 22], [301, 302, 31, 501, 502, 51, 52]]
 GOOD_PLAIN = [[101, 102, 103, 11, 12, 201, 21, 22, 301, 302, 31, 401, 41, 501, 502, 51, 52]]
@@ -64,7 +64,7 @@ def f_unmatched_output(n):
 def f_ambiguous_output(n):
     ledger, tokens = _rollout(n)
     twin = call("c2b", "c1", [201], [23, 24], [reasoning("r2"), answer("a2")])
-    from reassembler.capture import stage_rollout
+    from reassembler.producer.capture import stage_rollout
     c1 = call("c1", None, [101, 102, 103], [11, 12], [])
     [_, (l2, t2)] = stage_rollout("grp_g1", [c1, twin])
     n.ledger.append(l2)

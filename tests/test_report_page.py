@@ -12,7 +12,7 @@ import pytest
 
 from reassembler.build import build_night, gate_step, report_step
 from reassembler.quality import Thresholds
-from reassembler.synth import SynthConfig, synth_night
+from reassembler.producer.synth import SynthConfig, synth_night
 
 NIGHTS = ["2026-11-25", "2026-11-26", "2026-11-27", "2026-11-28"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

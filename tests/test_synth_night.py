@@ -7,8 +7,8 @@ import pytest
 
 from reassembler.build import build_night
 from reassembler.reasons import Reason
-from reassembler.rollout import Options
-from reassembler.synth import FAULTS, SynthConfig, read_expected, synth_night
+from reassembler.settings import Options, Settings
+from reassembler.producer.synth import FAULTS, SynthConfig, read_expected, synth_night
 
 DS = "2026-11-28"
 CFG = SynthConfig(rollouts=160, seed=11, fault_rate=0.4, min_calls=5, max_calls=12,
@@ -28,7 +28,7 @@ def synth(tmp_path_factory):
 def test_outcomes_match_what_was_injected(synth, key, options):
     root, totals, expected = synth
     out = root / f"out-{key}"
-    summary = build_night(root / "input", out, DS, options)
+    summary = build_night(root / "input", out, DS, Settings(options=options))
     audit = {a["rollout_id"]: a for a in pq.read_table(out / "audit" / f"ds={DS}").to_pylist()}
     assert len(audit) == CFG.rollouts == summary.numbers.audit_rows
     checked = 0
@@ -61,8 +61,8 @@ def test_every_reason_code_is_produced_by_the_night(synth):
 
 def test_shards_change_nothing(synth):
     root, _, _ = synth
-    one = build_night(root / "input", root / "one", DS, shards=1)
-    three = build_night(root / "input", root / "three", DS, shards=3, workers=2)  # worker processes
+    one = build_night(root / "input", root / "one", DS, Settings(shards=1))
+    three = build_night(root / "input", root / "three", DS, Settings(shards=3, workers=2))  # worker processes
     assert sorted((root / "three" / "rows" / f"ds={DS}").glob("part-*.parquet"))[2].name == "part-00002.parquet"
     t1 = pq.read_table(root / "one" / "rows" / f"ds={DS}").to_pylist()
     t3 = pq.read_table(root / "three" / "rows" / f"ds={DS}").to_pylist()

@@ -1,7 +1,7 @@
 """CONTRACT.md section 7, with every token written out and checked row by row."""
 from nights import answer, call, reasoning, worked_example
 
-from reassembler.rollout import Options
+from reassembler.settings import Options
 
 
 def test_without_compaction_one_row_of_all_five_calls(night, build):

@@ -2,7 +2,8 @@
 
 Thin on purpose (like the common-sql operators over their hooks): it holds parameters,
 logs progress and counts, and calls `reassembler.build.shard_step`, the same function
-`reassembler build` runs. All business logic lives in the core package.
+`reassembler build` runs. All business logic lives in the core package; every setting comes
+from `reassembler.settings.Settings.from_params`, as in the DAG's other tasks.
 """
 from __future__ import annotations
 
@@ -18,40 +19,37 @@ class ReassembleOperator(BaseOperator):
 
     Reads the warehouse read-only (several shards run at once) and writes
     `<output_dir>/_staging/<ds>/<run_key>/{rows,audit}/part-<shard>.parquet`; nothing is
-    visible to readers until the publish task swaps the partitions in.
+    visible to readers until the publish task swaps the partitions in. `settings` is the
+    DAG's params (or any mapping of `Settings.from_params` names); missing names take the
+    core's defaults.
     """
 
-    template_fields = ("input_dir", "output_dir", "ds", "run_key", "mode", "offchain", "std_normalize",
-                       "leave_one_out", "memory_limit", "threads", "temp_directory")
+    template_fields = ("input_dir", "output_dir", "ds", "run_key", "settings")
     ui_color = "#e8f4ea"
 
     def __init__(self, *, input_dir: str, output_dir: str, ds: str, run_key: str, shard: int,
-                 mode: str = "select", offchain: str = "selected", std_normalize: bool = True,
-                 leave_one_out: bool = False, memory_limit: str = "128MB", threads: int = 2,
-                 temp_directory: str | None = None, batch_rows: int = 4096, **kwargs):
+                 settings: Any = None, **kwargs):
         super().__init__(**kwargs)
         self.input_dir, self.output_dir, self.ds, self.run_key = input_dir, output_dir, ds, run_key
         self.shard = shard
-        self.mode, self.offchain = mode, offchain
-        self.std_normalize, self.leave_one_out = std_normalize, leave_one_out
-        self.memory_limit, self.threads, self.temp_directory = memory_limit, threads, temp_directory
-        self.batch_rows = batch_rows
+        self.settings = settings
+        self.group_range = ""
 
     def execute(self, context: Any) -> dict:
         # imported here so that parsing the DAG file stays light (no DuckDB / Arrow import)
         from reassembler.build import shard_step
-        from reassembler.rollout import Options
-        from reassembler.warehouse import DuckDBSettings
+        from reassembler.settings import Settings
+        from reassembler.warehouse import connect, sql
 
-        options = Options(self.mode, self.offchain, bool(self.std_normalize), bool(self.leave_one_out))
-        settings = DuckDBSettings(self.memory_limit, int(self.threads), self.temp_directory or None)
-        self.log.info("reassembling shard %s of ds=%s from %s (%s)", self.shard, self.ds, self.input_dir, options)
+        settings = Settings.from_params(self.settings or {})
         with task_errors():
-            result = shard_step(self.input_dir, self.output_dir, self.ds, int(self.shard), self.run_key, options,
-                                settings, log=self.log.info, batch_rows=self.batch_rows)
-        self.log.info("shard %s done: %d rollouts, %d ok, %d masked, %d rows, %d tokens; reasons %s",
-                      result.shard, result.n_rollouts, result.n_ok, result.n_masked, result.n_rows,
-                      result.n_tokens, dict(result.reasons))
+            with connect(self.output_dir, settings.duckdb, read_only=True) as con:
+                first, last, groups = con.execute(sql("shard_groups"), {"ds": self.ds, "shard": int(self.shard)}).fetchone()
+            self.group_range = f"groups {first} .. {last} ({groups})" if groups else "no groups"
+            self.log.info("shard %s of ds=%s: %s, from %s", self.shard, self.ds, self.group_range, self.input_dir)
+            result = shard_step(self.input_dir, self.output_dir, self.ds, int(self.shard), self.run_key, settings)
+        for line in result.summary().splitlines():
+            self.log.info("%s", line)
         return {"shard": result.shard, "rollouts": result.n_rollouts, "ok": result.n_ok,
                 "masked": result.n_masked, "rows": result.n_rows, "tokens": result.n_tokens,
                 "reasons": dict(result.reasons)}

@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import digests
-from .gym_fingerprint import VERSION as GYM_FINGERPRINT_VERSION
-from .gym_fingerprint import afp
-from .items import fingerprint
-from .records import LEDGER_INTS, SHARED_FIELDS, VERSION_DEFAULTS
+from .. import digests
+from ..gym_fingerprint import VERSION as GYM_FINGERPRINT_VERSION
+from ..gym_fingerprint import afp
+from ..items import fingerprint
+from ..records import LEDGER_INTS, SHARED_FIELDS, VERSION_DEFAULTS
 
 
 @dataclass

@@ -39,8 +39,8 @@ import numpy as np
 
 from .capture import (TOKEN_FILE_VARIANTS, CapturedCall, TokenFileTypes, as_gym_lineage_row, resign, stage_rollout,
                       write_token_file)
-from .reasons import Reason as R
-from .records import VERSION_DEFAULTS
+from ..reasons import Reason as R
+from ..records import VERSION_DEFAULTS
 
 SHAPES = ("plain", "lineage", "gym")
 
