@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.installed
 DS        ?= 2026-11-28
 SEED      ?= 7
 ROLLOUTS  ?= 240
-.PHONY: venv run test bench lock clean
+.PHONY: venv run test lint bench airflow lock clean
 
 venv: $(STAMP)
 
@@ -20,15 +20,20 @@ $(STAMP): requirements.lock pyproject.toml
 run: $(STAMP)
 	DS=$(DS) SEED=$(SEED) ROLLOUTS=$(ROLLOUTS) bash scripts/make_run.sh
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python scripts/benchmark.py
 
 lock:
 	rm -rf /tmp/reassembler-lock && $(PY) -m venv /tmp/reassembler-lock
-	/tmp/reassembler-lock/bin/pip install --quiet "apache-airflow==3.3.2" "duckdb==2.0.0" "pyarrow==26.0.1" "numpy>=2.4,<2.5" "orjson==3.13.0" "plotly==7.1.0" datasets polars playwright pytest hypothesis pytest-timeout setuptools wheel
+	/tmp/reassembler-lock/bin/pip install --quiet "apache-airflow==3.3.2" "duckdb==2.0.0" "pyarrow==26.0.1" "numpy>=2.4,<2.5" "orjson==3.13.0" "plotly==7.1.0" datasets polars playwright ruff mypy pytest hypothesis pytest-timeout setuptools wheel
 	{ echo "# Fully pinned environment for the reassembler (Python 3.11). Regenerate with: make lock"; \
 	  /tmp/reassembler-lock/bin/pip freeze --all | grep -v "^pip=="; } > requirements.lock
 

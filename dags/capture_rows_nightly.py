@@ -27,11 +27,12 @@ The warehouse has one writer: the tasks that open it take slots of the Airflow p
 `reassembler_warehouse` (4 slots; writers take all 4, readers 1), so nights run side by side
 and a night waiting for its input blocks nobody.
 """
+
 from __future__ import annotations
 
 import os
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import Asset, Param, PokeReturnValue, Variable, dag, task
@@ -56,59 +57,121 @@ def _setting(name: str, default: str) -> str:
 @dag(
     dag_id="capture_rows_nightly",
     description="One night of LLM-agent token capture -> verified training rows, an audit table and a "
-                "capture-quality report",
+    "capture-quality report",
     schedule="0 2 * * *",
-    start_date=datetime(2026, 11, 1, tzinfo=timezone.utc),
+    start_date=datetime(2026, 11, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=4,  # the warehouse pool, not this, serialises the writers
     render_template_as_native_obj=True,
-    default_args={"retries": int(os.environ.get("REASSEMBLER_TASK_RETRIES", "1")),
-                  "retry_delay": timedelta(minutes=5)},
+    default_args={"retries": int(os.environ.get("REASSEMBLER_TASK_RETRIES", "1")), "retry_delay": timedelta(minutes=5)},
     tags=["capture", "training-data"],
     params={
-        "ds": Param(None, type=["null", "string"], pattern=r"^\d{4}-\d{2}-\d{2}$",
-                    description="Night to build (YYYY-MM-DD). Empty: the day before the run's logical date."),
-        "shards": Param(4, type="integer", minimum=1, maximum=256,
-                        description="Group ranges reassembled as separate mapped tasks (in parallel)."),
-        "mode": Param(DEFAULTS.options.mode, enum=["select", "terminal"],
-                      description="select: compaction-aware selection (the default). terminal: ordinary "
-                                  "capture, one row from the last call (to compare against)."),
-        "offchain": Param(DEFAULTS.options.offchain, enum=["selected", "strict"],
-                          description="selected: calls outside every chain are counted, never mask. strict: "
-                                      "a poison row or a faulty off-chain call masks the rollout."),
-        "std_normalize": Param(DEFAULTS.options.std_normalize, type="boolean",
-                               description="Divide each group's advantages by its population std (+1e-6)."),
-        "leave_one_out": Param(DEFAULTS.options.leave_one_out, type="boolean",
-                               description="Use the mean of the group's other valid rollouts as the baseline."),
-        "max_mask_rate": Param(0.5, type="number", minimum=0, maximum=1,
-                               description="Refuse to publish a night whose share of masked rollouts is above this."),
-        "input_wait_hours": Param(6.0, type="number", minimum=0,
-                                  description="How long wait_for_input waits for the night's input before failing."),
-        "input_marker": Param(None, type=["null", "string"],
-                              description="A file the capture writes into rollouts/ds=<ds>/ when the night is "
-                                          "complete (for example _SUCCESS); empty: the partitions suffice."),
-        "duckdb_memory_limit": Param(DEFAULTS.duckdb.memory_limit, type="string",
-                                     pattern=r"^\d+(\.\d+)?\s*([KMGT]i?B|B)$",
-                                     description="DuckDB memory_limit of every task."),
-        "duckdb_threads": Param(DEFAULTS.duckdb.threads, type="integer", minimum=1,
-                                description="DuckDB threads of every task."),
-        "duckdb_temp_directory": Param(None, type=["null", "string"],
-                                       description="DuckDB spill folder. Empty: <output>/_tmp/duckdb."),
-        "retention_nights": Param(DEFAULTS.retention_nights, type="integer", minimum=1,
-                                  description="Nights of per-call tables (rollouts, ledger) kept in the warehouse."),
-        "gate_max_mask_rate": Param(GATE.max_mask_rate, type=["null", "number"], minimum=0, maximum=1,
-                                    description="Alert when the night's mask rate is above this (empty: off)."),
-        "gate_max_reason_rate": Param(GATE.max_reason_rate, type=["null", "number"], minimum=0, maximum=1,
-                                      description="Alert when one reason masks more than this share of rollouts."),
-        "gate_max_mask_rate_rise": Param(GATE.max_mask_rate_rise, type=["null", "number"], minimum=0, maximum=1,
-                                         description="Alert when the mask rate rises more than this over the "
-                                                     "trailing 7-night mean."),
-        "gate_max_rejects": Param(GATE.max_rejects, type=["null", "integer"], minimum=0,
-                                  description="Alert when more input lines than this were rejected."),
+        "ds": Param(
+            None,
+            type=["null", "string"],
+            pattern=r"^\d{4}-\d{2}-\d{2}$",
+            description="Night to build (YYYY-MM-DD). Empty: the day before the run's logical date.",
+        ),
+        "shards": Param(
+            4,
+            type="integer",
+            minimum=1,
+            maximum=256,
+            description="Group ranges reassembled as separate mapped tasks (in parallel).",
+        ),
+        "mode": Param(
+            DEFAULTS.options.mode,
+            enum=["select", "terminal"],
+            description="select: compaction-aware selection (the default). terminal: ordinary "
+            "capture, one row from the last call (to compare against).",
+        ),
+        "offchain": Param(
+            DEFAULTS.options.offchain,
+            enum=["selected", "strict"],
+            description="selected: calls outside every chain are counted, never mask. strict: "
+            "a poison row or a faulty off-chain call masks the rollout.",
+        ),
+        "std_normalize": Param(
+            DEFAULTS.options.std_normalize,
+            type="boolean",
+            description="Divide each group's advantages by its population std (+1e-6).",
+        ),
+        "leave_one_out": Param(
+            DEFAULTS.options.leave_one_out,
+            type="boolean",
+            description="Use the mean of the group's other valid rollouts as the baseline.",
+        ),
+        "max_mask_rate": Param(
+            0.5,
+            type="number",
+            minimum=0,
+            maximum=1,
+            description="Refuse to publish a night whose share of masked rollouts is above this.",
+        ),
+        "input_wait_hours": Param(
+            6.0,
+            type="number",
+            minimum=0,
+            description="How long wait_for_input waits for the night's input before failing.",
+        ),
+        "input_marker": Param(
+            None,
+            type=["null", "string"],
+            description="A file the capture writes into rollouts/ds=<ds>/ when the night is "
+            "complete (for example _SUCCESS); empty: the partitions suffice.",
+        ),
+        "duckdb_memory_limit": Param(
+            DEFAULTS.duckdb.memory_limit,
+            type="string",
+            pattern=r"^\d+(\.\d+)?\s*([KMGT]i?B|B)$",
+            description="DuckDB memory_limit of every task.",
+        ),
+        "duckdb_threads": Param(
+            DEFAULTS.duckdb.threads, type="integer", minimum=1, description="DuckDB threads of every task."
+        ),
+        "duckdb_temp_directory": Param(
+            None, type=["null", "string"], description="DuckDB spill folder. Empty: <output>/_tmp/duckdb."
+        ),
+        "retention_nights": Param(
+            DEFAULTS.retention_nights,
+            type="integer",
+            minimum=1,
+            description="Nights of per-call tables (rollouts, ledger) kept in the warehouse.",
+        ),
+        "gate_max_mask_rate": Param(
+            GATE.max_mask_rate,
+            type=["null", "number"],
+            minimum=0,
+            maximum=1,
+            description="Alert when the night's mask rate is above this (empty: off).",
+        ),
+        "gate_max_reason_rate": Param(
+            GATE.max_reason_rate,
+            type=["null", "number"],
+            minimum=0,
+            maximum=1,
+            description="Alert when one reason masks more than this share of rollouts.",
+        ),
+        "gate_max_mask_rate_rise": Param(
+            GATE.max_mask_rate_rise,
+            type=["null", "number"],
+            minimum=0,
+            maximum=1,
+            description="Alert when the mask rate rises more than this over the trailing 7-night mean.",
+        ),
+        "gate_max_rejects": Param(
+            GATE.max_rejects,
+            type=["null", "integer"],
+            minimum=0,
+            description="Alert when more input lines than this were rejected.",
+        ),
         "report_nights": Param(30, type="integer", minimum=1, description="Nights shown in the report's trends."),
-        "report_by": Param(None, type=["null", "string"],
-                           description="Rollout metadata keys to break the mask rate down by, comma-separated. "
-                                       "Empty: the keys present on most rollouts."),
+        "report_by": Param(
+            None,
+            type=["null", "string"],
+            description="Rollout metadata keys to break the mask rate down by, comma-separated. "
+            "Empty: the keys present on most rollouts.",
+        ),
     },
     doc_md=__doc__,
 )
@@ -122,8 +185,12 @@ def capture_rows_nightly():
             ds = (anchor - timedelta(days=1)).date().isoformat()
         input_dir, output_dir = _setting("input", DEFAULT_INPUT), _setting("output", DEFAULT_OUTPUT)
         print(f"night ds={ds}: input {input_dir}, output {output_dir}")
-        return {"ds": ds, "input_dir": input_dir, "output_dir": output_dir,
-                "run_key": re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)}
+        return {
+            "ds": ds,
+            "input_dir": input_dir,
+            "output_dir": output_dir,
+            "run_key": re.sub(r"[^A-Za-z0-9_.-]", "_", run_id),
+        }
 
     @task.sensor(poke_interval=300, timeout=timedelta(days=7).total_seconds(), mode="reschedule")
     def wait_for_input(input_dir: str, night_ds: str, params=None, dag_run=None) -> PokeReturnValue:
@@ -141,14 +208,17 @@ def capture_rows_nightly():
         except InputError as e:
             night, missing = None, str(e)
         if missing is None:
-            print(f"ds={night_ds}: {len(night.rollouts)} rollout files, {len(night.ledger)} ledger files, "
-                  f"{len(night.tokens)} token files")
+            print(
+                f"ds={night_ds}: {len(night.rollouts)} rollout files, {len(night.ledger)} ledger files, "
+                f"{len(night.tokens)} token files"
+            )
             return PokeReturnValue(is_done=True)
-        started = dag_run.start_date or datetime.now(timezone.utc)
-        waited = (datetime.now(timezone.utc) - started).total_seconds() / 3600
+        started = dag_run.start_date or datetime.now(UTC)
+        waited = (datetime.now(UTC) - started).total_seconds() / 3600
         if waited >= float(params["input_wait_hours"]):
-            raise AirflowFailException(f"input of ds={night_ds} did not arrive within {params['input_wait_hours']} "
-                                       f"hours: {missing}")
+            raise AirflowFailException(
+                f"input of ds={night_ds} did not arrive within {params['input_wait_hours']} hours: {missing}"
+            )
         print(f"waiting for the input of ds={night_ds} ({waited:.1f} h so far): {missing}")
         return PokeReturnValue(is_done=False)
 
@@ -180,27 +250,41 @@ def capture_rows_nightly():
         shard_rows = sum(shard_results[i]["rows"] for i in range(len(shard_results)))
         if shard_rows != numbers.n_rows:
             raise RuntimeError(f"shards reported {shard_rows} rows, staged files hold {numbers.n_rows}")
-        print(f"audit checks passed for ds={night_ds}: {numbers.audit_rows} rollouts, {numbers.ok_rollouts} ok, "
-              f"{numbers.masked} masked ({numbers.mask_rate:.1%}), {numbers.n_rows} rows")
+        print(
+            f"audit checks passed for ds={night_ds}: {numbers.audit_rows} rollouts, {numbers.ok_rollouts} ok, "
+            f"{numbers.masked} masked ({numbers.mask_rate:.1%}), {numbers.n_rows} rows"
+        )
         return {**asdict(numbers), "shards": len(shard_results)}
 
     @task(outlets=[ROWS_ASSET], pool=POOL, pool_slots=POOL_SLOTS)
-    def publish(input_dir: str, output_dir: str, night_ds: str, run_key: str, numbers: dict, params=None,
-                outlet_events=None):
+    def publish(
+        input_dir: str, output_dir: str, night_ds: str, run_key: str, numbers: dict, params=None, outlet_events=None
+    ):
         """Swap the rows and audit partitions in whole; emit the rows asset event."""
         from reassembler.build import publish_step
         from reassembler.settings import Settings
 
         settings = Settings.from_params(params)
         with task_errors():
-            n = publish_step(input_dir, output_dir, night_ds, run_key, settings,
-                             lock_wait=settings.duckdb.lock_wait_seconds)
-        print(f"published ds={night_ds}: {n.n_rows} rows, {n.ok_rollouts} ok, {n.masked} masked; "
-              f"rows in {output_dir}/rows/ds={night_ds}/")
+            n = publish_step(
+                input_dir, output_dir, night_ds, run_key, settings, lock_wait=settings.duckdb.lock_wait_seconds
+            )
+        print(
+            f"published ds={night_ds}: {n.n_rows} rows, {n.ok_rollouts} ok, {n.masked} masked; "
+            f"rows in {output_dir}/rows/ds={night_ds}/"
+        )
         event = outlet_events[ROWS_ASSET]
-        event.extra = {"ds": night_ds, "partition": f"{output_dir}/rows/ds={night_ds}", "rows": n.n_rows,
-                       "rollouts": n.audit_rows, "ok": n.ok_rollouts, "masked": n.masked,
-                       "mask_rate": round(n.mask_rate, 6), "mask_reasons": n.reasons, "run_id": run_key}
+        event.extra = {
+            "ds": night_ds,
+            "partition": f"{output_dir}/rows/ds={night_ds}",
+            "rows": n.n_rows,
+            "rollouts": n.audit_rows,
+            "ok": n.ok_rollouts,
+            "masked": n.masked,
+            "mask_rate": round(n.mask_rate, 6),
+            "mask_reasons": n.reasons,
+            "run_id": run_key,
+        }
         event.add_partitions(night_ds)
 
     @task(pool=POOL)
@@ -210,8 +294,9 @@ def capture_rows_nightly():
         from reassembler.settings import Settings
 
         with task_errors():
-            page = report_step(output_dir, night_ds, Settings.from_params(params), int(params["report_nights"]),
-                               _by(params))
+            page = report_step(
+                output_dir, night_ds, Settings.from_params(params), int(params["report_nights"]), _by(params)
+            )
         print(f"capture-quality report of ds={night_ds}: {page}")
         return str(page)
 
@@ -223,14 +308,28 @@ def capture_rows_nightly():
         from reassembler.build import gate_step
         from reassembler.settings import Settings
 
-        thresholds = Thresholds(params["gate_max_mask_rate"], params["gate_max_reason_rate"],
-                                params["gate_max_mask_rate_rise"], params["gate_max_rejects"])
+        thresholds = Thresholds(
+            params["gate_max_mask_rate"],
+            params["gate_max_reason_rate"],
+            params["gate_max_mask_rate_rise"],
+            params["gate_max_rejects"],
+        )
         with task_errors():
-            breaches = gate_step(output_dir, night_ds, run_key, thresholds, Settings.from_params(params),
-                                 int(params["report_nights"]), _by(params))
+            breaches = gate_step(
+                output_dir,
+                night_ds,
+                run_key,
+                thresholds,
+                Settings.from_params(params),
+                int(params["report_nights"]),
+                _by(params),
+            )
         if breaches:
-            raise AirflowFailException(f"capture quality of ds={night_ds} breached {len(breaches)} threshold(s): "
-                                       + "; ".join(b["message"] for b in breaches) + f" (report: {report})")
+            raise AirflowFailException(
+                f"capture quality of ds={night_ds} breached {len(breaches)} threshold(s): "
+                + "; ".join(b["message"] for b in breaches)
+                + f" (report: {report})"
+            )
         print(f"quality gate passed for ds={night_ds}")
         return {"ds": night_ds, "verdict": "ok"}
 
@@ -240,9 +339,13 @@ def capture_rows_nightly():
     ready >> loaded
     shards = ReassembleOperator.partial(
         task_id="reassemble",
-        input_dir=night["input_dir"], output_dir=night["output_dir"], ds=night["ds"],
-        run_key=night["run_key"], settings="{{ params }}",
-        pool=POOL, map_index_template="shard {{ task.shard }}: {{ task.group_range }}",
+        input_dir=night["input_dir"],
+        output_dir=night["output_dir"],
+        ds=night["ds"],
+        run_key=night["run_key"],
+        settings="{{ params }}",
+        pool=POOL,
+        map_index_template="shard {{ task.shard }}: {{ task.group_range }}",
     ).expand(shard=loaded)
     numbers = audit_checks(night["output_dir"], night["ds"], night["run_key"], shards.output)
     published = publish(night["input_dir"], night["output_dir"], night["ds"], night["run_key"], numbers)

@@ -5,6 +5,7 @@ Options: no std normalisation (reward - mean); leave-one-out mean (the mean of t
 valid rollouts of the group; std stays the group's). A group with one valid rollout gets 0.
 Masked rollouts take no part and get no advantage.
 """
+
 from __future__ import annotations
 
 import numpy as np

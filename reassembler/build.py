@@ -6,6 +6,7 @@ The steps are separate functions because the Airflow DAG runs them as separate t
 one after the other for the command line. Both paths run exactly this code, with one
 `Settings` (settings.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 def new_run_id(ds: str) -> str:
-    return f"cli__{ds}__{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%fZ')}"
+    return f"cli__{ds}__{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
 
 
 def load_step(input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, lock_wait: float = 0.0) -> LoadSummary:
@@ -59,18 +60,35 @@ def shard_step(input_dir, output_dir, ds: str, shard: int, run_id: str, settings
         return run_shard(con, night, shard, settings, run_id, staging_dir(output_dir, ds, run_id))
 
 
-def publish_step(input_dir, output_dir, ds: str, run_id: str, settings: Settings = DEFAULTS,
-                 seconds: float | None = None, lock_wait: float = 0.0) -> NightNumbers:
+def publish_step(
+    input_dir,
+    output_dir,
+    ds: str,
+    run_id: str,
+    settings: Settings = DEFAULTS,
+    seconds: float | None = None,
+    lock_wait: float = 0.0,
+) -> NightNumbers:
     staging = staging_dir(output_dir, ds, run_id)
     options = settings.options
     with OutputLock(output_dir, ds, "publish", lock_wait), connect(output_dir, settings.duckdb) as con:
         recover(con, Path(output_dir))
         numbers = verify_staged(con, staging, ds, settings.max_mask_rate)
-        publish_staged(con, Path(output_dir), staging, ds, run_id, numbers, {
-            "input_dir": str(Path(input_dir).resolve()), "mode": options.mode,
-            "offchain": options.offchain, "options": json.dumps(asdict(options), sort_keys=True),
-            "seconds": seconds,
-        })
+        publish_staged(
+            con,
+            Path(output_dir),
+            staging,
+            ds,
+            run_id,
+            numbers,
+            {
+                "input_dir": str(Path(input_dir).resolve()),
+                "mode": options.mode,
+                "offchain": options.offchain,
+                "options": json.dumps(asdict(options), sort_keys=True),
+                "seconds": seconds,
+            },
+        )
     log.info("published ds=%s: %d rows, %d ok, %d masked", ds, numbers.n_rows, numbers.ok_rollouts, numbers.masked)
     return numbers
 
@@ -83,8 +101,9 @@ class BuildSummary:
     seconds: float
 
 
-def build_night(input_dir, output_dir, ds: str, settings: Settings = DEFAULTS,
-                run_id: str | None = None) -> BuildSummary:
+def build_night(
+    input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, run_id: str | None = None
+) -> BuildSummary:
     """Load, reassemble every shard, publish. `settings.workers` > 1 runs that many shards at
     once in worker processes (each opens the warehouse read-only), as Airflow's mapped tasks
     do. The output lock is held throughout: a second build of the same output fails at once
@@ -101,18 +120,21 @@ def build_night(input_dir, output_dir, ds: str, settings: Settings = DEFAULTS,
 
 def _run_shards(input_dir, output_dir, ds: str, run_id: str, settings: Settings) -> None:
     if settings.workers > 1 and settings.shards > 1:
-        with ProcessPoolExecutor(max_workers=min(settings.workers, settings.shards),
-                                 mp_context=get_context("fork")) as pool:
-            for done in [pool.submit(shard_step, input_dir, output_dir, ds, k, run_id, settings)
-                         for k in range(settings.shards)]:
+        with ProcessPoolExecutor(
+            max_workers=min(settings.workers, settings.shards), mp_context=get_context("fork")
+        ) as pool:
+            for done in [
+                pool.submit(shard_step, input_dir, output_dir, ds, k, run_id, settings) for k in range(settings.shards)
+            ]:
                 done.result()  # re-raises a worker's error
     else:
         for k in range(settings.shards):
             shard_step(input_dir, output_dir, ds, k, run_id, settings)
 
 
-def report_step(output_dir, ds: str | None, settings: Settings = DEFAULTS, nights: int = 30,
-                by: list[str] | None = None) -> Path | None:
+def report_step(
+    output_dir, ds: str | None, settings: Settings = DEFAULTS, nights: int = 30, by: list[str] | None = None
+) -> Path | None:
     """Write the night's capture-quality report and the index, from the warehouse alone."""
     from .report_html import write_reports
 
@@ -120,15 +142,24 @@ def report_step(output_dir, ds: str | None, settings: Settings = DEFAULTS, night
         return write_reports(con, output_dir, ds, nights, by)
 
 
-def gate_step(output_dir, ds: str, run_id: str | None, thresholds, settings: Settings = DEFAULTS,
-              nights: int = 30, by: list[str] | None = None) -> list[dict]:
+def gate_step(
+    output_dir,
+    ds: str,
+    run_id: str | None,
+    thresholds,
+    settings: Settings = DEFAULTS,
+    nights: int = 30,
+    by: list[str] | None = None,
+) -> list[dict]:
     """Check the night against `thresholds`, record the verdict in the warehouse and rewrite
     the report so that it shows it; return the breaches (empty: the night passed)."""
     from .quality import gate, night_quality, record_verdict
     from .report_html import write_reports
 
-    with OutputLock(output_dir, ds, "gate", settings.duckdb.lock_wait_seconds), \
-            connect(output_dir, settings.duckdb) as con:
+    with (
+        OutputLock(output_dir, ds, "gate", settings.duckdb.lock_wait_seconds),
+        connect(output_dir, settings.duckdb) as con,
+    ):
         quality = night_quality(con, ds, nights, by, traces=False)
         if quality["night"] is None:
             raise InputError(f"{output_dir}: no published night {ds} to check")

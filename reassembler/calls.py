@@ -4,13 +4,14 @@
 `TokenBatch`; `token_rows` are its row numbers there (none, one, or several when the
 token store holds duplicates).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .digests import staged_call_digest
-from .reasons import Masked, Reason
 from .gym_fingerprint import VERSION as FINGERPRINT_VERSION
+from .reasons import Masked, Reason
 from .records import HEX64, SHARED_FIELDS, VERSION_DEFAULTS
 
 VERSION_FIELDS = tuple(VERSION_DEFAULTS)
@@ -68,14 +69,21 @@ class Call:
         if not self.token_rows:
             raise Masked(Reason.MISSING_TOKENS, f"no token row with staging_key {self.staging_key}", cid)
         if len(self.token_rows) > 1:
-            raise Masked(Reason.DUPLICATE_TOKENS,
-                         f"{len(self.token_rows)} token rows with staging_key {self.staging_key}", cid)
-        if (self.schema_version not in SUPPORTED_SCHEMA or self.digest_version not in SUPPORTED_DIGEST
-                or self.extras_digest_version not in SUPPORTED_EXTRAS):
-            raise Masked(Reason.UNSUPPORTED_VERSION,
-                         f"schema {self.schema_version}, digest {self.digest_version}, "
-                         f"extras {self.extras_digest_version}", cid)
+            raise Masked(
+                Reason.DUPLICATE_TOKENS, f"{len(self.token_rows)} token rows with staging_key {self.staging_key}", cid
+            )
+        if (
+            self.schema_version not in SUPPORTED_SCHEMA
+            or self.digest_version not in SUPPORTED_DIGEST
+            or self.extras_digest_version not in SUPPORTED_EXTRAS
+        ):
+            raise Masked(
+                Reason.UNSUPPORTED_VERSION,
+                f"schema {self.schema_version}, digest {self.digest_version}, extras {self.extras_digest_version}",
+                cid,
+            )
         tok = self.token_fields
+        assert tok is not None  # a token row was found above
         null_versions = [n for n in VERSION_FIELDS if tok[n] is None]
         if null_versions:
             raise Masked(Reason.UNSUPPORTED_VERSION, f"token row: {', '.join(null_versions)} null", cid)
@@ -83,13 +91,22 @@ class Call:
             mine, theirs = getattr(self, name), tok[name]
             if mine != theirs:
                 raise Masked(Reason.FIELD_MISMATCH, f"{name}: ledger {mine!r} != token row {theirs!r}", cid)
+        # a captured row: parse_ledger_row guarantees every custody field (versions checked above)
+        assert self.prev_len is not None and self.delta_len is not None and self.cum_len is not None
+        assert self.weight_version is not None
         if self.is_root:
             if self.mode != "text" or self.prev_len != 0:
-                raise Masked(Reason.INVALID_RECORD,
-                             f"root must have mode text and prev_len 0 (mode {self.mode!r}, prev_len {self.prev_len})", cid)
+                raise Masked(
+                    Reason.INVALID_RECORD,
+                    f"root must have mode text and prev_len 0 (mode {self.mode!r}, prev_len {self.prev_len})",
+                    cid,
+                )
         elif self.mode != "token_in" or self.prev_len <= 0:
-            raise Masked(Reason.INVALID_RECORD,
-                         f"child must have mode token_in and prev_len > 0 (mode {self.mode!r}, prev_len {self.prev_len})", cid)
+            raise Masked(
+                Reason.INVALID_RECORD,
+                f"child must have mode token_in and prev_len > 0 (mode {self.mode!r}, prev_len {self.prev_len})",
+                cid,
+            )
         if self.weight_version < 0:
             raise Masked(Reason.INVALID_RECORD, f"weight_version {self.weight_version} < 0", cid)
         for name in ("digest", "extras_digest", "chain_hash", "cumulative_hash"):
@@ -98,11 +115,17 @@ class Call:
         if self.delta_len < 1:
             raise Masked(Reason.LENGTH_MISMATCH, f"delta_len {self.delta_len} < 1", cid)
         if self.cum_len != self.prev_len + self.delta_len:
-            raise Masked(Reason.LENGTH_MISMATCH,
-                         f"cum_len {self.cum_len} != prev_len {self.prev_len} + delta_len {self.delta_len}", cid)
+            raise Masked(
+                Reason.LENGTH_MISMATCH,
+                f"cum_len {self.cum_len} != prev_len {self.prev_len} + delta_len {self.delta_len}",
+                cid,
+            )
         row = self.token_row
-        for name, n in (("token_ids_delta", batch.n_ids[row]), ("token_mask_delta", batch.n_mask[row]),
-                        ("generation_logprobs_delta", batch.n_lp[row])):
+        for name, n in (
+            ("token_ids_delta", batch.n_ids[row]),
+            ("token_mask_delta", batch.n_mask[row]),
+            ("generation_logprobs_delta", batch.n_lp[row]),
+        ):
             if n != self.delta_len:
                 got = "null" if n < 0 else f"{n} items"
                 raise Masked(Reason.LENGTH_MISMATCH, f"{name} is {got}, delta_len {self.delta_len}", cid)
@@ -114,17 +137,37 @@ class Call:
         if fault:
             raise Masked(fault[0], fault[1], self.model_call_id)
         ids_be, mask_be, lp_be = batch.be_views(self.token_row)
+        # check_record passed: every field below is set
+        assert self.schema_version is not None and self.digest_version is not None
+        assert self.extras_digest_version is not None and self.mode is not None
+        assert self.prev_len is not None and self.delta_len is not None and self.cum_len is not None
+        assert self.weight_version is not None and self.extras_digest is not None and self.digest is not None
+        assert self.chain_hash is not None and self.cumulative_hash is not None
         recomputed = staged_call_digest(
-            schema_version=self.schema_version, digest_version=self.digest_version,
-            extras_digest_version=self.extras_digest_version, rollout_id=self.rollout_id,
-            model_call_id=self.model_call_id, parent_call_id=self.parent_call_id, mode=self.mode,
-            prev_len=self.prev_len, delta_len=self.delta_len, cum_len=self.cum_len,
-            weight_version=self.weight_version, ids_be=ids_be, mask_be=mask_be, logprobs_be=lp_be,
-            extras_digest=self.extras_digest, chain_hash=self.chain_hash,
-            cumulative_hash=self.cumulative_hash)
+            schema_version=self.schema_version,
+            digest_version=self.digest_version,
+            extras_digest_version=self.extras_digest_version,
+            rollout_id=self.rollout_id,
+            model_call_id=self.model_call_id,
+            parent_call_id=self.parent_call_id,
+            mode=self.mode,
+            prev_len=self.prev_len,
+            delta_len=self.delta_len,
+            cum_len=self.cum_len,
+            weight_version=self.weight_version,
+            ids_be=ids_be,
+            mask_be=mask_be,
+            logprobs_be=lp_be,
+            extras_digest=self.extras_digest,
+            chain_hash=self.chain_hash,
+            cumulative_hash=self.cumulative_hash,
+        )
         if recomputed != self.digest:
-            raise Masked(Reason.DIGEST_MISMATCH, f"recomputed {recomputed[:16]}.. != ledger {self.digest[:16]}..",
-                         self.model_call_id)
+            raise Masked(
+                Reason.DIGEST_MISMATCH,
+                f"recomputed {recomputed[:16]}.. != ledger {self.digest[:16]}..",
+                self.model_call_id,
+            )
         return ids_be
 
     def record_fault(self, batch) -> Masked | None:
@@ -158,15 +201,27 @@ def calls_from_rows(rows: list[dict]) -> list[Call]:
             calls[-1].token_rows.append(r["_row"])
             continue
         call = Call(
-            rollout_id=r["rollout_id"], capture_seq=r["capture_seq"], model_call_id=r["model_call_id"],
-            parent_call_id=r["parent_call_id"], mode=r["mode"], prev_len=r["prev_len"],
-            delta_len=r["delta_len"], cum_len=r["cum_len"], weight_version=r["weight_version"],
-            schema_version=r["schema_version"], digest_version=r["digest_version"],
-            extras_digest_version=r["extras_digest_version"], digest=r["digest"],
-            extras_digest=r["extras_digest"], chain_hash=r["chain_hash"],
-            cumulative_hash=r["cumulative_hash"], staging_key=r["staging_key"],
+            rollout_id=r["rollout_id"],
+            capture_seq=r["capture_seq"],
+            model_call_id=r["model_call_id"],
+            parent_call_id=r["parent_call_id"],
+            mode=r["mode"],
+            prev_len=r["prev_len"],
+            delta_len=r["delta_len"],
+            cum_len=r["cum_len"],
+            weight_version=r["weight_version"],
+            schema_version=r["schema_version"],
+            digest_version=r["digest_version"],
+            extras_digest_version=r["extras_digest_version"],
+            digest=r["digest"],
+            extras_digest=r["extras_digest"],
+            chain_hash=r["chain_hash"],
+            cumulative_hash=r["cumulative_hash"],
+            staging_key=r["staging_key"],
             response_id=r["response_id"],
-            output_items=None if r["output_items"] is None else [(i["id"], i["fingerprint"]) for i in r["output_items"]],
+            output_items=None
+            if r["output_items"] is None
+            else [(i["id"], i["fingerprint"]) for i in r["output_items"]],
             output_fingerprint=_evidence(r["output_fingerprint"], r["fingerprint_version"]),
             failure_reason=r["failure_reason"],
         )

@@ -5,6 +5,7 @@ for the crash tests of publish); `REASSEMBLER_TEST_PAUSE_AT=<step>` waits there 
 file named by `REASSEMBLER_TEST_PAUSE_FILE` exists (at most 120 s), so a test can run a
 second build against a first one that holds the output.
 """
+
 from __future__ import annotations
 
 import os

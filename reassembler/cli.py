@@ -5,6 +5,7 @@ failed its audit checks (nothing published); 2 bad usage or unusable input; 3 th
 the warehouse is busy; 4 out of memory or disk; 5 (`gate`) the night breached an alert
 threshold; 70 a bug. Every error is one line on stderr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,6 @@ from .build import build_night, gate_step, report_step
 from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
 from .explain import explain
 from .producer.synth import SynthConfig, synth_night
-
 from .report import report
 from .settings import DEFAULTS, MEMORY_LIMIT, DuckDBSettings, Options, Settings, Thresholds
 
@@ -66,8 +66,13 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reassembler", description=__doc__.splitlines()[0], formatter_class=_Help)
-    p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="log progress to stderr (-v: steps and summaries, -vv: every batch)")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log progress to stderr (-v: steps and summaries, -vv: every batch)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -77,28 +82,56 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--input", required=True, help="input root: rollouts/, ledger/, tokens/ partitioned by ds=")
     b.add_argument("--output", required=True, help="output root: rows/, audit/, reports/, warehouse.duckdb")
     b.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
-    b.add_argument("--mode", choices=("select", "terminal"), default=DEFAULTS.options.mode,
-                   help="select: compaction-aware; terminal: ordinary capture, to compare against")
-    b.add_argument("--offchain", choices=("selected", "strict"), default=DEFAULTS.options.offchain,
-                   help="strict: poison rows and faulty off-chain calls mask the rollout")
+    b.add_argument(
+        "--mode",
+        choices=("select", "terminal"),
+        default=DEFAULTS.options.mode,
+        help="select: compaction-aware; terminal: ordinary capture, to compare against",
+    )
+    b.add_argument(
+        "--offchain",
+        choices=("selected", "strict"),
+        default=DEFAULTS.options.offchain,
+        help="strict: poison rows and faulty off-chain calls mask the rollout",
+    )
     b.add_argument("--no-std-normalize", action="store_true", help="advantages without division by the group std")
     b.add_argument("--leave-one-out", action="store_true", help="baseline: the mean of the group's other rollouts")
     b.add_argument("--shards", type=_positive, default=DEFAULTS.shards, help="group ranges built one after the other")
-    b.add_argument("--workers", type=_positive, default=DEFAULTS.workers,
-                   help="shards to run at once, in worker processes")
-    b.add_argument("--max-mask-rate", type=_rate, default=DEFAULTS.max_mask_rate,
-                   help="refuse to publish a night whose share of masked rollouts is above this")
+    b.add_argument(
+        "--workers", type=_positive, default=DEFAULTS.workers, help="shards to run at once, in worker processes"
+    )
+    b.add_argument(
+        "--max-mask-rate",
+        type=_rate,
+        default=DEFAULTS.max_mask_rate,
+        help="refuse to publish a night whose share of masked rollouts is above this",
+    )
     b.add_argument("--memory-limit", type=_memory, default=DEFAULTS.duckdb.memory_limit, help="DuckDB memory_limit")
     b.add_argument("--threads", type=_positive, default=DEFAULTS.duckdb.threads, help="DuckDB threads")
     b.add_argument("--temp-directory", default=None, help="DuckDB spill folder (None: <output>/_tmp/duckdb)")
-    b.add_argument("--lock-wait", type=_seconds, default=DEFAULTS.duckdb.lock_wait_seconds,
-                   help="seconds to wait for another client of the warehouse file")
-    b.add_argument("--allow-empty", action="store_true",
-                   help="publish a night from which no rollout could be read (refused by default)")
-    b.add_argument("--max-line-bytes", type=_positive, default=DEFAULTS.max_line_bytes,
-                   help="longest JSON line read; a longer one is a reject row")
-    b.add_argument("--retention-nights", type=_positive, default=DEFAULTS.retention_nights,
-                   help="nights of per-call tables (rollouts, ledger) kept in the warehouse")
+    b.add_argument(
+        "--lock-wait",
+        type=_seconds,
+        default=DEFAULTS.duckdb.lock_wait_seconds,
+        help="seconds to wait for another client of the warehouse file",
+    )
+    b.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="publish a night from which no rollout could be read (refused by default)",
+    )
+    b.add_argument(
+        "--max-line-bytes",
+        type=_positive,
+        default=DEFAULTS.max_line_bytes,
+        help="longest JSON line read; a longer one is a reject row",
+    )
+    b.add_argument(
+        "--retention-nights",
+        type=_positive,
+        default=DEFAULTS.retention_nights,
+        help="nights of per-call tables (rollouts, ledger) kept in the warehouse",
+    )
 
     s = command("synth", "write a synthetic night with faults and expected outcomes")
     s.add_argument("--output", required=True, help="input root to write the night under")
@@ -106,14 +139,20 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--rollouts", required=True, type=_positive, help="rollouts in the night")
     s.add_argument("--seed", type=int, default=SynthConfig.seed, help="random seed")
     s.add_argument("--group-size", type=_positive, default=SynthConfig.group_size, help="rollouts per group")
-    s.add_argument("--fault-rate", type=_rate, default=SynthConfig.fault_rate,
-                   help="share of rollouts with one injected fault")
+    s.add_argument(
+        "--fault-rate", type=_rate, default=SynthConfig.fault_rate, help="share of rollouts with one injected fault"
+    )
     s.add_argument("--min-calls", type=_positive, default=SynthConfig.min_calls, help="fewest calls a rollout")
     s.add_argument("--max-calls", type=_positive, default=SynthConfig.max_calls, help="most calls a rollout")
-    s.add_argument("--compaction-rate", type=_rate, default=SynthConfig.compaction_rate,
-                   help="share of rollouts whose history is compacted")
-    s.add_argument("--token-scale", type=float, default=1.0,
-                   help="multiply every token length range (0.05 for tiny test nights)")
+    s.add_argument(
+        "--compaction-rate",
+        type=_rate,
+        default=SynthConfig.compaction_rate,
+        help="share of rollouts whose history is compacted",
+    )
+    s.add_argument(
+        "--token-scale", type=float, default=1.0, help="multiply every token length range (0.05 for tiny test nights)"
+    )
 
     e = command("explain", "replay one rollout of a built night step by step")
     e.add_argument("--output", required=True, help="output root of the build")
@@ -123,23 +162,34 @@ def parser() -> argparse.ArgumentParser:
 
     r = command("report", "capture quality across the nights in the warehouse")
     r.add_argument("--output", required=True, help="output root of the builds")
-    r.add_argument("--html", action="store_true",
-                   help="write <output>/reports/ds=<ds>/index.html and the index page instead of a text table")
+    r.add_argument(
+        "--html",
+        action="store_true",
+        help="write <output>/reports/ds=<ds>/index.html and the index page instead of a text table",
+    )
     r.add_argument("--ds", type=_ds, default=None, help="the night of the HTML report (None: the latest)")
     r.add_argument("--nights", type=_positive, default=30, help="nights in the trends")
-    r.add_argument("--by", default=None,
-                   help="rollout metadata keys to break the mask rate down by, comma-separated "
-                        "(None: the keys present on most rollouts)")
+    r.add_argument(
+        "--by",
+        default=None,
+        help="rollout metadata keys to break the mask rate down by, comma-separated "
+        "(None: the keys present on most rollouts)",
+    )
 
     g = command("gate", "check a published night against alert thresholds (exit 5 when breached)")
     g.add_argument("--output", required=True, help="output root of the builds")
     g.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
     d = Thresholds()
     g.add_argument("--max-mask-rate", type=_rate, default=d.max_mask_rate, help="share of masked rollouts")
-    g.add_argument("--max-reason-rate", type=_rate, default=d.max_reason_rate,
-                   help="share of rollouts masked by any one reason")
-    g.add_argument("--max-mask-rate-rise", type=_rate, default=d.max_mask_rate_rise,
-                   help="rise of the mask rate over the trailing 7-night mean")
+    g.add_argument(
+        "--max-reason-rate", type=_rate, default=d.max_reason_rate, help="share of rollouts masked by any one reason"
+    )
+    g.add_argument(
+        "--max-mask-rate-rise",
+        type=_rate,
+        default=d.max_mask_rate_rise,
+        help="rise of the mask rate over the trailing 7-night mean",
+    )
     g.add_argument("--max-rejects", type=int, default=d.max_rejects, help="rejected input lines")
     return p
 
@@ -154,35 +204,52 @@ def settings_from(args) -> Settings:
         DEFAULTS,
         options=Options(args.mode, args.offchain, not args.no_std_normalize, args.leave_one_out),
         duckdb=DuckDBSettings(args.memory_limit, args.threads, args.temp_directory, args.lock_wait),
-        shards=args.shards, workers=args.workers, max_mask_rate=args.max_mask_rate, allow_empty=args.allow_empty,
-        max_line_bytes=args.max_line_bytes, retention_nights=args.retention_nights)
+        shards=args.shards,
+        workers=args.workers,
+        max_mask_rate=args.max_mask_rate,
+        allow_empty=args.allow_empty,
+        max_line_bytes=args.max_line_bytes,
+        retention_nights=args.retention_nights,
+    )
 
 
 def run(args) -> int:
     if args.command == "build":
         s = build_night(args.input, args.output, args.ds, settings_from(args))
         n = s.numbers
-        print(f"built ds={args.ds} in {s.seconds:.1f}s: {n.audit_rows} rollouts, {n.ok_rollouts} ok, "
-              f"{n.masked} masked ({n.mask_rate:.1%}), {n.n_rows} rows; {s.load.n_rejects} rejected input rows")
+        print(
+            f"built ds={args.ds} in {s.seconds:.1f}s: {n.audit_rows} rollouts, {n.ok_rollouts} ok, "
+            f"{n.masked} masked ({n.mask_rate:.1%}), {n.n_rows} rows; {s.load.n_rejects} rejected input rows"
+        )
         print("input:   " + "\n         ".join(s.load.lines()))
         if n.reasons:
             print("mask reasons: " + ", ".join(f"{r} {c}" for r, c in n.reasons.items()))
-        print(f"rows:  {args.output}/rows/ds={args.ds}/\naudit: {args.output}/audit/ds={args.ds}/\n"
-              f"warehouse: {args.output}/warehouse.duckdb (run {s.run_id})")
+        print(
+            f"rows:  {args.output}/rows/ds={args.ds}/\naudit: {args.output}/audit/ds={args.ds}/\n"
+            f"warehouse: {args.output}/warehouse.duckdb (run {s.run_id})"
+        )
     elif args.command == "synth":
         if args.min_calls > args.max_calls or args.min_calls < 5:
             raise InputError("synth: --min-calls must be >= 5 and <= --max-calls")
         d = SynthConfig()
-        cfg = SynthConfig(rollouts=args.rollouts, group_size=args.group_size, seed=args.seed,
-                          fault_rate=args.fault_rate, min_calls=args.min_calls, max_calls=args.max_calls,
-                          compaction_rate=args.compaction_rate,
-                          prompt_tokens=_scaled(d.prompt_tokens, args.token_scale),
-                          observation_tokens=_scaled(d.observation_tokens, args.token_scale),
-                          generated_tokens=_scaled(d.generated_tokens, args.token_scale))
+        cfg = SynthConfig(
+            rollouts=args.rollouts,
+            group_size=args.group_size,
+            seed=args.seed,
+            fault_rate=args.fault_rate,
+            min_calls=args.min_calls,
+            max_calls=args.max_calls,
+            compaction_rate=args.compaction_rate,
+            prompt_tokens=_scaled(d.prompt_tokens, args.token_scale),
+            observation_tokens=_scaled(d.observation_tokens, args.token_scale),
+            generated_tokens=_scaled(d.generated_tokens, args.token_scale),
+        )
         t = synth_night(args.output, args.ds, cfg)
         faults = sum(t["faults"].values())
-        print(f"synth ds={args.ds}: {t['rollouts']} rollouts, {t['calls']} calls, {t['tokens']} tokens in "
-              f"{t['token_files']} token files; {faults} rollouts with an injected fault")
+        print(
+            f"synth ds={args.ds}: {t['rollouts']} rollouts, {t['calls']} calls, {t['tokens']} tokens in "
+            f"{t['token_files']} token files; {faults} rollouts with an injected fault"
+        )
         print(f"input: {args.output}  expected outcomes: {args.output}/_expected/ds={args.ds}/outcomes.jsonl")
     elif args.command == "explain":
         replay = explain(args.output, args.ds, args.rollout_id)
@@ -199,8 +266,10 @@ def run(args) -> int:
         thresholds = Thresholds(args.max_mask_rate, args.max_reason_rate, args.max_mask_rate_rise, args.max_rejects)
         breaches = gate_step(args.output, args.ds, None, thresholds)
         if breaches:
-            print(f"reassembler: quality gate breached for ds={args.ds}: "
-                  + "; ".join(b["message"] for b in breaches), file=sys.stderr)
+            print(
+                f"reassembler: quality gate breached for ds={args.ds}: " + "; ".join(b["message"] for b in breaches),
+                file=sys.stderr,
+            )
             return EXIT_GATE
         print(f"quality gate passed for ds={args.ds}")
     return 0
@@ -237,8 +306,11 @@ def _main(args) -> int:
         if known is None:
             if os.environ.get("REASSEMBLER_DEBUG"):
                 raise
-            print(f"reassembler: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                  "(set REASSEMBLER_DEBUG=1 for the traceback)", file=sys.stderr)
+            print(
+                f"reassembler: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                "(set REASSEMBLER_DEBUG=1 for the traceback)",
+                file=sys.stderr,
+            )
             return EXIT_BUG
         message = str(known).replace("\n", " ")
         print(f"reassembler: error: {message}", file=sys.stderr)

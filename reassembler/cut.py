@@ -4,6 +4,7 @@ One pass, looking only at each call's parent: a root starts a new chain; a call 
 parent is the call selected just before it continues the current chain; anything else
 means the output does not follow the lineage (missing_root first, broken_chain later).
 """
+
 from __future__ import annotations
 
 from .calls import Call
@@ -20,13 +21,17 @@ def cut_chains(selected: list[Call], trace: list[str] | None = None) -> list[lis
             chains[-1].append(call)
             note = f"{call.model_call_id} continues chain {len(chains) - 1}"
         elif i == 0:
-            raise Masked(Reason.MISSING_ROOT,
-                         f"first selected call {call.model_call_id} has parent {call.parent_call_id}",
-                         call.model_call_id)
+            raise Masked(
+                Reason.MISSING_ROOT,
+                f"first selected call {call.model_call_id} has parent {call.parent_call_id}",
+                call.model_call_id,
+            )
         else:
-            raise Masked(Reason.BROKEN_CHAIN,
-                         f"{call.model_call_id} has parent {call.parent_call_id} but follows "
-                         f"{selected[i - 1].model_call_id}", call.model_call_id)
+            raise Masked(
+                Reason.BROKEN_CHAIN,
+                f"{call.model_call_id} has parent {call.parent_call_id} but follows {selected[i - 1].model_call_id}",
+                call.model_call_id,
+            )
         if trace is not None:
             trace.append(f"cut: {note}")
     return chains

@@ -26,6 +26,7 @@ lowercase.
 Token payloads are passed in already converted to big-endian bytes (one numpy conversion
 per batch, see `to_be_bytes`), so no function here loops over tokens in Python.
 """
+
 from __future__ import annotations
 
 import hashlib

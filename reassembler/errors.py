@@ -15,6 +15,7 @@ to change. Nothing here is a data fault of a rollout: those mask the rollout
 | 5    |                    | `reassembler gate`: the night breached an alert threshold      |
 | 70   | (anything else)    | a bug: the message names it; REASSEMBLER_DEBUG=1 shows the trace |
 """
+
 from __future__ import annotations
 
 import errno
@@ -67,12 +68,16 @@ def classify(exc: BaseException, settings=None) -> ReassemblerError | None:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     limit = getattr(settings, "memory_limit", None)
     if isinstance(exc, (duckdb.OutOfMemoryException, MemoryError)) or "Out of Memory" in text:
-        return ResourceExhausted(f"out of memory{f' at memory_limit {limit}' if limit else ''} ({text}); "
-                                 "raise --memory-limit (DAG: duckdb_memory_limit) or use more shards")
+        return ResourceExhausted(
+            f"out of memory{f' at memory_limit {limit}' if limit else ''} ({text}); "
+            "raise --memory-limit (DAG: duckdb_memory_limit) or use more shards"
+        )
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left on device" in text:
         where = getattr(exc, "filename", None)
-        return ResourceExhausted(f"no space left on device{f' writing {where}' if where else ''} ({text}); "
-                                 "free space there, or point --output / --temp-directory at a larger disk")
+        return ResourceExhausted(
+            f"no space left on device{f' writing {where}' if where else ''} ({text}); "
+            "free space there, or point --output / --temp-directory at a larger disk"
+        )
     if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return InputError(f"{exc.filename or text}: not writable ({exc.strerror or text})")
     if isinstance(exc, duckdb.IOException) and "Could not set lock" in text:

@@ -1,5 +1,6 @@
 """`reassembler explain`: replay one rollout of a published night, step by step, the way
 CONTRACT.md section 7 narrates the worked example."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ from pathlib import Path
 
 from .read import InputError, find_night
 from .reasons import DESCRIPTIONS
-from .settings import Options
 from .select import select_calls
+from .settings import Options
 from .shard import reassemble_one
 from .warehouse import connect, sql
 
@@ -19,7 +20,8 @@ def _ledger_line(ledger) -> str:
         return "ledger: no calls"
     return f"ledger: {len(ledger)} calls in capture order: " + ", ".join(
         f"{cid} ({'poison: ' + fr if fr else 'root' if parent is None else 'parent ' + parent})"
-        for cid, parent, fr in ledger)
+        for cid, parent, fr in ledger
+    )
 
 
 def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
@@ -44,7 +46,7 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     names = [d[0] for d in cur.description]
     rows = [dict(zip(names, row), _row=0, token_fields=None) for row in cur.fetchall()]
     calls = calls_from_rows(rows)
-    status, reason, detail, failed, *_ , mode = published[:8]
+    status, reason, detail, failed, *_, mode = published[:8]
     lines = [_ledger_line([(c.model_call_id, c.parent_call_id, c.failure_reason) for c in calls])]
     if mode != "terminal" and calls and not rollout["failure_reason"] and rollout["reward"] is not None:
         try:
@@ -52,7 +54,9 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
             chains = cut_chains(selected, lines)
             by_id = {c.model_call_id: c for c in calls}
             for chain in chains:
-                lines.append("finalize: walk " + " -> ".join(c.model_call_id for c in reversed(walk_to_root(chain[-1], by_id))))
+                lines.append(
+                    "finalize: walk " + " -> ".join(c.model_call_id for c in reversed(walk_to_root(chain[-1], by_id)))
+                )
         except Masked as m:
             lines.append(f"stopped: {m.reason.value}: {m.detail}")
     at = f" at call {failed}" if failed else ""
@@ -77,17 +81,23 @@ class Replay:
         return asdict(self)
 
     def text(self) -> str:
-        lines = [self.header, _ledger_line([(c["model_call_id"], c["parent_call_id"], c["failure_reason"])
-                                            for c in self.ledger])]
+        lines = [
+            self.header,
+            _ledger_line([(c["model_call_id"], c["parent_call_id"], c["failure_reason"]) for c in self.ledger]),
+        ]
         lines += self.steps
-        lines += [f"row {r['row_id']}: calls [{', '.join(r['calls'])}], {r['tokens']} tokens, "
-                  f"{r['generated']} generated, prompt_len {r['prompt_len']}" for r in self.rows]
+        lines += [
+            f"row {r['row_id']}: calls [{', '.join(r['calls'])}], {r['tokens']} tokens, "
+            f"{r['generated']} generated, prompt_len {r['prompt_len']}"
+            for r in self.rows
+        ]
         res = self.result
         if res["status"] == "ok":
             lines.append(f"off-chain: {', '.join(res['offchain']) or 'none'} ({res['offchain_faults']} faulty)")
             k = len(self.rows)
-            lines.append(f"result: ok, {k} row{'s' if k != 1 else ''}, rollout_weight {1 / k:g}, "
-                         f"advantage {res['advantage']}")
+            lines.append(
+                f"result: ok, {k} row{'s' if k != 1 else ''}, rollout_weight {1 / k:g}, advantage {res['advantage']}"
+            )
         else:
             at = f" at call {res['failed_call_id']}" if res["failed_call_id"] else ""
             lines.append(f"result: masked, {res['reason']}{at}: {res['detail']}")
@@ -101,38 +111,65 @@ def explain(output_dir, ds: str, rollout_id: str) -> Replay:
     with connect(output_dir, read_only=True) as con:
         published = con.execute(sql("explain_audit"), {"ds": ds, "rollout_id": rollout_id}).fetchone()
         if published is None:
-            raise InputError(f"{Path(output_dir) / 'warehouse.duckdb'}: no published audit row for "
-                             f"rollout {rollout_id} on ds={ds}")
+            raise InputError(
+                f"{Path(output_dir) / 'warehouse.duckdb'}: no published audit row for rollout {rollout_id} on ds={ds}"
+            )
         status, reason, detail, failed, advantage, run_id, input_dir, mode, offchain, options = published
         opts = Options(**json.loads(options)) if options else Options()
         night = find_night(input_dir, ds)
         outcome, trace, batch = reassemble_one(con, night, rollout_id, opts)
+        if outcome is None or batch is None:  # the audit row is kept for good, the per-call tables are not
+            raise InputError(
+                f"rollout {rollout_id} of ds={ds} is no longer in the warehouse's per-call tables "
+                "(past the retention); its audit row is all that is kept"
+            )
         cur = con.execute(sql("explain_calls"), {"ds": ds, "rollout_id": rollout_id})
         names = [d[0] for d in cur.description]
         ledger = [dict(zip(names, row)) for row in cur.fetchall()]
 
     r = outcome.rollout
-    header = (f"rollout {rollout_id} (group {r['group_id']}, slot {r['slot']}), ds={ds}, mode {opts.mode}, "
-              f"off-chain policy {opts.offchain}; published by run {run_id}\n"
-              f"output: {len(r['generated_items'] or [])} generated items, "
-              f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)")
+    header = (
+        f"rollout {rollout_id} (group {r['group_id']}, slot {r['slot']}), ds={ds}, mode {opts.mode}, "
+        f"off-chain policy {opts.offchain}; published by run {run_id}\n"
+        f"output: {len(r['generated_items'] or [])} generated items, "
+        f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)"
+    )
     replay = Replay(rollout_id, ds, header, ledger, trace, {})
     if outcome.ok:
         on_chain = {c.model_call_id for s in outcome.segments for c in s.calls}
         for i, seg in enumerate(outcome.segments):
             rows = seg.token_rows
-            replay.rows.append({"row_id": f"{rollout_id}_s{i}", "calls": [c.model_call_id for c in seg.calls],
-                                "tokens": int(batch.n_ids[rows].sum()), "generated": int(batch.ones[rows].sum()),
-                                "prompt_len": int(batch.zeros[rows[0]])})
-        replay.result = {"status": "ok", "advantage": advantage, "offchain_faults": outcome.n_offchain_faults,
-                         "offchain": [c["model_call_id"] for c in ledger if c["model_call_id"] not in on_chain]}
+            replay.rows.append(
+                {
+                    "row_id": f"{rollout_id}_s{i}",
+                    "calls": [c.model_call_id for c in seg.calls],
+                    "tokens": int(batch.n_ids[rows].sum()),
+                    "generated": int(batch.ones[rows].sum()),
+                    "prompt_len": int(batch.zeros[rows[0]]),
+                }
+            )
+        replay.result = {
+            "status": "ok",
+            "advantage": advantage,
+            "offchain_faults": outcome.n_offchain_faults,
+            "offchain": [c["model_call_id"] for c in ledger if c["model_call_id"] not in on_chain],
+        }
     else:
-        source = next((f"{c['source_file']}:{c['source_line']}" for c in ledger
-                       if c["model_call_id"] == outcome.failed_call_id), None)
-        replay.result = {"status": "masked", "reason": outcome.reason.value, "detail": outcome.detail,
-                         "failed_call_id": outcome.failed_call_id, "meaning": DESCRIPTIONS[outcome.reason],
-                         "failed_call_source": f"ledger/ds={ds}/{source}" if source else None}
+        source = next(
+            (f"{c['source_file']}:{c['source_line']}" for c in ledger if c["model_call_id"] == outcome.failed_call_id),
+            None,
+        )
+        assert outcome.reason is not None
+        replay.result = {
+            "status": "masked",
+            "reason": outcome.reason.value,
+            "detail": outcome.detail,
+            "failed_call_id": outcome.failed_call_id,
+            "meaning": DESCRIPTIONS[outcome.reason],
+            "failed_call_source": f"ledger/ds={ds}/{source}" if source else None,
+        }
     if (status == "ok") != outcome.ok or (reason or None) != (outcome.reason.value if outcome.reason else None):
-        replay.warnings.append(f"the published audit row says {status} {reason or ''}; "
-                               "the input changed since it was built")
+        replay.warnings.append(
+            f"the published audit row says {status} {reason or ''}; the input changed since it was built"
+        )
     return replay

@@ -6,6 +6,7 @@ to leaf, each call passes all its checks before the next call is looked at; the 
 is recomputed from the recomputed parent's, and the leaf's cumulative_hash must be the
 hash of the whole joined row.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,16 +34,22 @@ def walk_to_root(leaf: Call, by_id: dict[str, Call]) -> list[Call]:
     call = leaf
     while True:
         if call.model_call_id in seen:
-            raise Masked(Reason.LINEAGE_CYCLE, f"{call.model_call_id} reached twice from {leaf.model_call_id}",
-                         call.model_call_id)
+            raise Masked(
+                Reason.LINEAGE_CYCLE,
+                f"{call.model_call_id} reached twice from {leaf.model_call_id}",
+                call.model_call_id,
+            )
         seen.add(call.model_call_id)
         walk.append(call)
         if call.parent_call_id is None:  # the walk ends at any row without a parent, poison or not
             break
         parent = by_id.get(call.parent_call_id)
         if parent is None:
-            raise Masked(Reason.MISSING_PARENT, f"{call.model_call_id} has parent {call.parent_call_id}, "
-                         "which is not in the ledger", call.model_call_id)
+            raise Masked(
+                Reason.MISSING_PARENT,
+                f"{call.model_call_id} has parent {call.parent_call_id}, which is not in the ledger",
+                call.model_call_id,
+            )
         call = parent
     walk.reverse()
     return walk
@@ -54,27 +61,38 @@ def finalize_chain(chain: list[Call], by_id: dict[str, Call], batch, trace: list
     if trace is not None:
         trace.append("finalize: walk " + " -> ".join(c.model_call_id for c in reversed(walk)))
     if [c.model_call_id for c in walk] != [c.model_call_id for c in chain]:
-        raise Masked(Reason.ORDER_MISMATCH,
-                     f"walk [{', '.join(c.model_call_id for c in walk)}] != chain "
-                     f"[{', '.join(c.model_call_id for c in chain)}]", leaf.model_call_id)
+        raise Masked(
+            Reason.ORDER_MISMATCH,
+            f"walk [{', '.join(c.model_call_id for c in walk)}] != chain [{', '.join(c.model_call_id for c in chain)}]",
+            leaf.model_call_id,
+        )
     parent_hash = None
-    ids_parts = []
+    ids_parts: list[bytes | memoryview] = []
     for k, call in enumerate(chain):
         call.check_record(batch)
         if k > 0 and chain[k - 1].cum_len != call.prev_len:
-            raise Masked(Reason.PARENT_LENGTH_MISMATCH,
-                         f"parent {chain[k - 1].model_call_id} cum_len {chain[k - 1].cum_len} != prev_len {call.prev_len}",
-                         call.model_call_id)
+            raise Masked(
+                Reason.PARENT_LENGTH_MISMATCH,
+                f"parent {chain[k - 1].model_call_id} cum_len {chain[k - 1].cum_len} != prev_len {call.prev_len}",
+                call.model_call_id,
+            )
         ids_be = call.check_tokens(batch)
         ids_parts.append(ids_be)
         recomputed = chain_hash(parent_hash, ids_be)
+        assert call.chain_hash is not None and leaf.cumulative_hash is not None  # checked by check_record
         if recomputed != call.chain_hash:
-            raise Masked(Reason.CHAIN_HASH_MISMATCH, f"recomputed {recomputed[:16]}.. != ledger {call.chain_hash[:16]}..",
-                         call.model_call_id)
+            raise Masked(
+                Reason.CHAIN_HASH_MISMATCH,
+                f"recomputed {recomputed[:16]}.. != ledger {call.chain_hash[:16]}..",
+                call.model_call_id,
+            )
         parent_hash = recomputed
     joined = cumulative_hash(ids_parts)
+    assert leaf.cumulative_hash is not None
     if joined != leaf.cumulative_hash:
-        raise Masked(Reason.CUMULATIVE_HASH_MISMATCH,
-                     f"hash of the joined row {joined[:16]}.. != leaf cumulative_hash {leaf.cumulative_hash[:16]}..",
-                     leaf.model_call_id)
+        raise Masked(
+            Reason.CUMULATIVE_HASH_MISMATCH,
+            f"hash of the joined row {joined[:16]}.. != leaf cumulative_hash {leaf.cumulative_hash[:16]}..",
+            leaf.model_call_id,
+        )
     return Segment(list(chain))

@@ -25,6 +25,7 @@ and written again canonically, so a harness that re-serialises them changes noth
 whose content cannot be fingerprinted makes `field_bytes` return None, and no span holding
 it matches anything.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -118,8 +119,9 @@ def _calls(item: dict) -> list[tuple[bytes, bytes, bytes]]:
         name = _name(item)
         if item.get("namespace"):
             name = str(item["namespace"]) + "__" + name
-        calls.append((_utf8(str(item.get("call_id") or item.get("id") or "")), _utf8(name),
-                      _args(item.get("arguments"))))
+        calls.append(
+            (_utf8(str(item.get("call_id") or item.get("id") or "")), _utf8(name), _args(item.get("arguments")))
+        )
     content = item.get("content")
     if isinstance(content, list):
         for block in content:
@@ -136,8 +138,9 @@ def _calls(item: dict) -> list[tuple[bytes, bytes, bytes]]:
             if function is not None and not isinstance(function, dict):
                 raise Unfingerprintable("a tool call's function is not an object")
             function = function or {}
-            calls.append((_utf8(str((k or {}).get("id") or "")), _utf8(_name(function)),
-                          _args(function.get("arguments"))))
+            calls.append(
+                (_utf8(str((k or {}).get("id") or "")), _utf8(_name(function)), _args(function.get("arguments")))
+            )
     return calls
 
 

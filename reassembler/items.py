@@ -6,6 +6,7 @@ Fingerprint (CONTRACT.md 2.1), version 1:
 
 canonical_json: keys sorted at every level, separators (",", ":"), non-ASCII kept as UTF-8.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -10,6 +10,7 @@ staging folder.
 A note for shared filesystems: flock is reliable on local disks and on NFSv4; on others,
 run one writer per output (the DAG's pool does).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -17,7 +18,7 @@ import json
 import os
 import socket
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .errors import OutputBusy
@@ -42,8 +43,10 @@ class OutputLock:
             info = {}
         if not info:
             return "another process"
-        return (f"pid {info.get('pid')} on {info.get('host')} ({info.get('command')} ds={info.get('ds')}) "
-                f"since {info.get('since')}")
+        return (
+            f"pid {info.get('pid')} on {info.get('host')} ({info.get('command')} ds={info.get('ds')}) "
+            f"since {info.get('since')}"
+        )
 
     def __enter__(self) -> OutputLock:
         key = str(self.path.resolve())
@@ -60,11 +63,17 @@ class OutputLock:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     os.close(fd)
-                    raise OutputBusy(f"{self.path.parent}: output is busy, held by {self.holder()}; "
-                                     "nothing was touched") from None
+                    raise OutputBusy(
+                        f"{self.path.parent}: output is busy, held by {self.holder()}; nothing was touched"
+                    ) from None
                 time.sleep(0.2)
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "ds": self.ds, "command": self.command,
-                "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "ds": self.ds,
+            "command": self.command,
+            "since": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd

@@ -20,6 +20,7 @@ journal: `recover` (run by every build and load before anything else) finishes s
 from it, so rows, audit, the warehouse and the manifest all name the same run again. A
 crash before step 1 leaves only a staging folder, which the next load of that ds removes.
 """
+
 from __future__ import annotations
 
 import json
@@ -93,7 +94,8 @@ def verify_staged(con, staging: Path, ds: str, max_mask_rate: float = 1.0) -> Ni
     params = {"ds": ds, "audit_files": audit_files, "rows_files": rows_files}
     values = con.execute(sql("audit_checks"), params).fetchone()
     reasons = dict(con.execute(sql("mask_reasons"), {"audit_files": audit_files}).fetchall())
-    numbers = NightNumbers(*values, reasons=reasons)
+    rollouts_in, audit_rows, audit_rollouts, ok_rollouts, n_rows, rollouts_in_rows = values
+    numbers = NightNumbers(rollouts_in, audit_rows, audit_rollouts, ok_rollouts, n_rows, rollouts_in_rows, reasons)
     problems = []
     if numbers.audit_rows != numbers.rollouts_in:
         problems.append(f"rollouts in {numbers.rollouts_in} != audit rows {numbers.audit_rows}")
@@ -103,21 +105,23 @@ def verify_staged(con, staging: Path, ds: str, max_mask_rate: float = 1.0) -> Ni
         problems.append(f"ok rollouts {numbers.ok_rollouts} != distinct rollouts in rows {numbers.rollouts_in_rows}")
     if numbers.mask_rate > max_mask_rate:
         top = ", ".join(f"{r} {n}" for r, n in list(reasons.items())[:5])
-        problems.append(f"mask rate {numbers.mask_rate:.3f} ({numbers.masked}/{numbers.audit_rows}) "
-                        f"above the limit {max_mask_rate:.3f}; top reasons: {top}")
+        problems.append(
+            f"mask rate {numbers.mask_rate:.3f} ({numbers.masked}/{numbers.audit_rows}) "
+            f"above the limit {max_mask_rate:.3f}; top reasons: {top}"
+        )
     if problems:
         raise AuditCheckFailed(f"night {ds} not published: " + "; ".join(problems))
     return numbers
 
 
-def publish_staged(con, output: Path, staging: Path, ds: str, run_id: str, numbers: NightNumbers,
-                   run_info: dict) -> dict[str, Path]:
+def publish_staged(
+    con, output: Path, staging: Path, ds: str, run_id: str, numbers: NightNumbers, run_info: dict
+) -> dict[str, Path]:
     """Steps 1-5 of the module docstring. The caller holds the output lock."""
     output = Path(output)
     for kind in KINDS:  # a night without ok rollouts has no rows file: publish an empty folder
         (staging / kind).mkdir(parents=True, exist_ok=True)
-    journal = {"ds": ds, "run_id": run_id, "staging": str(staging), "numbers": asdict(numbers),
-               "run_info": run_info}
+    journal = {"ds": ds, "run_id": run_id, "staging": str(staging), "numbers": asdict(numbers), "run_info": run_info}
     _write_atomically(journal_path(output, ds), json.dumps(journal, sort_keys=True))
     checkpoint("journal")
     _finish(con, output, journal)
@@ -141,8 +145,9 @@ def _finish(con, output: Path, journal: dict) -> None:
     audit_files = _files(partition_dir(output, "audit", ds))
     con.execute("BEGIN TRANSACTION")
     run_script(con, "publish_audit", {"ds": ds, "audit_files": audit_files})
-    run_script(con, "record_run", {"ds": ds, "run_id": run_id, "n_rows": journal["numbers"]["n_rows"],
-                                   **journal["run_info"]})
+    run_script(
+        con, "record_run", {"ds": ds, "run_id": run_id, "n_rows": journal["numbers"]["n_rows"], **journal["run_info"]}
+    )
     con.execute("COMMIT")
     checkpoint("warehouse")
     export_tables(con, output)

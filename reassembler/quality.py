@@ -16,6 +16,7 @@ the nightly report (report_html.py), and the quality gate that turns them into a
 `gate` checks a night against `Thresholds` and returns the breaches; `record_verdict`
 keeps the verdict in the warehouse's `quality` table, which the report shows.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,9 +57,13 @@ def _breakdowns(rollouts: list[dict], by: list[str] | None) -> tuple[dict[str, l
     metadata = [json.loads(r["metadata"]) if r["metadata"] else {} for r in rollouts]
     if by is None:  # keys present on most rollouts, with few enough values to read
         counts = Counter(k for m in metadata if isinstance(m, dict) for k in m)
-        by = [k for k, n in counts.most_common() if n * 2 >= len(rollouts)
-              and len({json.dumps(m.get(k)) for m in metadata if isinstance(m, dict)}) <= MAX_KEY_VALUES]
-    groups: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+        by = [
+            k
+            for k, n in counts.most_common()
+            if n * 2 >= len(rollouts)
+            and len({json.dumps(m.get(k)) for m in metadata if isinstance(m, dict)}) <= MAX_KEY_VALUES
+        ]
+    groups: dict[str, dict] = defaultdict(lambda: defaultdict(list))
     for r, m in zip(rollouts, metadata):
         masked = r["status"] == "masked"
         wv = r["weight_version"]
@@ -87,8 +92,9 @@ def _compaction(rollouts: list[dict]) -> dict:
     }
 
 
-def night_quality(con, ds: str, nights: int = 30, by: list[str] | None = None, examples: int = 3,
-                  traces: bool = True) -> dict:
+def night_quality(
+    con, ds: str, nights: int = 30, by: list[str] | None = None, examples: int = 3, traces: bool = True
+) -> dict:
     """Everything the report shows for night `ds` (a JSON-able dict)."""
     from .explain import ledger_trace
 
@@ -101,29 +107,56 @@ def night_quality(con, ds: str, nights: int = 30, by: list[str] | None = None, e
     keys = ("rollouts", "ok", "masked", "mask_rate", "rows", "tokens", "tokens_lost", "rows_lost", "rejects")
     baseline = {k: sum(r[k] for r in before) / len(before) for k in keys} if before else None
 
-    reasons_by_night = [{"ds": d.isoformat(), "reason": r, "n": n}
-                        for d, r, n in con.execute(sql("quality_reasons"), params).fetchall()]
+    reasons_by_night = [
+        {"ds": d.isoformat(), "reason": r, "n": n} for d, r, n in con.execute(sql("quality_reasons"), params).fetchall()
+    ]
     tonight = [x for x in reasons_by_night if x["ds"] == ds]
     example_rows = con.execute(sql("quality_examples"), {"ds": ds, "per_reason": examples}).fetchall()
     by_reason: dict[str, list[dict]] = defaultdict(list)
     for reason, rid, failed, detail in example_rows:
-        by_reason[reason].append({"rollout_id": rid, "failed_call_id": failed, "detail": detail,
-                                  "trace": ledger_trace(con, ds, rid) if traces else []})
-    reasons = [{"reason": x["reason"], "n": x["n"], "share": x["n"] / night["rollouts"],
-                "step": STEPS[Reason(x["reason"])], "meaning": DESCRIPTIONS[Reason(x["reason"])],
-                "examples": by_reason.get(x["reason"], [])} for x in tonight]
+        by_reason[reason].append(
+            {
+                "rollout_id": rid,
+                "failed_call_id": failed,
+                "detail": detail,
+                "trace": ledger_trace(con, ds, rid) if traces else [],
+            }
+        )
+    reasons = [
+        {
+            "reason": x["reason"],
+            "n": x["n"],
+            "share": x["n"] / night["rollouts"],
+            "step": STEPS[Reason(x["reason"])],
+            "meaning": DESCRIPTIONS[Reason(x["reason"])],
+            "examples": by_reason.get(x["reason"], []),
+        }
+        for x in tonight
+    ]
 
     cur = con.execute(sql("quality_rollouts"), {"ds": ds})
     names = [d[0] for d in cur.description]
     rollouts = [dict(zip(names, row)) for row in cur.fetchall()]
     breakdowns, keys_used = _breakdowns(rollouts, by)
-    rejects = [{"source": s, "kind": k, "n": n, "first": first}
-               for s, k, n, first in con.execute(sql("quality_rejects"), {"ds": ds}).fetchall()]
+    rejects = [
+        {"source": s, "kind": k, "n": n, "first": first}
+        for s, k, n, first in con.execute(sql("quality_rejects"), {"ds": ds}).fetchall()
+    ]
     verdicts = _verdicts(con, ds, nights)
-    return {"ds": ds, "night": night, "baseline": baseline, "trailing_nights": len(before), "trend": trend,
-            "reasons_by_night": reasons_by_night, "reasons": reasons, "breakdowns": breakdowns,
-            "metadata_keys": keys_used, "compaction": _compaction(rollouts), "rejects": rejects,
-            "verdicts": verdicts}
+    return {
+        "ds": ds,
+        "night": night,
+        "baseline": baseline,
+        "trailing_nights": len(before),
+        "trend": trend,
+        "reasons_by_night": reasons_by_night,
+        "reasons": reasons,
+        "breakdowns": breakdowns,
+        "metadata_keys": keys_used,
+        "compaction": _compaction(rollouts),
+        "rejects": rejects,
+        "verdicts": verdicts,
+    }
 
 
 def _table_exists(con, name: str) -> bool:
@@ -143,8 +176,10 @@ def _trend(con, ds: str, nights: int) -> list[dict]:
 def _verdicts(con, ds: str, nights: int) -> list[dict]:
     if not _table_exists(con, "quality"):  # a warehouse no build of this version has written yet
         return []
-    return [{"ds": d.isoformat(), "verdict": v, "breaches": json.loads(b or "[]"), "checked_at": str(t)}
-            for d, v, b, t in con.execute(sql("quality_verdicts"), {"ds": ds, "nights": nights}).fetchall()]
+    return [
+        {"ds": d.isoformat(), "verdict": v, "breaches": json.loads(b or "[]"), "checked_at": str(t)}
+        for d, v, b, t in con.execute(sql("quality_verdicts"), {"ds": ds, "nights": nights}).fetchall()
+    ]
 
 
 def nights_overview(con) -> dict:
@@ -164,29 +199,43 @@ def gate(quality: dict, thresholds: Thresholds) -> list[dict]:
 
     t = thresholds
     if t.max_mask_rate is not None and night["mask_rate"] > t.max_mask_rate:
-        breach("mask_rate", night["mask_rate"], t.max_mask_rate,
-               f"mask rate {night['mask_rate']:.3f} ({night['masked']}/{night['rollouts']}) > {t.max_mask_rate:.3f}")
+        breach(
+            "mask_rate",
+            night["mask_rate"],
+            t.max_mask_rate,
+            f"mask rate {night['mask_rate']:.3f} ({night['masked']}/{night['rollouts']}) > {t.max_mask_rate:.3f}",
+        )
     if t.max_reason_rate is not None:
         for r in quality["reasons"]:
             if r["share"] > t.max_reason_rate:
-                breach(f"reason:{r['reason']}", r["share"], t.max_reason_rate,
-                       f"{r['reason']} masks {r['share']:.3f} of rollouts ({r['n']}) > {t.max_reason_rate:.3f}")
+                breach(
+                    f"reason:{r['reason']}",
+                    r["share"],
+                    t.max_reason_rate,
+                    f"{r['reason']} masks {r['share']:.3f} of rollouts ({r['n']}) > {t.max_reason_rate:.3f}",
+                )
     base = quality.get("baseline")
     if t.max_mask_rate_rise is not None and base is not None:
         rise = night["mask_rate"] - base["mask_rate"]
         if rise > t.max_mask_rate_rise:
-            breach("mask_rate_rise", rise, t.max_mask_rate_rise,
-                   f"mask rate {night['mask_rate']:.3f} is {rise:+.3f} over the trailing "
-                   f"{quality['trailing_nights']}-night mean {base['mask_rate']:.3f} (limit {t.max_mask_rate_rise:+.3f})")
+            breach(
+                "mask_rate_rise",
+                rise,
+                t.max_mask_rate_rise,
+                f"mask rate {night['mask_rate']:.3f} is {rise:+.3f} over the trailing "
+                f"{quality['trailing_nights']}-night mean {base['mask_rate']:.3f} (limit {t.max_mask_rate_rise:+.3f})",
+            )
     if t.max_rejects is not None and night["rejects"] > t.max_rejects:
-        breach("rejects", night["rejects"], t.max_rejects,
-               f"{night['rejects']} rejected input lines > {t.max_rejects}")
+        breach("rejects", night["rejects"], t.max_rejects, f"{night['rejects']} rejected input lines > {t.max_rejects}")
     return breaches
 
 
 def record_verdict(con, ds: str, run_id: str | None, breaches: list[dict]) -> None:
-    run_script(con, "record_verdict", {"ds": ds, "run_id": run_id, "verdict": "breached" if breaches else "ok",
-                                       "breaches": json.dumps(breaches)})
+    run_script(
+        con,
+        "record_verdict",
+        {"ds": ds, "run_id": run_id, "verdict": "breached" if breaches else "ok", "breaches": json.dumps(breaches)},
+    )
 
 
 def thresholds_dict(t: Thresholds) -> dict:

@@ -6,6 +6,7 @@
   unsupported type stops the night with exit 2); `token_rows_sql` exposes the scalar
   columns to SQL, and token_store.py reads the lists of the rows a shard needs.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,17 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .records import (LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS, RecordError, parse_ledger_row,
-                      parse_rollout, rollout_id_from_path)
 from .errors import InputError
+from .records import (
+    LEDGER_DIGESTS,
+    LEDGER_INTS,
+    LINEAGE_FIELDS,
+    VERSION_DEFAULTS,
+    RecordError,
+    parse_ledger_row,
+    parse_rollout,
+    rollout_id_from_path,
+)
 from .settings import MAX_LINE_BYTES
 from .warehouse import run_script, sql
 
@@ -28,8 +37,6 @@ CHUNK_ROWS = 5_000
 # the lineage files: token arrays, not ledger rows (CONTRACT.md 2).
 NOT_LEDGER_SUFFIX = ".tokens.jsonl"
 RAW_CHARS = 300
-
-
 
 
 @dataclass(frozen=True)
@@ -68,8 +75,9 @@ def _list_files(part: Path, suffix: str, recursive: bool, exclude: str | None = 
                 raise InputError(f"{folder / entry.name}: cannot read ({e.strerror})") from e
             if entry.is_symlink() and not (is_dir or is_file):
                 if entry.name.endswith(suffix) or recursive:
-                    raise InputError(f"{folder / entry.name}: dangling symbolic link "
-                                     f"(points to {os.readlink(entry.path)})")
+                    raise InputError(
+                        f"{folder / entry.name}: dangling symbolic link (points to {os.readlink(entry.path)})"
+                    )
                 continue
             if is_dir:
                 if recursive:
@@ -86,8 +94,11 @@ def _list_files(part: Path, suffix: str, recursive: bool, exclude: str | None = 
 def find_night(input_dir: str | Path, ds: str) -> NightFiles:
     root = Path(input_dir)
     found = {}
-    for kind, suffix, recursive in (("rollouts", ".jsonl", False), ("ledger", ".jsonl", True),
-                                    ("tokens", ".parquet", False)):
+    for kind, suffix, recursive in (
+        ("rollouts", ".jsonl", False),
+        ("ledger", ".jsonl", True),
+        ("tokens", ".parquet", False),
+    ):
         part = root / kind / f"ds={ds}"
         if not part.is_dir():
             raise InputError(f"{part}: input partition folder is missing")
@@ -98,30 +109,70 @@ def find_night(input_dir: str | Path, ds: str) -> NightFiles:
 # ---------------------------------------------------------------- JSON lines -> warehouse
 
 _ITEMS = pa.list_(pa.struct([("id", pa.string()), ("fingerprint", pa.string())]))
-ROLLOUT_BATCH = pa.schema([
-    ("rollout_seq", pa.int64()), ("rollout_id", pa.string()), ("group_id", pa.string()),
-    ("slot", pa.int32()), ("reward", pa.float64()), ("reward_problem", pa.string()),
-    ("failure_reason", pa.string()), ("terminal_model_call_id", pa.string()),
-    ("terminal_response_id", pa.string()), ("generated_items", _ITEMS),
-    ("model_items", pa.list_(pa.struct([("output_index", pa.int32()), ("field", pa.binary())]))),
-    ("n_output_items", pa.int32()), ("metadata", pa.string()),
-    ("source_file", pa.string()), ("source_line", pa.int64()),
-])
-LEDGER_BATCH = pa.schema(
-    [("capture_seq", pa.int64()), ("rollout_id", pa.string()), ("model_call_id", pa.string()),
-     ("parent_call_id", pa.string()), ("mode", pa.string())]
-    + [(k, pa.int64()) for k in ("prev_len", "delta_len", "cum_len", "weight_version",
-                                 "schema_version", "digest_version", "extras_digest_version")]
-    + [(k, pa.string()) for k in ("digest", "extras_digest", "chain_hash", "cumulative_hash",
-                                  "staging_key", "response_id")]
-    + [("admitted_at", pa.float64()), ("output_items", _ITEMS), ("output_fingerprint", pa.string()),
-       ("fingerprint_version", pa.int64()), ("failure_reason", pa.string()),
-       ("source_file", pa.string()), ("source_line", pa.int64())]
+ROLLOUT_BATCH = pa.schema(
+    [
+        ("rollout_seq", pa.int64()),
+        ("rollout_id", pa.string()),
+        ("group_id", pa.string()),
+        ("slot", pa.int32()),
+        ("reward", pa.float64()),
+        ("reward_problem", pa.string()),
+        ("failure_reason", pa.string()),
+        ("terminal_model_call_id", pa.string()),
+        ("terminal_response_id", pa.string()),
+        ("generated_items", _ITEMS),
+        ("model_items", pa.list_(pa.struct([("output_index", pa.int32()), ("field", pa.binary())]))),
+        ("n_output_items", pa.int32()),
+        ("metadata", pa.string()),
+        ("source_file", pa.string()),
+        ("source_line", pa.int64()),
+    ]
 )
-REJECT_BATCH = pa.schema([
-    ("source", pa.string()), ("file", pa.string()), ("line", pa.int64()), ("error", pa.string()),
-    ("raw", pa.string()), ("rollout_id", pa.string()), ("model_call_id", pa.string()),
-])
+LEDGER_BATCH = pa.schema(
+    [
+        ("capture_seq", pa.int64()),
+        ("rollout_id", pa.string()),
+        ("model_call_id", pa.string()),
+        ("parent_call_id", pa.string()),
+        ("mode", pa.string()),
+    ]
+    + [
+        (k, pa.int64())
+        for k in (
+            "prev_len",
+            "delta_len",
+            "cum_len",
+            "weight_version",
+            "schema_version",
+            "digest_version",
+            "extras_digest_version",
+        )
+    ]
+    + [
+        (k, pa.string())
+        for k in ("digest", "extras_digest", "chain_hash", "cumulative_hash", "staging_key", "response_id")
+    ]
+    + [
+        ("admitted_at", pa.float64()),
+        ("output_items", _ITEMS),
+        ("output_fingerprint", pa.string()),
+        ("fingerprint_version", pa.int64()),
+        ("failure_reason", pa.string()),
+        ("source_file", pa.string()),
+        ("source_line", pa.int64()),
+    ]
+)
+REJECT_BATCH = pa.schema(
+    [
+        ("source", pa.string()),
+        ("file", pa.string()),
+        ("line", pa.int64()),
+        ("error", pa.string()),
+        ("raw", pa.string()),
+        ("rollout_id", pa.string()),
+        ("model_call_id", pa.string()),
+    ]
+)
 
 
 class _Inserter:
@@ -150,8 +201,10 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise RecordError(f"duplicate key {dup!r} in a JSON object")
+        for key, _ in pairs:
+            if key in seen:
+                raise RecordError(f"duplicate key {key!r} in a JSON object")
+            seen.add(key)
     return obj
 
 
@@ -177,8 +230,11 @@ def _json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES):
                 while (more := fh.readline(1 << 20)) and not more.endswith(b"\n"):
                     size += len(more)
                 size += len(more)
-                yield number, raw[:RAW_CHARS], RecordError(
-                    f"line is {size:,} bytes, over the {max_bytes:,}-byte limit (--max-line-bytes)")
+                yield (
+                    number,
+                    raw[:RAW_CHARS],
+                    RecordError(f"line is {size:,} bytes, over the {max_bytes:,}-byte limit (--max-line-bytes)"),
+                )
                 continue
             if not raw.strip():
                 continue
@@ -194,10 +250,20 @@ def _raw_text(raw: bytes) -> str:
     return raw[:RAW_CHARS].decode("utf-8", errors="replace").rstrip("\r\n")
 
 
-def _reject(rejects: _Inserter, source: str, rel: str, line: int, error: str, raw: bytes,
-            rollout_id=None, model_call_id=None) -> None:
-    rejects.add({"source": source, "file": rel, "line": line, "error": error[:500],
-                 "raw": _raw_text(raw), "rollout_id": rollout_id, "model_call_id": model_call_id})
+def _reject(
+    rejects: _Inserter, source: str, rel: str, line: int, error: str, raw: bytes, rollout_id=None, model_call_id=None
+) -> None:
+    rejects.add(
+        {
+            "source": source,
+            "file": rel,
+            "line": line,
+            "error": error[:500],
+            "raw": _raw_text(raw),
+            "rollout_id": rollout_id,
+            "model_call_id": model_call_id,
+        }
+    )
 
 
 def _guess_ids(value, rel: str | None = None) -> tuple[str | None, str | None]:
@@ -242,12 +308,15 @@ class LoadSummary:
         return self.rollouts.rejected + self.ledger.rejected + self.tokens.rejected
 
     def lines(self) -> list[str]:
-        return [f"{name:<9}{count}" for name, count in
-                (("rollouts", self.rollouts), ("ledger", self.ledger), ("tokens", self.tokens))]
+        return [
+            f"{name:<9}{count}"
+            for name, count in (("rollouts", self.rollouts), ("ledger", self.ledger), ("tokens", self.tokens))
+        ]
 
 
-def load_night(con: duckdb.DuckDBPyConnection, night: NightFiles, allow_empty: bool = False,
-               max_line_bytes: int = MAX_LINE_BYTES) -> LoadSummary:
+def load_night(
+    con: duckdb.DuckDBPyConnection, night: NightFiles, allow_empty: bool = False, max_line_bytes: int = MAX_LINE_BYTES
+) -> LoadSummary:
     """Replace the night `night.ds` in the warehouse, in one transaction. A night from which
     no rollout could be read is refused (InputError) unless `allow_empty`."""
     ds = night.ds
@@ -293,13 +362,17 @@ def load_night(con: duckdb.DuckDBPyConnection, night: NightFiles, allow_empty: b
         for inserter in (rollouts, ledger, rejects):
             inserter.flush()
         if rollouts.count == 0 and not allow_empty:
-            raise InputError(f"{night.path('rollouts', '')}: no rollout could be read ({len(night.rollouts)} files, "
-                             f"{n_rollout_lines} lines); an empty night is published only with --allow-empty")
+            raise InputError(
+                f"{night.path('rollouts', '')}: no rollout could be read ({len(night.rollouts)} files, "
+                f"{n_rollout_lines} lines); an empty night is published only with --allow-empty"
+            )
         con.execute(sql("orphan_ledger_rejects"), {"ds": ds})
-        con.execute(sql("orphan_token_rejects", tokens=tokens),
-                    {"ds": ds, "token_dir": str(night.path("tokens", "")).rstrip("/") + "/"})
+        con.execute(
+            sql("orphan_token_rejects", tokens=tokens),
+            {"ds": ds, "token_dir": str(night.path("tokens", "")).rstrip("/") + "/"},
+        )
         counts = dict(con.execute(sql("count_rejects"), {"ds": ds}).fetchall())
-        ledger_used, token_rows = con.execute(sql("count_loaded", tokens=tokens), {"ds": ds}).fetchone()
+        ledger_used, token_rows = con.execute(sql("count_loaded", tokens=tokens), {"ds": ds}).fetchone() or (0, 0)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -308,7 +381,9 @@ def load_night(con: duckdb.DuckDBPyConnection, night: NightFiles, allow_empty: b
         rollouts=SourceCount(n_rollout_lines, rollouts.count, counts.get("rollouts", 0)),
         ledger=SourceCount(capture_seq, ledger_used, counts.get("ledger", 0)),
         tokens=SourceCount(token_rows, token_rows - counts.get("tokens", 0), counts.get("tokens", 0)),
-        n_ledger_rows=ledger.count, n_token_files=len(night.tokens))
+        n_ledger_rows=ledger.count,
+        n_token_files=len(night.tokens),
+    )
     for name in ("rollouts", "ledger", "tokens"):
         c = getattr(summary, name)
         if c.read != c.loaded + c.rejected:  # every line and token row is accounted for
@@ -333,6 +408,7 @@ def _list_value_type(t: pa.DataType) -> pa.DataType | None:
 
 def check_token_schema(schema: pa.Schema, rel: str) -> None:
     """Check one token file's schema; InputError naming the file and the problem."""
+
     def need(name: str) -> pa.DataType:
         if name not in schema.names:
             raise InputError(f"{rel}: token file has no column {name}")

@@ -3,12 +3,13 @@
 Each code is defined once, here, with the step of the pipeline that raises it and one line
 a person reading the audit table can act on. Everything else imports these names.
 """
+
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Reason(str, Enum):
+class Reason(StrEnum):
     # 3.0 rollout checks
     ROLLOUT_FAILED = "rollout_failed"
     INVALID_REWARD = "invalid_reward"
@@ -46,9 +47,6 @@ class Reason(str, Enum):
     # 3.5 terminal mode
     MISSING_TERMINAL = "missing_terminal"
     HISTORY_REWRITTEN = "history_rewritten"
-
-    def __str__(self) -> str:  # so f-strings and JSON print the code itself
-        return self.value
 
 
 DESCRIPTIONS: dict[Reason, str] = {
@@ -92,9 +90,12 @@ for _step, _codes in (
     ("select", "UNMATCHED_OUTPUT AMBIGUOUS_OUTPUT EMPTY_SELECTION OUT_OF_CAPTURE_ORDER TERMINAL_NOT_LAST"),
     ("cut", "MISSING_ROOT BROKEN_CHAIN"),
     ("finalize", "MISSING_PARENT LINEAGE_CYCLE ORDER_MISMATCH MISSING_TERMINAL HISTORY_REWRITTEN"),
-    ("record checks", "MISSING_TOKENS DUPLICATE_TOKENS UNSUPPORTED_VERSION FIELD_MISMATCH INVALID_RECORD "
-                      "LENGTH_MISMATCH PARENT_LENGTH_MISMATCH INVALID_TOKEN INVALID_MASK EMPTY_GENERATION "
-                      "INVALID_LOGPROB DIGEST_MISMATCH CHAIN_HASH_MISMATCH CUMULATIVE_HASH_MISMATCH"),
+    (
+        "record checks",
+        "MISSING_TOKENS DUPLICATE_TOKENS UNSUPPORTED_VERSION FIELD_MISMATCH INVALID_RECORD "
+        "LENGTH_MISMATCH PARENT_LENGTH_MISMATCH INVALID_TOKEN INVALID_MASK EMPTY_GENERATION "
+        "INVALID_LOGPROB DIGEST_MISMATCH CHAIN_HASH_MISMATCH CUMULATIVE_HASH_MISMATCH",
+    ),
 ):
     STEPS.update({Reason[c]: _step for c in _codes.split()})
 

@@ -7,11 +7,13 @@ here (types, required fields). Whether its values make sense (modes, lengths, di
 the algorithm's business, so that such a rollout is masked with a reason code instead of
 disappearing into the rejects table.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import re
+from typing import TypeGuard
 
 from .gym_fingerprint import model_items
 from .items import generated_items
@@ -25,8 +27,13 @@ VERSION_DEFAULTS = {"schema_version": 2, "digest_version": 2, "extras_digest_ver
 # The custody fields a ledger row shares with its token row (CONTRACT.md 2.2 / 2.3).
 LINEAGE_FIELDS = ("rollout_id", "model_call_id", "parent_call_id", "mode")
 LEDGER_INTS = (
-    "prev_len", "delta_len", "cum_len", "weight_version",
-    "schema_version", "digest_version", "extras_digest_version",
+    "prev_len",
+    "delta_len",
+    "cum_len",
+    "weight_version",
+    "schema_version",
+    "digest_version",
+    "extras_digest_version",
 )
 LEDGER_DIGESTS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
 SHARED_FIELDS = LINEAGE_FIELDS + LEDGER_INTS + LEDGER_DIGESTS
@@ -36,7 +43,7 @@ class RecordError(ValueError):
     """A JSON line that does not have the shape of its record."""
 
 
-def _is_int(v) -> bool:
+def _is_int(v) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -77,8 +84,9 @@ def _ids(obj: dict) -> tuple[str, str, int]:
         raise RecordError(f"_ng_rollout_id must match {GYM_ROLLOUT_ID.pattern}, got {json.dumps(key)[:40]}")
     if rollout_id is None:
         if key is None and (task is None or sample is None):
-            raise RecordError("rollout_id is missing (and no _ng_rollout_id or _ng_task_index + "
-                              "_ng_rollout_index to derive it from)")
+            raise RecordError(
+                "rollout_id is missing (and no _ng_rollout_id or _ng_task_index + _ng_rollout_index to derive it from)"
+            )
         rollout_id = (key if key is not None else f"{task}-{sample}") + (f"-a{attempt}" if attempt else "")
     if group_id is None:
         if task is None:
@@ -159,7 +167,7 @@ def parse_ledger_row(obj, rel_path: str) -> dict:
     call_id = _nonempty_str(obj.get("model_call_id"))
     if call_id is None:
         raise RecordError("model_call_id is missing or not a non-empty string")
-    row = {
+    row: dict = {
         "rollout_id": rollout_id,
         "model_call_id": call_id,
         "parent_call_id": _opt_str(obj, "parent_call_id"),
@@ -191,7 +199,9 @@ def parse_ledger_row(obj, rel_path: str) -> dict:
     row["staging_key"] = _nonempty_str(obj.get("staging_key")) or f"{rollout_id}/{call_id}"
     row["response_id"] = _opt_str(obj, "response_id") if not poison else _nonempty_str(obj.get("response_id"))
     admitted = obj.get("admitted_at")
-    row["admitted_at"] = float(admitted) if isinstance(admitted, (int, float)) and not isinstance(admitted, bool) else None
+    row["admitted_at"] = (
+        float(admitted) if isinstance(admitted, (int, float)) and not isinstance(admitted, bool) else None
+    )
     try:
         row["output_items"] = _output_items(obj.get("output_items"))
         row["output_fingerprint"] = _opt_str(obj, "output_fingerprint")

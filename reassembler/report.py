@@ -1,4 +1,5 @@
 """`reassembler report`: capture quality across every night the warehouse holds."""
+
 from __future__ import annotations
 
 from .publish import pending

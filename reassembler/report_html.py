@@ -7,6 +7,7 @@ loaded by a relative path, so the pages stay small (summaries, never one point p
 and need no CDN. Every number is also in a table, so the page reads without scripts too.
 Each page is written to a temporary name and renamed into place.
 """
+
 from __future__ import annotations
 
 import html
@@ -21,26 +22,40 @@ import plotly.io as pio
 
 from .quality import night_quality, nights_overview
 
-STEP_COLORS = {"rollout checks": "#8c6bb1", "select": "#e6550d", "cut": "#fdae6b", "finalize": "#3182bd",
-               "record checks": "#31a354"}
+STEP_COLORS = {
+    "rollout checks": "#8c6bb1",
+    "select": "#e6550d",
+    "cut": "#fdae6b",
+    "finalize": "#3182bd",
+    "record checks": "#31a354",
+}
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1f2933;max-width:1200px}
-h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #e4e7eb;padding-bottom:4px}
+h1{font-size:22px;margin:0 0 4px}
+h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #e4e7eb;padding-bottom:4px}
 .sub{color:#616e7c;margin-bottom:16px} .tiles{display:flex;flex-wrap:wrap;gap:10px}
 .tile{border:1px solid #e4e7eb;border-radius:6px;padding:8px 12px;min-width:120px}
 .tile .v{font-size:20px;font-weight:600} .tile .l{font-size:12px;color:#616e7c} .tile .d{font-size:12px}
 .up{color:#c81e1e} .down{color:#057a55} .flat{color:#616e7c}
-table{border-collapse:collapse;font-size:13px;margin:6px 0} td,th{border-bottom:1px solid #e4e7eb;padding:4px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;font-size:13px;margin:6px 0}
+td,th{border-bottom:1px solid #e4e7eb;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f5f7fa} td.n{text-align:right;font-variant-numeric:tabular-nums}
 pre{background:#f5f7fa;padding:8px;font-size:12px;white-space:pre-wrap;margin:4px 0}
 details summary{cursor:pointer} .grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}
 .breach{color:#c81e1e;font-weight:600} .ok{color:#057a55;font-weight:600} a{color:#1a56db}
 """
 # headline tiles: (key, label, format, whether a rise is bad)
-TILES = [("rollouts", "rollouts", "{:,}", None), ("ok", "ok", "{:,}", False), ("masked", "masked", "{:,}", True),
-         ("mask_rate", "mask rate", "{:.1%}", True), ("rows", "rows", "{:,}", False),
-         ("tokens", "tokens published", "{:,}", False), ("tokens_lost", "tokens lost to masking", "{:,}", True),
-         ("rows_lost", "rows lost to masking", "{:,}", True), ("rejects", "rejected input lines", "{:,}", True)]
+TILES = [
+    ("rollouts", "rollouts", "{:,}", None),
+    ("ok", "ok", "{:,}", False),
+    ("masked", "masked", "{:,}", True),
+    ("mask_rate", "mask rate", "{:.1%}", True),
+    ("rows", "rows", "{:,}", False),
+    ("tokens", "tokens published", "{:,}", False),
+    ("tokens_lost", "tokens lost to masking", "{:,}", True),
+    ("rows_lost", "rows lost to masking", "{:,}", True),
+    ("rejects", "rejected input lines", "{:,}", True),
+]
 
 
 def _e(x) -> str:
@@ -48,24 +63,35 @@ def _e(x) -> str:
 
 
 def _fig(fig: go.Figure, div_id: str, height: int = 320) -> str:
-    fig.update_layout(height=height, margin=dict(l=50, r=20, t=40, b=40), template="plotly_white",
-                      legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(
+        height=height,
+        margin=dict(l=50, r=20, t=40, b=40),
+        template="plotly_white",
+        legend=dict(orientation="h", y=-0.2),
+    )
     if div_id in ("chart-mask-rate", "chart-volume", "chart-reasons-by-night", "chart-index"):
         fig.update_xaxes(type="category", categoryorder="category ascending")  # nights, not a time axis
-    return pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div_id,
-                       config={"displaylogo": False, "responsive": True})
+    return pio.to_html(
+        fig, include_plotlyjs=False, full_html=False, div_id=div_id, config={"displaylogo": False, "responsive": True}
+    )
 
 
-def _table(header: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+def _table(header: list[str], rows: list[list], numeric: frozenset[int] | set[int] = frozenset()) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>"
-                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _page(title: str, body: str, plotly_src: str) -> str:
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{_e(title)}</title>'
-            f"<style>{CSS}</style><script src=\"{plotly_src}\"></script></head><body>{body}</body></html>")
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{_e(title)}</title>'
+        f'<style>{CSS}</style><script src="{plotly_src}"></script></head><body>{body}</body></html>'
+    )
 
 
 def _delta(value, base, fmt: str, rise_is_bad) -> str:
@@ -79,13 +105,22 @@ def _delta(value, base, fmt: str, rise_is_bad) -> str:
 
 def night_page(q: dict) -> str:
     ds, n, base = q["ds"], q["night"], q["baseline"]
-    parts = [f"<h1>Capture quality, night {_e(ds)}</h1>",
-             f'<div class="sub">run {_e(n["run_id"])} · <a href="../index.html">all nights</a> · '
-             + (f'change against the mean of the {q["trailing_nights"]} nights before'
-                if q["trailing_nights"] else "no earlier night to compare with") + '</div>', '<div class="tiles">']
+    parts = [
+        f"<h1>Capture quality, night {_e(ds)}</h1>",
+        f'<div class="sub">run {_e(n["run_id"])} · <a href="../index.html">all nights</a> · '
+        + (
+            f"change against the mean of the {q['trailing_nights']} nights before"
+            if q["trailing_nights"]
+            else "no earlier night to compare with"
+        )
+        + "</div>",
+        '<div class="tiles">',
+    ]
     for key, label, fmt, bad in TILES:
-        parts.append(f'<div class="tile" id="tile-{key}"><div class="v">{fmt.format(n[key])}</div>'
-                     f'<div class="l">{_e(label)}</div>{_delta(n[key], base and base[key], fmt, bad)}</div>')
+        parts.append(
+            f'<div class="tile" id="tile-{key}"><div class="v">{fmt.format(n[key])}</div>'
+            f'<div class="l">{_e(label)}</div>{_delta(n[key], base and base[key], fmt, bad)}</div>'
+        )
     parts.append("</div>")
     latest = q["verdicts"][0] if q["verdicts"] and q["verdicts"][0]["ds"] == ds else None
     if latest:
@@ -94,79 +129,153 @@ def night_page(q: dict) -> str:
         parts.append(f'<p>Quality gate: <span class="{cls}" id="verdict">{_e(latest["verdict"])}</span> {_e(msgs)}</p>')
 
     trend, nights = q["trend"], [r["ds"] for r in q["trend"]]
-    parts.append(f"<h2>Trends over the last {len(nights)} nights</h2><div class=\"grid\">")
+    parts.append(f'<h2>Trends over the last {len(nights)} nights</h2><div class="grid">')
     fig = go.Figure(go.Scatter(x=nights, y=[r["mask_rate"] for r in trend], mode="lines+markers", name="mask rate"))
     fig.update_layout(title="mask rate", yaxis_tickformat=".0%")
     parts.append(_fig(fig, "chart-mask-rate"))
-    fig = go.Figure([go.Bar(x=nights, y=[r["rollouts"] for r in trend], name="rollouts"),
-                     go.Bar(x=nights, y=[r["rows"] for r in trend], name="rows")])
+    fig = go.Figure(
+        [
+            go.Bar(x=nights, y=[r["rollouts"] for r in trend], name="rollouts"),
+            go.Bar(x=nights, y=[r["rows"] for r in trend], name="rows"),
+        ]
+    )
     fig.update_layout(title="rollouts and rows", barmode="group")
     parts.append(_fig(fig, "chart-volume"))
     parts.append("</div>")
     reasons = sorted({x["reason"] for x in q["reasons_by_night"]})
-    fig = go.Figure([go.Bar(x=[x["ds"] for x in q["reasons_by_night"] if x["reason"] == r],
-                            y=[x["n"] for x in q["reasons_by_night"] if x["reason"] == r], name=r) for r in reasons])
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=[x["ds"] for x in q["reasons_by_night"] if x["reason"] == r],
+                y=[x["n"] for x in q["reasons_by_night"] if x["reason"] == r],
+                name=r,
+            )
+            for r in reasons
+        ]
+    )
     fig.update_layout(title="masked rollouts by reason", barmode="stack")
     parts.append(_fig(fig, "chart-reasons-by-night", 380))
 
     parts.append(f"<h2>Why rollouts were masked on {_e(ds)}</h2>")
     if q["reasons"]:
-        fig = go.Figure(go.Bar(y=[r["reason"] for r in q["reasons"]][::-1], x=[r["n"] for r in q["reasons"]][::-1],
-                               orientation="h", marker_color=[STEP_COLORS[r["step"]] for r in q["reasons"]][::-1],
-                               customdata=[r["step"] for r in q["reasons"]][::-1],
-                               hovertemplate="%{y}: %{x} (%{customdata})<extra></extra>"))
+        fig = go.Figure(
+            go.Bar(
+                y=[r["reason"] for r in q["reasons"]][::-1],
+                x=[r["n"] for r in q["reasons"]][::-1],
+                orientation="h",
+                marker_color=[STEP_COLORS[r["step"]] for r in q["reasons"]][::-1],
+                customdata=[r["step"] for r in q["reasons"]][::-1],
+                hovertemplate="%{y}: %{x} (%{customdata})<extra></extra>",
+            )
+        )
         fig.update_layout(title="masked rollouts by reason (colour: the step that raises it)")
         parts.append(_fig(fig, "chart-reasons", max(260, 22 * len(q["reasons"]) + 80)))
-        parts.append('<div class="sub">' + " ".join(
-            f'<span style="color:{c}">&#9632;</span> {_e(step)}' for step, c in STEP_COLORS.items()) + "</div>")
+        parts.append(
+            '<div class="sub">'
+            + " ".join(f'<span style="color:{c}">&#9632;</span> {_e(step)}' for step, c in STEP_COLORS.items())
+            + "</div>"
+        )
         rows = []
         for r in q["reasons"]:
             examples = "".join(
                 f"<details><summary>{_e(x['rollout_id'])}"
                 f"{' at ' + _e(x['failed_call_id']) if x['failed_call_id'] else ''}</summary>"
-                f"<pre>{_e(chr(10).join(x['trace']))}</pre></details>" for x in r["examples"])
-            rows.append([f"<code>{_e(r['reason'])}</code>", r["n"], f"{r['share']:.1%}", _e(r["step"]),
-                         _e(r["meaning"]), examples])
-        parts.append(_table(["reason", "rollouts", "share", "step", "meaning", "examples (click for the trace)"],
-                            rows, {1, 2}))
+                f"<pre>{_e(chr(10).join(x['trace']))}</pre></details>"
+                for x in r["examples"]
+            )
+            rows.append(
+                [
+                    f"<code>{_e(r['reason'])}</code>",
+                    r["n"],
+                    f"{r['share']:.1%}",
+                    _e(r["step"]),
+                    _e(r["meaning"]),
+                    examples,
+                ]
+            )
+        parts.append(
+            _table(["reason", "rollouts", "share", "step", "meaning", "examples (click for the trace)"], rows, {1, 2})
+        )
     else:
         parts.append("<p>No rollout was masked.</p>")
 
-    parts.append("<h2>Mask rate by …</h2><div class=\"grid\">")
+    parts.append('<h2>Mask rate by …</h2><div class="grid">')
     for k, (name, groups) in enumerate(q["breakdowns"].items()):
         groups = groups[:20]
-        fig = go.Figure(go.Bar(x=[g["value"] for g in groups], y=[g["mask_rate"] for g in groups],
-                               customdata=[[g["rollouts"], g["masked"]] for g in groups],
-                               hovertemplate="%{x}: %{y:.1%} (%{customdata[1]} of %{customdata[0]})<extra></extra>"))
+        fig = go.Figure(
+            go.Bar(
+                x=[g["value"] for g in groups],
+                y=[g["mask_rate"] for g in groups],
+                customdata=[[g["rollouts"], g["masked"]] for g in groups],
+                hovertemplate="%{x}: %{y:.1%} (%{customdata[1]} of %{customdata[0]})<extra></extra>",
+            )
+        )
         fig.update_layout(title=f"mask rate by {name}", yaxis_tickformat=".0%", xaxis_type="category")
         parts.append(_fig(fig, f"chart-by-{k}", 280))
     parts.append("</div>")
 
     c = q["compaction"]
     parts.append("<h2>Compaction</h2>")
-    parts.append(_table(["rollouts with several roots", "off-chain calls", "off-chain faults",
-                         "kept that ordinary capture masks: rollouts", "rows", "tokens"],
-                        [[f"{c['compacted']:,}", f"{c['offchain_calls']:,}", f"{c['offchain_faults']:,}",
-                          f"{c['saved_rollouts']:,}", f"{c['saved_rows']:,}", f"{c['saved_tokens']:,}"]],
-                        {0, 1, 2, 3, 4, 5}))
+    parts.append(
+        _table(
+            [
+                "rollouts with several roots",
+                "off-chain calls",
+                "off-chain faults",
+                "kept that ordinary capture masks: rollouts",
+                "rows",
+                "tokens",
+            ],
+            [
+                [
+                    f"{c['compacted']:,}",
+                    f"{c['offchain_calls']:,}",
+                    f"{c['offchain_faults']:,}",
+                    f"{c['saved_rollouts']:,}",
+                    f"{c['saved_rows']:,}",
+                    f"{c['saved_tokens']:,}",
+                ]
+            ],
+            {0, 1, 2, 3, 4, 5},
+        )
+    )
     fig = go.Figure(go.Bar(x=[str(k) for k in c["segments"]], y=list(c["segments"].values())))
     fig.update_layout(title="rows (segments) per ok rollout", xaxis_type="category")
     parts.append(_fig(fig, "chart-segments", 260))
-    parts.append("<p class=\"sub\">Ordinary capture (<code>--mode terminal</code>) masks every rollout whose "
-                 "ledger holds more than one root; the numbers above are the ok rollouts with several roots.</p>")
+    parts.append(
+        '<p class="sub">Ordinary capture (<code>--mode terminal</code>) masks every rollout whose '
+        "ledger holds more than one root; the numbers above are the ok rollouts with several roots.</p>"
+    )
 
     parts.append("<h2>Rejected input</h2>")
     if q["rejects"]:
-        parts.append(_table(["source", "kind", "lines", "first lines"],
-                            [[_e(r["source"]), _e(r["kind"]), r["n"], "<pre>" + _e("\n".join(r["first"])) + "</pre>"]
-                             for r in q["rejects"]], {2}))
+        parts.append(
+            _table(
+                ["source", "kind", "lines", "first lines"],
+                [
+                    [_e(r["source"]), _e(r["kind"]), r["n"], "<pre>" + _e("\n".join(r["first"])) + "</pre>"]
+                    for r in q["rejects"]
+                ],
+                {2},
+            )
+        )
     else:
         parts.append("<p>Every input line was read.</p>")
     if q["verdicts"]:
         parts.append("<h2>Quality gate, past nights</h2>")
-        parts.append(_table(["night", "verdict", "breaches"],
-                            [[_e(v["ds"]), f'<span class="{"ok" if v["verdict"] == "ok" else "breach"}">{_e(v["verdict"])}</span>',
-                              _e("; ".join(b["message"] for b in v["breaches"]))] for v in q["verdicts"]]))
+        parts.append(
+            _table(
+                ["night", "verdict", "breaches"],
+                [
+                    [
+                        _e(v["ds"]),
+                        f'<span class="{"ok" if v["verdict"] == "ok" else "breach"}">{_e(v["verdict"])}</span>',
+                        _e("; ".join(b["message"] for b in v["breaches"])),
+                    ]
+                    for v in q["verdicts"]
+                ],
+            )
+        )
     return _page(f"Capture quality {ds}", "".join(parts), "../plotly.min.js")
 
 
@@ -176,13 +285,26 @@ def index_page(q: dict) -> str:
     nights = [r["ds"] for r in trend]
     fig = go.Figure(go.Scatter(x=nights, y=[r["mask_rate"] for r in trend], mode="lines+markers"))
     fig.update_layout(title="mask rate by night", yaxis_tickformat=".0%")
-    rows = [[f'<a href="ds={_e(r["ds"])}/index.html">{_e(r["ds"])}</a>', f"{r['rollouts']:,}", f"{r['ok']:,}",
-             f"{r['masked']:,}", f"{r['mask_rate']:.1%}", f"{r['rows']:,}", f"{r['rejects']:,}",
-             _e(verdicts.get(r["ds"], ""))] for r in reversed(trend)]
-    body = ("<h1>Capture quality, every night</h1><div class=\"sub\">newest first; click a night for its report</div>"
-            + _fig(fig, "chart-index")
-            + _table(["night", "rollouts", "ok", "masked", "mask rate", "rows", "rejects", "gate"], rows,
-                     {1, 2, 3, 4, 5, 6}))
+    rows = [
+        [
+            f'<a href="ds={_e(r["ds"])}/index.html">{_e(r["ds"])}</a>',
+            f"{r['rollouts']:,}",
+            f"{r['ok']:,}",
+            f"{r['masked']:,}",
+            f"{r['mask_rate']:.1%}",
+            f"{r['rows']:,}",
+            f"{r['rejects']:,}",
+            _e(verdicts.get(r["ds"], "")),
+        ]
+        for r in reversed(trend)
+    ]
+    body = (
+        '<h1>Capture quality, every night</h1><div class="sub">newest first; click a night for its report</div>'
+        + _fig(fig, "chart-index")
+        + _table(
+            ["night", "rollouts", "ok", "masked", "mask rate", "rows", "rejects", "gate"], rows, {1, 2, 3, 4, 5, 6}
+        )
+    )
     return _page("Capture quality", body, "plotly.min.js")
 
 
@@ -203,8 +325,9 @@ def _plotly_js(folder: Path) -> None:
         os.rename(tmp, dst)
 
 
-def write_reports(con, output: str | Path, ds: str | None = None, nights: int = 30,
-                  by: list[str] | None = None) -> Path | None:
+def write_reports(
+    con, output: str | Path, ds: str | None = None, nights: int = 30, by: list[str] | None = None
+) -> Path | None:
     """Write the night's page (default: the latest night) and the index; return the page."""
     folder = Path(output) / "reports"
     if ds is None:

@@ -5,6 +5,7 @@ terminal walk), then the off-chain policy (CONTRACT.md 3.0 - 3.5).
 outcome's reason, and the outcome carries the verified segments only when every check
 passed.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -16,6 +17,7 @@ from .finalize import Segment, finalize_chain, walk_to_root
 from .reasons import Masked, Reason
 from .select import select_calls
 from .settings import Options
+
 
 @dataclass
 class Outcome:
@@ -44,8 +46,9 @@ def _rollout_checks(rollout: dict, calls: list[Call], options: Options) -> None:
     if rollout.get("n_rejected"):
         # Choice (README): a ledger line of this rollout could not be read, so its lineage
         # is incomplete; it is masked rather than built from the remaining calls.
-        raise Masked(Reason.INVALID_RECORD, f"{rollout['n_rejected']} ledger rows rejected; first: "
-                     f"{rollout['first_rejected']}")
+        raise Masked(
+            Reason.INVALID_RECORD, f"{rollout['n_rejected']} ledger rows rejected; first: {rollout['first_rejected']}"
+        )
     if not calls:
         raise Masked(Reason.EMPTY_LEDGER, "no ledger row carries this rollout_id")
     dups = [cid for cid, n in Counter(c.model_call_id for c in calls).items() if n > 1]
@@ -54,8 +57,10 @@ def _rollout_checks(rollout: dict, calls: list[Call], options: Options) -> None:
     if options.offchain == "strict":
         poison = [c for c in calls if c.is_poison]
         if poison:
-            raise Masked(Reason.CAPTURE_POISONED,
-                         "poison rows: " + ", ".join(f"{c.model_call_id} ({c.failure_reason})" for c in poison))
+            raise Masked(
+                Reason.CAPTURE_POISONED,
+                "poison rows: " + ", ".join(f"{c.model_call_id} ({c.failure_reason})" for c in poison),
+            )
 
 
 def declared_terminal(rollout: dict, calls: list[Call]) -> tuple[str, ...] | None:
@@ -74,19 +79,26 @@ def _terminal_chain(rollout: dict, calls: list[Call], by_id: dict[str, Call], n_
     declared = declared_terminal(rollout, calls)
     if declared is not None:
         if len(declared) > 1:
-            raise Masked(Reason.MISSING_TERMINAL,
-                         f"response id {rollout.get('terminal_response_id')} names {len(declared)} calls: "
-                         + ", ".join(declared))
+            raise Masked(
+                Reason.MISSING_TERMINAL,
+                f"response id {rollout.get('terminal_response_id')} names {len(declared)} calls: "
+                + ", ".join(declared),
+            )
         leaf = by_id.get(declared[0])
         if leaf is None or leaf.is_poison:
-            raise Masked(Reason.MISSING_TERMINAL,
-                         f"declared terminal {declared[0]} is {'a poison row' if leaf else 'not in the ledger'}",
-                         declared[0])
+            raise Masked(
+                Reason.MISSING_TERMINAL,
+                f"declared terminal {declared[0]} is {'a poison row' if leaf else 'not in the ledger'}",
+                declared[0],
+            )
     else:
         if calls and calls[-1].is_poison:
-            raise Masked(Reason.MISSING_TERMINAL,
-                         f"the last ledger row in capture order, {calls[-1].model_call_id}, is a poison row: "
-                         "the call that ended the rollout was not captured", calls[-1].model_call_id)
+            raise Masked(
+                Reason.MISSING_TERMINAL,
+                f"the last ledger row in capture order, {calls[-1].model_call_id}, is a poison row: "
+                "the call that ended the rollout was not captured",
+                calls[-1].model_call_id,
+            )
         leaf = next((c for c in reversed(calls) if not c.is_poison), None)
         if leaf is None:
             raise Masked(Reason.MISSING_TERMINAL, "no terminal declared and no non-poison call")
@@ -98,8 +110,9 @@ def _terminal_chain(rollout: dict, calls: list[Call], by_id: dict[str, Call], n_
     return sorted(walk, key=lambda c: c.capture_seq)
 
 
-def reassemble_rollout(rollout: dict, calls: list[Call], batch, options: Options = Options(),
-                       trace: list[str] | None = None) -> Outcome:
+def reassemble_rollout(
+    rollout: dict, calls: list[Call], batch, options: Options = Options(), trace: list[str] | None = None
+) -> Outcome:
     """`calls`: the rollout's ledger rows in capture order, joined to their token rows."""
     out = Outcome(rollout, n_ledger_calls=len(calls), n_roots=sum(c.is_root for c in calls))
     try:
@@ -114,8 +127,13 @@ def reassemble_rollout(rollout: dict, calls: list[Call], batch, options: Options
             out.n_selected = len(chain)
             chains = [chain]
             if trace is not None:
-                trace.append("terminal: leaf " + chain[-1].model_call_id + ", one chain ["
-                             + ", ".join(c.model_call_id for c in chain) + "]")
+                trace.append(
+                    "terminal: leaf "
+                    + chain[-1].model_call_id
+                    + ", one chain ["
+                    + ", ".join(c.model_call_id for c in chain)
+                    + "]"
+                )
         on_chain = {id(c) for chain in chains for c in chain}
         offchain = [c for c in calls if id(c) not in on_chain]
         out.n_offchain = len(offchain)

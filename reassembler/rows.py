@@ -3,20 +3,34 @@
 Training rows are gathered from the TokenBatch in one vectorized pass per batch of
 outcomes; nothing here touches tokens one at a time.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
-ROW_SCHEMA = pa.schema([
-    ("row_id", pa.string()), ("rollout_id", pa.string()), ("group_id", pa.string()),
-    ("slot", pa.int32()), ("segment_index", pa.int32()), ("segment_count", pa.int32()),
-    ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
-    ("logprobs", pa.list_(pa.float32())), ("prompt_len", pa.int32()), ("n_tokens", pa.int32()),
-    ("n_generated", pa.int32()), ("model_call_ids", pa.list_(pa.string())),
-    ("weight_version_min", pa.int64()), ("weight_version_max", pa.int64()),
-    ("reward", pa.float64()), ("advantage", pa.float64()), ("rollout_weight", pa.float64()),
-])
+ROW_SCHEMA = pa.schema(
+    [
+        ("row_id", pa.string()),
+        ("rollout_id", pa.string()),
+        ("group_id", pa.string()),
+        ("slot", pa.int32()),
+        ("segment_index", pa.int32()),
+        ("segment_count", pa.int32()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("prompt_len", pa.int32()),
+        ("n_tokens", pa.int32()),
+        ("n_generated", pa.int32()),
+        ("model_call_ids", pa.list_(pa.string())),
+        ("weight_version_min", pa.int64()),
+        ("weight_version_max", pa.int64()),
+        ("reward", pa.float64()),
+        ("advantage", pa.float64()),
+        ("rollout_weight", pa.float64()),
+    ]
+)
 
 # Parquet writer settings for training rows: dictionary encoding and statistics only on the
 # small identifying columns (on the token lists they cost time and buy nothing).
@@ -25,20 +39,36 @@ ROW_WRITE_OPTIONS = {
     "write_statistics": ["row_id", "rollout_id", "group_id", "slot", "segment_index"],
 }
 
-AUDIT_SCHEMA = pa.schema([
-    ("rollout_id", pa.string()), ("group_id", pa.string()), ("slot", pa.int32()),
-    ("status", pa.string()), ("reason", pa.string()), ("detail", pa.string()),
-    ("failed_call_id", pa.string()), ("n_ledger_calls", pa.int32()), ("n_selected", pa.int32()),
-    ("n_segments", pa.int32()), ("n_offchain", pa.int32()), ("n_offchain_faults", pa.int32()),
-    ("n_tokens", pa.int64()), ("n_generated", pa.int64()), ("reward", pa.float64()),
-    ("advantage", pa.float64()), ("metadata", pa.string()), ("run_id", pa.string()),
-    ("n_roots", pa.int32()),
-])
+AUDIT_SCHEMA = pa.schema(
+    [
+        ("rollout_id", pa.string()),
+        ("group_id", pa.string()),
+        ("slot", pa.int32()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("failed_call_id", pa.string()),
+        ("n_ledger_calls", pa.int32()),
+        ("n_selected", pa.int32()),
+        ("n_segments", pa.int32()),
+        ("n_offchain", pa.int32()),
+        ("n_offchain_faults", pa.int32()),
+        ("n_tokens", pa.int64()),
+        ("n_generated", pa.int64()),
+        ("reward", pa.float64()),
+        ("advantage", pa.float64()),
+        ("metadata", pa.string()),
+        ("run_id", pa.string()),
+        ("n_roots", pa.int32()),
+    ]
+)
 
 
 def rows_table(outcomes, batch) -> pa.Table:
     """Training rows of the ok outcomes, in the order given (already output order)."""
-    meta = {name: [] for name in ROW_SCHEMA.names if name not in ("input_ids", "loss_mask", "logprobs")}
+    meta: dict[str, list] = {
+        name: [] for name in ROW_SCHEMA.names if name not in ("input_ids", "loss_mask", "logprobs")
+    }
     token_rows: list[int] = []
     segs_per_row: list[int] = []
     for o in outcomes:
@@ -66,8 +96,9 @@ def rows_table(outcomes, batch) -> pa.Table:
             meta["reward"].append(r["reward"])
             meta["advantage"].append(o.advantage)
             meta["rollout_weight"].append(1.0 / k)
-    offsets, ids, mask, lp = batch.gather(np.asarray(token_rows, dtype=np.int64),
-                                          np.asarray(segs_per_row, dtype=np.int64))
+    offsets, ids, mask, lp = batch.gather(
+        np.asarray(token_rows, dtype=np.int64), np.asarray(segs_per_row, dtype=np.int64)
+    )
     columns = {name: pa.array(values, type=ROW_SCHEMA.field(name).type) for name, values in meta.items()}
     off = pa.array(offsets, type=pa.int32())
     columns["input_ids"] = pa.ListArray.from_arrays(off, pa.array(ids, type=pa.int32()))
@@ -81,17 +112,27 @@ def audit_table(outcomes, batch, run_id: str) -> pa.Table:
     for o in outcomes:
         r = o.rollout
         rows = [row for s in o.segments for row in s.token_rows]
-        records.append({
-            "rollout_id": r["rollout_id"], "group_id": r["group_id"], "slot": r["slot"],
-            "status": "ok" if o.ok else "masked",
-            "reason": None if o.ok else o.reason.value,
-            "detail": o.detail, "failed_call_id": o.failed_call_id,
-            "n_ledger_calls": o.n_ledger_calls, "n_selected": o.n_selected,
-            "n_segments": len(o.segments), "n_offchain": o.n_offchain,
-            "n_offchain_faults": o.n_offchain_faults,
-            "n_tokens": int(batch.n_ids[rows].sum()) if rows else 0,
-            "n_generated": int(batch.ones[rows].sum()) if rows else 0,
-            "reward": r["reward"], "advantage": o.advantage, "metadata": r["metadata"],
-            "run_id": run_id, "n_roots": o.n_roots,
-        })
+        records.append(
+            {
+                "rollout_id": r["rollout_id"],
+                "group_id": r["group_id"],
+                "slot": r["slot"],
+                "status": "ok" if o.ok else "masked",
+                "reason": None if o.ok else o.reason.value,
+                "detail": o.detail,
+                "failed_call_id": o.failed_call_id,
+                "n_ledger_calls": o.n_ledger_calls,
+                "n_selected": o.n_selected,
+                "n_segments": len(o.segments),
+                "n_offchain": o.n_offchain,
+                "n_offchain_faults": o.n_offchain_faults,
+                "n_tokens": int(batch.n_ids[rows].sum()) if rows else 0,
+                "n_generated": int(batch.ones[rows].sum()) if rows else 0,
+                "reward": r["reward"],
+                "advantage": o.advantage,
+                "metadata": r["metadata"],
+                "run_id": run_id,
+                "n_roots": o.n_roots,
+            }
+        )
     return pa.Table.from_pylist(records, schema=AUDIT_SCHEMA)

@@ -13,10 +13,12 @@ The evidence is chosen per rollout (`evidence_of`):
   such k. The hashes of all spans from p are built incrementally, one SHA-256 update per
   item (gym_fingerprint.py holds the byte layout).
 """
+
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from .calls import Call
 from .gym_fingerprint import PREFIX as AFP_PREFIX
@@ -45,14 +47,18 @@ def _by_items(generated: list[Item], calls: list[Call]) -> Candidates:
     def matches(produced: list[Item], p: int) -> bool:
         if p + len(produced) > len(generated):
             return False
-        for (pid, pfp), (gid, gfp) in zip(produced, generated[p:p + len(produced)]):
+        for (pid, pfp), (gid, gfp) in zip(produced, generated[p : p + len(produced)]):
             if pfp != gfp or (pid and gid and pid != gid):
                 return False
         return True
 
     def at(p: int, taken: set[int]) -> list[tuple[Call, int]]:
-        return [(c, len(c.output_items)) for c in by_first_fp.get(generated[p][1], ())
-                if id(c) not in taken and matches(c.output_items, p)]
+        return [
+            (c, len(c.output_items or ()))
+            for c in by_first_fp.get(generated[p][1], ())
+            if id(c) not in taken and matches(c.output_items or [], p)
+        ]
+
     return at
 
 
@@ -74,11 +80,13 @@ def _by_fingerprints(model_items: list[ModelItem], calls: list[Call]) -> Candida
                 if id(c) not in taken:
                     span[id(c)] = (c, k)  # the largest k wins
         return sorted(span.values(), key=lambda cs: cs[0].capture_seq)
+
     return at
 
 
-def select_calls(rollout: dict, calls: list[Call], declared: tuple[str, ...] | None = None,
-                 trace: list[str] | None = None) -> list[Call]:
+def select_calls(
+    rollout: dict, calls: list[Call], declared: tuple[str, ...] | None = None, trace: list[str] | None = None
+) -> list[Call]:
     """The selected calls, in output order; Masked on the first failing check.
     `declared`: the declared terminal call(s) of the rollout (rollout.declared_terminal)."""
     evidence = evidence_of(calls)
@@ -91,8 +99,10 @@ def select_calls(rollout: dict, calls: list[Call], declared: tuple[str, ...] | N
         candidates_at = _by_fingerprints(positions, calls)
         where = lambda p: f"model-authored item {p} (output item {positions[p][0]})"  # noqa: E731
     if trace is not None:
-        trace.append(f"select: by {'output_items' if evidence == 'items' else 'output_fingerprint'}, "
-                     f"{len(positions)} {'generated' if evidence == 'items' else 'model-authored'} items")
+        trace.append(
+            f"select: by {'output_items' if evidence == 'items' else 'output_fingerprint'}, "
+            f"{len(positions)} {'generated' if evidence == 'items' else 'model-authored'} items"
+        )
 
     selected: list[Call] = []
     taken: set[int] = set()
@@ -103,13 +113,13 @@ def select_calls(rollout: dict, calls: list[Call], declared: tuple[str, ...] | N
             raise Masked(Reason.UNMATCHED_OUTPUT, f"{where(p)}: no call produced it")
         if len(candidates) > 1:
             prev = selected[-1].model_call_id if selected else None
-            continuing = [(c, n) for c, n in candidates
-                          if (c.is_root if prev is None else c.parent_call_id == prev)]
+            continuing = [(c, n) for c, n in candidates if (c.is_root if prev is None else c.parent_call_id == prev)]
             if len(continuing) != 1:
                 names = ", ".join(c.model_call_id for c, _ in candidates)
-                raise Masked(Reason.AMBIGUOUS_OUTPUT,
-                             f"{where(p)}: {len(candidates)} candidates ({names}), "
-                             f"{len(continuing)} continue the chain")
+                raise Masked(
+                    Reason.AMBIGUOUS_OUTPUT,
+                    f"{where(p)}: {len(candidates)} candidates ({names}), {len(continuing)} continue the chain",
+                )
             candidates = continuing
         call, span = candidates[0]
         if trace is not None:
@@ -124,11 +134,15 @@ def select_calls(rollout: dict, calls: list[Call], declared: tuple[str, ...] | N
         raise Masked(Reason.EMPTY_SELECTION, f"the output holds no {kind} item")
     for before, after in zip(selected, selected[1:]):
         if after.capture_seq <= before.capture_seq:
-            raise Masked(Reason.OUT_OF_CAPTURE_ORDER,
-                         f"{after.model_call_id} was captured before {before.model_call_id}",
-                         after.model_call_id)
+            raise Masked(
+                Reason.OUT_OF_CAPTURE_ORDER,
+                f"{after.model_call_id} was captured before {before.model_call_id}",
+                after.model_call_id,
+            )
     if declared is not None and selected[-1].model_call_id not in declared:
-        raise Masked(Reason.TERMINAL_NOT_LAST,
-                     f"declared terminal {', '.join(declared)}, last selected {selected[-1].model_call_id}",
-                     selected[-1].model_call_id)
+        raise Masked(
+            Reason.TERMINAL_NOT_LAST,
+            f"declared terminal {', '.join(declared)}, last selected {selected[-1].model_call_id}",
+            selected[-1].model_call_id,
+        )
     return selected

@@ -19,12 +19,14 @@ nothing heavy: the DAG file reads the defaults when it is parsed.
 | retention_nights | 30 | nights of per-call tables kept in the warehouse |
 | Thresholds | mask rate 0.2, one reason 0.1, rise 0.05, rejects 0 | the quality gate's alerts |
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from .errors import InputError
 
@@ -72,10 +74,10 @@ class DuckDBSettings:
 class Thresholds:
     """The quality gate's alert thresholds (quality.py); None switches a check off."""
 
-    max_mask_rate: float | None = 0.2        # share of masked rollouts
-    max_reason_rate: float | None = 0.1      # share of rollouts masked by any one reason
+    max_mask_rate: float | None = 0.2  # share of masked rollouts
+    max_reason_rate: float | None = 0.1  # share of rollouts masked by any one reason
     max_mask_rate_rise: float | None = 0.05  # mask rate minus the trailing 7-night mean
-    max_rejects: int | None = 0              # rejected input lines
+    max_rejects: int | None = 0  # rejected input lines
 
 
 @dataclass(frozen=True)
@@ -95,19 +97,25 @@ class Settings:
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Settings:
         """From the DAG's params (or the operator's fields): flat names, strings allowed."""
+
         def get(name: str, default, cast):
             value = params.get(name)
             return default if value is None or value == "" else cast(value)
 
         d = cls()
         return cls(
-            options=Options(get("mode", d.options.mode, str), get("offchain", d.options.offchain, str),
-                            get("std_normalize", d.options.std_normalize, _bool),
-                            get("leave_one_out", d.options.leave_one_out, _bool)),
-            duckdb=DuckDBSettings(get("duckdb_memory_limit", d.duckdb.memory_limit, str),
-                                  get("duckdb_threads", d.duckdb.threads, int),
-                                  get("duckdb_temp_directory", None, str),
-                                  get("duckdb_lock_wait_seconds", d.duckdb.lock_wait_seconds, float)),
+            options=Options(
+                get("mode", d.options.mode, str),
+                get("offchain", d.options.offchain, str),
+                get("std_normalize", d.options.std_normalize, _bool),
+                get("leave_one_out", d.options.leave_one_out, _bool),
+            ),
+            duckdb=DuckDBSettings(
+                get("duckdb_memory_limit", d.duckdb.memory_limit, str),
+                get("duckdb_threads", d.duckdb.threads, int),
+                get("duckdb_temp_directory", None, str),
+                get("duckdb_lock_wait_seconds", d.duckdb.lock_wait_seconds, float),
+            ),
             shards=get("shards", d.shards, int),
             max_mask_rate=get("max_mask_rate", d.max_mask_rate, float),
             allow_empty=get("allow_empty", d.allow_empty, _bool),

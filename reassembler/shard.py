@@ -6,14 +6,15 @@ join (sql/shard_calls.sql, through `to_arrow_reader`); a batch is cut at a group
 once it holds `batch_rows` calls; the token lists of just that batch are then read
 (token_store.py), checked, built into rows and written before the next batch is read.
 """
+
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,8 +24,8 @@ from .advantage import assign_advantages
 from .calls import calls_from_rows
 from .read import NightFiles, token_rows_sql
 from .rollout import Outcome, reassemble_rollout
-from .settings import Options, Settings
 from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, rows_table
+from .settings import Options, Settings
 from .token_store import TokenStore
 from .tokens import TokenBatch
 from .warehouse import sql
@@ -51,12 +52,14 @@ class ShardResult:
         self.n_ok += sum(o.ok for o in outcomes)
         self.n_rows += rows.num_rows
         self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
-        self.reasons.update(o.reason.value for o in outcomes if not o.ok)
+        self.reasons.update(o.reason.value for o in outcomes if o.reason is not None)
 
     def summary(self) -> str:
         """A few log lines: the shard's counts, then its mask reasons one per line."""
-        lines = [f"shard {self.shard}: {self.n_rollouts} rollouts, {self.n_ok} ok, {self.n_masked} masked, "
-                 f"{self.n_rows} rows, {self.n_tokens:,} tokens"]
+        lines = [
+            f"shard {self.shard}: {self.n_rollouts} rollouts, {self.n_ok} ok, {self.n_masked} masked, "
+            f"{self.n_rows} rows, {self.n_tokens:,} tokens"
+        ]
         lines += [f"  {reason:<26}{n:>6}" for reason, n in self.reasons.most_common()]
         return "\n".join(lines)
 
@@ -80,7 +83,7 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
     head: list[dict] = []
 
     def take_rollouts(before_group: str | None) -> list[dict]:
-        out = []
+        out: list[dict] = []
         while True:
             if not head:
                 nxt = next(queued, None)
@@ -113,8 +116,9 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
     yield take_rollouts(None), table
 
 
-def reassemble_unit(rollouts: list[dict], table: pa.Table, tokens: pa.Table, options: Options,
-                    trace: dict[str, list[str]] | None = None) -> tuple[list[Outcome], TokenBatch]:
+def reassemble_unit(
+    rollouts: list[dict], table: pa.Table, tokens: pa.Table, options: Options, trace: dict[str, list[str]] | None = None
+) -> tuple[list[Outcome], TokenBatch]:
     """`table`: the unit's call rows (sql/shard_calls.sql); `tokens`: their token rows, row
     for row, in the canonical columns of token_store.py."""
     batch = TokenBatch(tokens.column("ids"), tokens.column("mask"), tokens.column("logprobs"))
@@ -128,15 +132,20 @@ def reassemble_unit(rollouts: list[dict], table: pa.Table, tokens: pa.Table, opt
     outcomes = []
     for r in rollouts:
         calls = calls_from_rows(by_rollout.pop(r["rollout_id"], []))
-        outcomes.append(reassemble_rollout(r, calls, batch, options,
-                                           None if trace is None else trace.setdefault(r["rollout_id"], [])))
+        outcomes.append(
+            reassemble_rollout(
+                r, calls, batch, options, None if trace is None else trace.setdefault(r["rollout_id"], [])
+            )
+        )
     if by_rollout:
         raise RuntimeError(f"internal: calls streamed for rollouts outside the batch: {sorted(by_rollout)[:3]}")
     assign_advantages(outcomes, options.std_normalize, options.leave_one_out)
     return outcomes, batch
 
 
-def reassemble_one(con, night: NightFiles, rollout_id: str, options: Options) -> tuple[Outcome | None, list[str], TokenBatch | None]:
+def reassemble_one(
+    con, night: NightFiles, rollout_id: str, options: Options
+) -> tuple[Outcome | None, list[str], TokenBatch | None]:
     """One rollout with the trace of its steps (for `reassembler explain`)."""
     params = {"ds": night.ds, "shard": None, "rollout_id": rollout_id}
     rollouts = list(_rollouts(con.cursor(), params))
@@ -181,7 +190,7 @@ class _ShardWriter:
         self.rows_out = pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA, **ROW_WRITE_OPTIONS)
         self.audit_out = pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA)
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-io")
-        self.last_write = None
+        self.last_write: Future | None = None
 
     def __enter__(self) -> _ShardWriter:
         return self
@@ -209,6 +218,7 @@ class _ShardWriter:
 def _reassembled(units, store: TokenStore, options: Options, writer: _ShardWriter):
     """(outcomes, token batch) per unit, with the next unit's token rows read ahead on the
     writer's I/O thread."""
+
     def fetch(unit):
         rollouts, table = unit
         return rollouts, table, store.fetch(table.column("t_file"), table.column("t_row"))

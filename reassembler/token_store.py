@@ -11,6 +11,7 @@ Decoded row groups are kept in a small LRU cache bounded in bytes. Token files w
 roughly in rollout order (as capture writes them) are read about once; a shuffled night is
 still correct and bounded in memory, only slower (row groups are read again).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -26,10 +27,17 @@ from .settings import DEFAULTS
 IDS = pa.list_(pa.int64())
 FLOATS = pa.list_(pa.float32())
 STRINGS, INTS, DIGESTS = LINEAGE_FIELDS, LEDGER_INTS, LEDGER_DIGESTS
-LISTS = (("ids", "token_ids_delta", IDS), ("mask", "token_mask_delta", FLOATS),
-         ("logprobs", "generation_logprobs_delta", FLOATS))
-CANONICAL = pa.schema([(n, pa.string()) for n in STRINGS] + [(n, pa.int64()) for n in INTS]
-                      + [(n, pa.string()) for n in DIGESTS] + [(n, t) for n, _, t in LISTS])
+LISTS = (
+    ("ids", "token_ids_delta", IDS),
+    ("mask", "token_mask_delta", FLOATS),
+    ("logprobs", "generation_logprobs_delta", FLOATS),
+)
+CANONICAL = pa.schema(
+    [(n, pa.string()) for n in STRINGS]
+    + [(n, pa.int64()) for n in INTS]
+    + [(n, pa.string()) for n in DIGESTS]
+    + [(n, t) for n, _, t in LISTS]
+)
 
 
 def _hex(column: pa.ChunkedArray) -> pa.Array:
@@ -52,7 +60,8 @@ class _File:
     def read(self, group: int) -> pa.Table:
         try:
             t = pq.ParquetFile(self.path, metadata=self.metadata).read_row_group(
-                group, columns=list(dict.fromkeys(self.sources.values())))
+                group, columns=list(dict.fromkeys(self.sources.values()))
+            )
         except (pa.ArrowException, OSError) as e:
             raise InputError(f"{self.path}: unreadable row group {group} ({str(e).splitlines()[0]})") from e
         columns = []

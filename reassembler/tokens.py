@@ -5,6 +5,7 @@ arrays plus per-row start/length, and computes every per-token check of CONTRACT
 for all rows at once (counts per row via cumulative sums). Per-call code then only reads
 small per-row numbers and slices of the big-endian byte buffers used for the digests.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -73,7 +74,7 @@ class TokenBatch:
             self.lp_under_zero = np.zeros(len(self.n_mask), dtype=np.int64)
             for i in np.flatnonzero((self.n_mask == self.n_lp) & (self.n_mask > 0)):
                 ms, ls, n = self.mask_starts[i], self.lp_starts[i], self.n_mask[i]
-                self.lp_under_zero[i] = np.count_nonzero(zero[ms:ms + n] & (lp[ls:ls + n] != 0))
+                self.lp_under_zero[i] = np.count_nonzero(zero[ms : ms + n] & (lp[ls : ls + n] != 0))
         self._be = None
 
     def __len__(self) -> int:
@@ -102,7 +103,7 @@ class TokenBatch:
         ib, mb, lb = self._be
         i, m, l = self.id_starts[row], self.mask_starts[row], self.lp_starts[row]
         ni, nm, nl = max(self.n_ids[row], 0), max(self.n_mask[row], 0), max(self.n_lp[row], 0)
-        return ib[8 * i: 8 * (i + ni)], mb[4 * m: 4 * (m + nm)], lb[4 * l: 4 * (l + nl)]
+        return ib[8 * i : 8 * (i + ni)], mb[4 * m : 4 * (m + nm)], lb[4 * l : 4 * (l + nl)]
 
     def gather(self, rows: np.ndarray, row_lengths: np.ndarray):
         """Join the given token rows end to end, then cut into training rows of `row_lengths`
@@ -125,5 +126,9 @@ class TokenBatch:
         seg_ends = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lens, out=seg_ends[1:])
         offsets = seg_ends[bounds]
-        return (offsets.astype(np.int32), self.ids[idx].astype(np.int32),
-                self.mask[midx].astype(np.int8), self.lp[lidx])
+        return (
+            offsets.astype(np.int32),
+            self.ids[idx].astype(np.int32),
+            self.mask[midx].astype(np.int8),
+            self.lp[lidx],
+        )

@@ -5,6 +5,7 @@ The SQL files live in the repository's top-level `sql/` folder (the one source);
 ships them as the package data `reassembler.sql` (pyproject.toml), so an installed package
 finds them wherever it runs.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,6 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -23,6 +23,7 @@ from .settings import DuckDBSettings
 
 SCHEMA_VERSION = 2  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
 
+
 def _sql_dir() -> Path:
     """The repository's sql/ in a checkout (and an editable install), else the package data."""
     if os.environ.get("REASSEMBLER_SQL_DIR"):
@@ -30,8 +31,7 @@ def _sql_dir() -> Path:
     checkout = Path(__file__).resolve().parent.parent / "sql"
     if (checkout / "schema.sql").exists():
         return checkout
-    from importlib.resources import files
-    return Path(str(files("reassembler.sql")))
+    return Path(__file__).resolve().parent / "sql"  # installed: the wheel's reassembler/sql/
 
 
 SQL_DIR = _sql_dir()
@@ -79,8 +79,12 @@ def run_script(con, name: str, params: dict | None = None, **fragments: str) -> 
             con.execute(body, used)
 
 
-def connect(output_dir: str | Path, settings: DuckDBSettings = DuckDBSettings(), read_only: bool = False,
-            database: str | Path | None = None) -> duckdb.DuckDBPyConnection:
+def connect(
+    output_dir: str | Path,
+    settings: DuckDBSettings = DuckDBSettings(),
+    read_only: bool = False,
+    database: str | Path | None = None,
+) -> duckdb.DuckDBPyConnection:
     """Open the warehouse. Writers create the schema; readers (`read_only`) never write to the
     output folder (their spill folder is in the system temp folder). Another process holding
     the file is waited for up to `settings.lock_wait_seconds`, then OutputBusy names it."""
@@ -89,15 +93,21 @@ def connect(output_dir: str | Path, settings: DuckDBSettings = DuckDBSettings(),
     if read_only:
         if not path.exists():
             raise InputError(f"{path}: no warehouse here; run `reassembler build` first")
-        temp = Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler-duckdb") / _spill_name(os.getpid())
+        temp = Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler-duckdb") / _spill_name(
+            os.getpid()
+        )
         temp.parent.mkdir(parents=True, exist_ok=True)
     else:
         output_dir.mkdir(parents=True, exist_ok=True)
         # one spill folder per process: shards run at once, each with its own DuckDB instance
         temp = _spill_root(output_dir, settings) / _spill_name(os.getpid())
         temp.mkdir(parents=True, exist_ok=True)
-    config = {"memory_limit": settings.memory_limit, "threads": settings.threads,
-              "temp_directory": str(temp), "preserve_insertion_order": False}
+    config: dict = {
+        "memory_limit": settings.memory_limit,
+        "threads": settings.threads,
+        "temp_directory": str(temp),
+        "preserve_insertion_order": False,
+    }
     deadline = time.monotonic() + settings.lock_wait_seconds
     while True:
         try:
@@ -108,10 +118,12 @@ def connect(output_dir: str | Path, settings: DuckDBSettings = DuckDBSettings(),
                 raise
             if time.monotonic() >= deadline:
                 holder = str(e).split("Conflicting lock is held in", 1)[-1].split(". See", 1)[0].strip()
-                raise OutputBusy(f"{path}: locked by another DuckDB client ({holder}) for more than "
-                                 f"{settings.lock_wait_seconds:g}s; close it, or query the Parquet "
-                                 "partitions and <output>/tables/ instead (README: querying without "
-                                 "blocking the job)") from None
+                raise OutputBusy(
+                    f"{path}: locked by another DuckDB client ({holder}) for more than "
+                    f"{settings.lock_wait_seconds:g}s; close it, or query the Parquet "
+                    "partitions and <output>/tables/ instead (README: querying without "
+                    "blocking the job)"
+                ) from None
             time.sleep(0.5)
     if not read_only:
         migrate(con)
@@ -130,8 +142,10 @@ def migrate(con) -> None:
     """Bring the warehouse to SCHEMA_VERSION: create it, or apply the migrations it lacks."""
     current = schema_version(con)
     if current > SCHEMA_VERSION:
-        raise InputError(f"the warehouse is at schema version {current}, newer than this release "
-                         f"({SCHEMA_VERSION}); use the release that wrote it")
+        raise InputError(
+            f"the warehouse is at schema version {current}, newer than this release "
+            f"({SCHEMA_VERSION}); use the release that wrote it"
+        )
     if current == SCHEMA_VERSION:
         return
     for step in range(current + 1 if current else SCHEMA_VERSION + 1, SCHEMA_VERSION + 1):

@@ -11,6 +11,7 @@ Also times the capture-quality report over 30 nights of 10,000 rollouts each.
 Usage: python scripts/benchmark.py [--tokens 10e6] [--workdir bench-out] [--workers 2] [--report-only]
 The memory figures are for the one-process build (--shards 1), the default of the CLI.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,22 @@ def night(workdir: Path, name: str, tokens: float, seed: int) -> tuple[Path, dic
 
 
 def build(root: Path, shards: int, workers: int, memory_limit: str) -> dict:
-    res = subprocess.run([sys.executable, "-c", CHILD, str(root / "input"), str(root / "output"), DS, str(shards),
-                          str(workers), memory_limit], capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(root / "input"),
+            str(root / "output"),
+            DS,
+            str(shards),
+            str(workers),
+            memory_limit,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -72,9 +87,11 @@ def outcomes_match(root: Path) -> tuple[int, int]:
     """Audit rows of a built night that agree with what synth recorded having injected."""
     expected = read_expected(root / "input", DS)
     audit = pq.read_table(root / "output" / "audit" / f"ds={DS}", columns=["rollout_id", "status", "reason"])
-    agree = sum((a["status"], a["reason"]) == (expected[a["rollout_id"]]["select"]["status"],
-                                               expected[a["rollout_id"]]["select"]["reason"])
-                for a in audit.to_pylist())
+    agree = sum(
+        (a["status"], a["reason"])
+        == (expected[a["rollout_id"]]["select"]["status"], expected[a["rollout_id"]]["select"]["reason"])
+        for a in audit.to_pylist()
+    )
     return agree, len(expected)
 
 
@@ -91,8 +108,14 @@ def report_seconds(workdir: Path, nights: int = 30, rollouts: int = 10_000, call
         for statement in text.split(";\n"):
             body = "\n".join(line for line in statement.splitlines() if not line.startswith("--"))
             if body.strip():
-                con.execute(body, {k: v for k, v in {"nights": nights, "rollouts": rollouts, "calls": calls}.items()
-                                   if f"${k}" in body})
+                con.execute(
+                    body,
+                    {
+                        k: v
+                        for k, v in {"nights": nights, "rollouts": rollouts, "calls": calls}.items()
+                        if f"${k}" in body
+                    },
+                )
     with connect(out, read_only=True) as con:
         start = time.perf_counter()
         page = write_reports(con, out, "2026-11-28", nights)
@@ -124,20 +147,30 @@ def main() -> None:
     b4 = build(root4, 1, 1, args.memory_limit)
 
     print(f"DuckDB memory_limit {args.memory_limit}")
-    print(f"night 1x: {t1['rollouts']} rollouts, {t1['calls']} calls, {t1['tokens'] / 1e6:.1f}M tokens, "
-          f"{t1['token_files']} token files")
+    print(
+        f"night 1x: {t1['rollouts']} rollouts, {t1['calls']} calls, {t1['tokens'] / 1e6:.1f}M tokens, "
+        f"{t1['token_files']} token files"
+    )
     print(f"night 4x: {t4['rollouts']} rollouts, {t4['calls']} calls, {t4['tokens'] / 1e6:.1f}M tokens")
     for name, root in (("1x", root1), ("4x", root4)):
         agree, total = outcomes_match(root)
         print(f"night {name}: {agree}/{total} audit rows match the outcomes synth recorded")
-    print(f"build 1x: {b1['seconds']:.2f} s ({t1['tokens'] / b1['seconds'] / 1e6:.1f}M tokens/s), "
-          f"{b1['rows']} rows; peak RSS {b1['rss_mib']:.0f} MiB")
-    print(f"build 4x: {b4['seconds']:.2f} s ({t4['tokens'] / b4['seconds'] / 1e6:.1f}M tokens/s), "
-          f"{b4['rows']} rows; peak RSS {b4['rss_mib']:.0f} MiB")
-    print(f"build 1x, {args.workers} shards in {args.workers} worker processes: {bp['seconds']:.2f} s; "
-          f"peak RSS {bp['rss_mib']:.0f} MiB main + {bp['worker_rss_mib']:.0f} MiB per worker")
-    print(f"pyarrow baseline 1x (read + write the three list columns): {base:.2f} s "
-          f"(with pyarrow's default writer settings: {base_default:.2f} s)")
+    print(
+        f"build 1x: {b1['seconds']:.2f} s ({t1['tokens'] / b1['seconds'] / 1e6:.1f}M tokens/s), "
+        f"{b1['rows']} rows; peak RSS {b1['rss_mib']:.0f} MiB"
+    )
+    print(
+        f"build 4x: {b4['seconds']:.2f} s ({t4['tokens'] / b4['seconds'] / 1e6:.1f}M tokens/s), "
+        f"{b4['rows']} rows; peak RSS {b4['rss_mib']:.0f} MiB"
+    )
+    print(
+        f"build 1x, {args.workers} shards in {args.workers} worker processes: {bp['seconds']:.2f} s; "
+        f"peak RSS {bp['rss_mib']:.0f} MiB main + {bp['worker_rss_mib']:.0f} MiB per worker"
+    )
+    print(
+        f"pyarrow baseline 1x (read + write the three list columns): {base:.2f} s "
+        f"(with pyarrow's default writer settings: {base_default:.2f} s)"
+    )
     print(f"speed ratio  build / baseline          = {b1['seconds'] / base:.2f}   (goal <= 1.5)")
     print(f"speed ratio  {args.workers} workers / baseline      = {bp['seconds'] / base:.2f}")
     print(f"speed ratio  build / default-settings baseline = {b1['seconds'] / base_default:.2f}")
@@ -148,8 +181,10 @@ def main() -> None:
 
 def report_main(workdir: Path) -> None:
     seconds, size = report_seconds(workdir)
-    print(f"report: 30 nights x 10,000 rollouts, one night's page and the index in {seconds:.2f} s; "
-          f"page {size / 1024:.0f} KiB (+ plotly.min.js once beside the pages)")
+    print(
+        f"report: 30 nights x 10,000 rollouts, one night's page and the index in {seconds:.2f} s; "
+        f"page {size / 1024:.0f} KiB (+ plotly.min.js once beside the pages)"
+    )
 
 
 if __name__ == "__main__":

@@ -1,17 +1,13 @@
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from nights import DS, Night  # noqa: E402
-
-from reassembler.build import build_night  # noqa: E402
-from reassembler.settings import Options, Settings  # noqa: E402
+from nights import DS, Night
+from reassembler.build import build_night
+from reassembler.settings import Options, Settings
 
 
 def read_partition(output: Path, kind: str, ds: str = DS) -> list[dict]:
@@ -39,4 +35,5 @@ def build(tmp_path):
         inp = night.write(**kw)
         out = tmp_path / "output"
         return Built(out, build_night(inp, out, night.ds, Settings(options=options, shards=shards)))
+
     return run

@@ -1,13 +1,13 @@
 """Run the per-rollout core on staged capture without files or DuckDB: the same
 `reassemble_unit` the shards run, fed with a table shaped like sql/shard_calls.sql's."""
+
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
 from reassembler.records import LEDGER_INTS as _INTS
-from reassembler.records import SHARED_FIELDS
-from reassembler.records import parse_rollout
+from reassembler.records import SHARED_FIELDS, parse_rollout
 from reassembler.settings import Options
 from reassembler.shard import reassemble_unit
 from reassembler.token_store import CANONICAL
@@ -16,9 +16,16 @@ _ITEMS = pa.list_(pa.struct([("id", pa.string()), ("fingerprint", pa.string())])
 SCHEMA = pa.schema(
     [("group_id", pa.string()), ("rollout_id", pa.string()), ("capture_seq", pa.int64())]
     + [(k, pa.int64() if k in _INTS else pa.string()) for k in SHARED_FIELDS if k != "rollout_id"]
-    + [("staging_key", pa.string()), ("response_id", pa.string()), ("output_items", _ITEMS),
-       ("output_fingerprint", pa.string()), ("fingerprint_version", pa.int64()), ("failure_reason", pa.string()),
-       ("t_file", pa.string()), ("t_row", pa.int64())]
+    + [
+        ("staging_key", pa.string()),
+        ("response_id", pa.string()),
+        ("output_items", _ITEMS),
+        ("output_fingerprint", pa.string()),
+        ("fingerprint_version", pa.int64()),
+        ("failure_reason", pa.string()),
+        ("t_file", pa.string()),
+        ("t_row", pa.int64()),
+    ]
 )
 
 
@@ -33,9 +40,11 @@ def reassemble(record: dict, staged: list[tuple[dict, dict | None]], options: Op
         if token is not None:
             row.update(t_file="in-memory", t_row=seq)
             lists[-1].update({k: token[k] for k in SHARED_FIELDS})
-            lists[-1].update(ids=np.asarray(token["token_ids_delta"]).tolist(),
-                             mask=np.asarray(token["token_mask_delta"]).tolist(),
-                             logprobs=np.asarray(token["generation_logprobs_delta"]).tolist())
+            lists[-1].update(
+                ids=np.asarray(token["token_ids_delta"]).tolist(),
+                mask=np.asarray(token["token_mask_delta"]).tolist(),
+                logprobs=np.asarray(token["generation_logprobs_delta"]).tolist(),
+            )
         rows.append(row)
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     tokens = pa.Table.from_pylist(lists, schema=CANONICAL)

@@ -1,4 +1,5 @@
 """Hand-written nights for the tests: tokens spelled out, files written as a harness would."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,14 +44,29 @@ class Night:
         self.ledger: list[dict] = []
         self.tokens: list[dict] = []
 
-    def add(self, rollout_id: str, calls: list[CapturedCall], output: list[dict], reward: float = 1.0,
-            group_id: str | None = None, slot: int | None = None, evidence: str = "items",
-            **record) -> tuple[list[dict], list[dict]]:
+    def add(
+        self,
+        rollout_id: str,
+        calls: list[CapturedCall],
+        output: list[dict],
+        reward: float = 1.0,
+        group_id: str | None = None,
+        slot: int | None = None,
+        evidence: str = "items",
+        **record,
+    ) -> tuple[list[dict], list[dict]]:
         """`evidence`: "items" (output_items) or "fingerprint" (NeMo Gym's output_fingerprint)."""
         group, _, s = rollout_id.rpartition("_g")
-        self.rollouts.append({"rollout_id": rollout_id, "group_id": group_id or group,
-                              "slot": slot if slot is not None else int(s), "reward": reward,
-                              "output": output, **record})
+        self.rollouts.append(
+            {
+                "rollout_id": rollout_id,
+                "group_id": group_id or group,
+                "slot": slot if slot is not None else int(s),
+                "reward": reward,
+                "output": output,
+                **record,
+            }
+        )
         staged = stage_rollout(rollout_id, calls, evidence=evidence)
         ledger = [l for l, _ in staged]
         tokens = [t for _, t in staged if t is not None]
@@ -74,12 +90,32 @@ def worked_example(night: Night, rollout_id: str = "group_g0", compaction: bool 
         c3 = call("c3", None, [301, 302], [31], [reasoning("r3"), answer("a3")])
         c4 = call("c4", "c3", [401], [41], [reasoning("r4"), answer("a4")])
         c5 = call("c5", "c3", [501, 502], [51, 52], [reasoning("r5"), answer("a5")])
-        output = [reasoning("r1"), answer("a1"), tool_output("o1"), reasoning("r2"), answer("a2"),
-                  reasoning("r3"), answer("a3"), tool_output("o3"), reasoning("r5"), answer("a5")]
+        output = [
+            reasoning("r1"),
+            answer("a1"),
+            tool_output("o1"),
+            reasoning("r2"),
+            answer("a2"),
+            reasoning("r3"),
+            answer("a3"),
+            tool_output("o3"),
+            reasoning("r5"),
+            answer("a5"),
+        ]
     else:
         c3 = call("c3", "c2", [301, 302], [31], [reasoning("r3"), answer("a3")])
         c4 = call("c4", "c3", [401], [41], [reasoning("r4"), answer("a4")])
         c5 = call("c5", "c4", [501, 502], [51, 52], [reasoning("r5"), answer("a5")])
-        output = [reasoning("r1"), answer("a1"), reasoning("r2"), answer("a2"), reasoning("r3"),
-                  answer("a3"), reasoning("r4"), answer("a4"), reasoning("r5"), answer("a5")]
+        output = [
+            reasoning("r1"),
+            answer("a1"),
+            reasoning("r2"),
+            answer("a2"),
+            reasoning("r3"),
+            answer("a3"),
+            reasoning("r4"),
+            answer("a4"),
+            reasoning("r5"),
+            answer("a5"),
+        ]
     return night.add(rollout_id, [c1, c2, c3, c4, c5], output, **record)

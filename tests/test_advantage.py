@@ -1,4 +1,5 @@
 """One advantage per rollout (CONTRACT.md 3.4), by hand."""
+
 import pytest
 
 from reassembler.advantage import group_advantages
@@ -15,7 +16,8 @@ def test_options_no_std_and_leave_one_out():
     # leave-one-out: mean of the others; std stays the group's population std
     std = (1 / 6) ** 0.5
     assert group_advantages([1.0, 0.0, 0.5], leave_one_out=True) == pytest.approx(
-        [(1.0 - 0.25) / (std + 1e-6), (0.0 - 0.75) / (std + 1e-6), 0.0])
+        [(1.0 - 0.25) / (std + 1e-6), (0.0 - 0.75) / (std + 1e-6), 0.0]
+    )
     assert group_advantages([1.0, 0.0], std_normalize=False, leave_one_out=True) == [1.0, -1.0]
 
 

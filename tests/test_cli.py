@@ -1,4 +1,5 @@
 """The reassembler command as a user runs it: exit codes and one-line messages."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,6 @@ import sys
 from pathlib import Path
 
 from nights import DS, worked_example
-
 from reassembler.cli import main
 
 
@@ -20,11 +20,21 @@ def test_build_explain_report(tmp_path, night, capsys):
     assert "1 rollouts, 1 ok, 0 masked (0.0%), 2 rows" in printed
     assert main(["explain", "--output", str(out), "--ds", DS, "group_g0"]) == 0
     text = capsys.readouterr().out
-    for line in ("select: items 0-1 -> c1", "select: items 2-3 -> c2", "select: items 4-5 -> c3",
-                 "select: items 6-7 -> c5", "cut: c1 root -> starts chain 0", "cut: c2 continues chain 0",
-                 "cut: c3 root -> starts chain 1", "cut: c5 continues chain 1",
-                 "finalize: walk c2 -> c1", "finalize: walk c5 -> c3", "off-chain: c4 (0 faulty)",
-                 "row group_g0_s1: calls [c3, c5], 7 tokens, 3 generated, prompt_len 2", "result: ok, 2 rows"):
+    for line in (
+        "select: items 0-1 -> c1",
+        "select: items 2-3 -> c2",
+        "select: items 4-5 -> c3",
+        "select: items 6-7 -> c5",
+        "cut: c1 root -> starts chain 0",
+        "cut: c2 continues chain 0",
+        "cut: c3 root -> starts chain 1",
+        "cut: c5 continues chain 1",
+        "finalize: walk c2 -> c1",
+        "finalize: walk c5 -> c3",
+        "off-chain: c4 (0 faulty)",
+        "row group_g0_s1: calls [c3, c5], 7 tokens, 3 generated, prompt_len 2",
+        "result: ok, 2 rows",
+    ):
         assert line in text, line
     assert text.count("cut:") == 4  # each step once
     assert main(["explain", "--output", str(out), "--ds", DS, "--json", "group_g0"]) == 0
@@ -55,6 +65,7 @@ def test_missing_input_exits_2_with_one_line_naming_the_folder(tmp_path, capsys)
 
 def test_bad_usage_exits_2(tmp_path, capsys):
     import pytest
+
     with pytest.raises(SystemExit) as e:
         main(["build", "--input", "x", "--output", "y", "--ds", "28-11-2026"])
     assert e.value.code == 2
@@ -63,11 +74,18 @@ def test_bad_usage_exits_2(tmp_path, capsys):
 
 def test_help_shows_every_default(capsys):
     import pytest
+
     with pytest.raises(SystemExit):
         main(["build", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for default in ("(default: 128MB)", "(default: 2)", "(default: 60.0)", "(default: 30)", "(default: select)",
-                    "(default: 16777216)"):
+    for default in (
+        "(default: 128MB)",
+        "(default: 2)",
+        "(default: 60.0)",
+        "(default: 30)",
+        "(default: select)",
+        "(default: 16777216)",
+    ):
         assert default in text, default
 
 
@@ -80,7 +98,23 @@ def test_verbose_logs_the_steps(tmp_path, night, capsys):
 
 def test_console_script_is_installed(tmp_path):
     exe = Path(sys.executable).parent / "reassembler"
-    res = subprocess.run([str(exe), "synth", "--output", str(tmp_path), "--ds", DS, "--rollouts", "8",
-                          "--max-calls", "6", "--token-scale", "0.02"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            str(exe),
+            "synth",
+            "--output",
+            str(tmp_path),
+            "--ds",
+            DS,
+            "--rollouts",
+            "8",
+            "--max-calls",
+            "6",
+            "--token-scale",
+            "0.02",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert "synth ds=2026-11-28: 8 rollouts" in res.stdout

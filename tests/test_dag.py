@@ -1,5 +1,6 @@
 """The Airflow DAG and its operator: import, execute() on a small night, and end-to-end
 runs with `airflow dags test` against the recorded outcomes of a synthetic night."""
+
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+from datetime import UTC
 from pathlib import Path
 
 import duckdb
@@ -20,7 +22,6 @@ os.environ.setdefault("AIRFLOW_HOME", _HOME)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-sys.path.insert(0, str(REPO / "plugins"))
 
 DS = "2026-11-28"
 
@@ -31,12 +32,29 @@ def test_dag_imports_with_the_expected_shape():
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     dag = bag.dags["capture_rows_nightly"]
-    assert set(dag.task_ids) == {"check_input", "wait_for_input", "load_ledger", "reassemble", "audit_checks",
-                                 "publish", "quality_report", "quality_gate"}
+    assert set(dag.task_ids) == {
+        "check_input",
+        "wait_for_input",
+        "load_ledger",
+        "reassemble",
+        "audit_checks",
+        "publish",
+        "quality_report",
+        "quality_gate",
+    }
     assert dag.timetable.expression == "0 2 * * *"
     assert dag.description and dag.max_active_runs > 1  # the pool serialises the writers, not the runs
-    assert {"ds", "shards", "mode", "offchain", "max_mask_rate", "duckdb_memory_limit", "duckdb_threads",
-            "duckdb_temp_directory", "input_wait_hours"} <= set(dag.params.keys())
+    assert {
+        "ds",
+        "shards",
+        "mode",
+        "offchain",
+        "max_mask_rate",
+        "duckdb_memory_limit",
+        "duckdb_threads",
+        "duckdb_temp_directory",
+        "input_wait_hours",
+    } <= set(dag.params.keys())
     # the trigger form works untouched: every param has a description and a default that validates
     for name in dag.params.keys():
         param = dag.params.get_param(name)
@@ -55,17 +73,20 @@ def test_dag_imports_with_the_expected_shape():
 
 def test_operator_execute_reassembles_one_shard(tmp_path, night):
     from nights import worked_example
-    from reassembler_airflow.operators import ReassembleOperator
-
     from reassembler.build import load_step, publish_step
     from reassembler.settings import Settings
+    from reassembler_airflow.operators import ReassembleOperator
 
     worked_example(night, "a_g0", compaction=True, reward=1.0)
     worked_example(night, "b_g0", compaction=False, reward=0.0)
     inp, out = night.write(), tmp_path / "out"
     load_step(inp, out, DS, Settings(shards=2))
-    operators = [ReassembleOperator(task_id=f"reassemble_{k}", input_dir=str(inp), output_dir=str(out), ds=DS,
-                                    run_key="test_run", shard=k) for k in (0, 1)]
+    operators = [
+        ReassembleOperator(
+            task_id=f"reassemble_{k}", input_dir=str(inp), output_dir=str(out), ds=DS, run_key="test_run", shard=k
+        )
+        for k in (0, 1)
+    ]
     results = [op.execute(context={}) for op in operators]
     assert [op.group_range for op in operators] == ["groups a .. a (1)", "groups b .. b (1)"]  # the map index label
     assert [(r["shard"], r["rollouts"], r["ok"], r["rows"]) for r in results] == [(0, 1, 1, 2), (1, 1, 1, 1)]
@@ -78,10 +99,16 @@ def test_operator_execute_reassembles_one_shard(tmp_path, night):
 
 def _airflow_env(home: Path, inp: Path, out: Path) -> dict:
     env = dict(os.environ)
-    env.update(AIRFLOW_HOME=str(home), AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
-               AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"), AIRFLOW__CORE__LOAD_EXAMPLES="False",
-               AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
-               REASSEMBLER_INPUT=str(inp), REASSEMBLER_OUTPUT=str(out), REASSEMBLER_TASK_RETRIES="0")
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
+        AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+        REASSEMBLER_INPUT=str(inp),
+        REASSEMBLER_OUTPUT=str(out),
+        REASSEMBLER_TASK_RETRIES="0",
+    )
     return env
 
 
@@ -98,8 +125,19 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
 
     inp, out, home = tmp_path / "input", tmp_path / "output", tmp_path / "airflow"
     home.mkdir()
-    synth_night(inp, DS, SynthConfig(rollouts=64, seed=3, fault_rate=0.5, max_calls=10, prompt_tokens=(20, 80),
-                                     observation_tokens=(5, 40), generated_tokens=(3, 30)))
+    synth_night(
+        inp,
+        DS,
+        SynthConfig(
+            rollouts=64,
+            seed=3,
+            fault_rate=0.5,
+            max_calls=10,
+            prompt_tokens=(20, 80),
+            observation_tokens=(5, 40),
+            generated_tokens=(3, 30),
+        ),
+    )
     env = _airflow_env(home, inp, out)
     _airflow(env, "db", "migrate")
     # ds = logical date - 1 day; half the rollouts carry a fault, so the quality gate fails the
@@ -139,12 +177,20 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     gym = REPO / "tests" / "data" / "gym-0.7.0"
     gym_expected = json.loads((gym / "expected.json").read_text())
     gym_out = out
-    log = _airflow(_airflow_env(home, gym, gym_out), "dags", "test", "capture_rows_nightly", "2026-12-01",
-                   "-c", json.dumps({"ds": gym_expected["ds"]}))
+    log = _airflow(
+        _airflow_env(home, gym, gym_out),
+        "dags",
+        "test",
+        "capture_rows_nightly",
+        "2026-12-01",
+        "-c",
+        json.dumps({"ds": gym_expected["ds"]}),
+    )
     assert "state=success" in log
     audit = {a["rollout_id"]: a for a in pq.read_table(gym_out / "audit" / f"ds={gym_expected['ds']}").to_pylist()}
     assert {rid: (a["status"], a["n_segments"]) for rid, a in audit.items()} == {
-        e["rollout_id"]: (e["select"]["status"], e["select"]["n_segments"]) for e in gym_expected["rollouts"]}
+        e["rollout_id"]: (e["select"]["status"], e["select"]["n_segments"]) for e in gym_expected["rollouts"]
+    }
 
     _check_the_ui_plugin_in_a_running_api_server(env, home, out)
 
@@ -166,8 +212,12 @@ def _check_the_ui_plugin_in_a_running_api_server(env: dict, home: Path, out: Pat
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server_env = dict(env, AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True")
-    server = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
-                              env=server_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
+        env=server_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -200,7 +250,7 @@ def _check_the_ui_plugin_in_a_running_api_server(env: dict, home: Path, out: Pat
 
 
 def test_check_input_resolves_the_night_and_names_what_is_missing(tmp_path, monkeypatch, night):
-    from datetime import datetime, timezone
+    from datetime import datetime
     from types import SimpleNamespace
 
     from airflow.dag_processing.dagbag import DagBag
@@ -209,18 +259,31 @@ def test_check_input_resolves_the_night_and_names_what_is_missing(tmp_path, monk
     inp = night.write()  # ds 2026-11-28
     monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_INPUT", str(inp))
     monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_OUTPUT", str(tmp_path / "out"))
-    nightly = datetime(2026, 11, 29, 2, tzinfo=timezone.utc)
-    got = check(params={"ds": None, "shards": 2}, logical_date=nightly, dag_run=None, run_id="scheduled__2026-11-29T02:00:00+00:00")
-    assert got == {"ds": DS, "input_dir": str(inp), "output_dir": str(tmp_path / "out"),
-                   "run_key": "scheduled__2026-11-29T02_00_00_00_00"}
+    nightly = datetime(2026, 11, 29, 2, tzinfo=UTC)
+    got = check(
+        params={"ds": None, "shards": 2},
+        logical_date=nightly,
+        dag_run=None,
+        run_id="scheduled__2026-11-29T02:00:00+00:00",
+    )
+    assert got == {
+        "ds": DS,
+        "input_dir": str(inp),
+        "output_dir": str(tmp_path / "out"),
+        "run_key": "scheduled__2026-11-29T02_00_00_00_00",
+    }
     # a manual run without a logical date falls back to run_after
-    got = check(params={"ds": None, "shards": 2}, logical_date=None,
-                dag_run=SimpleNamespace(run_after=nightly), run_id="manual__1")
+    got = check(
+        params={"ds": None, "shards": 2},
+        logical_date=None,
+        dag_run=SimpleNamespace(run_after=nightly),
+        run_id="manual__1",
+    )
     assert got["ds"] == DS
 
 
 def test_wait_for_input_waits_then_fails_naming_what_is_missing(tmp_path, night):
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
     from types import SimpleNamespace
 
     from airflow.dag_processing.dagbag import DagBag
@@ -228,7 +291,7 @@ def test_wait_for_input_waits_then_fails_naming_what_is_missing(tmp_path, night)
 
     poke = DagBag(dag_folder=str(REPO / "dags")).dags["capture_rows_nightly"].get_task("wait_for_input").python_callable
     inp = night.write()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     params = {"input_wait_hours": 6.0, "input_marker": None}
     assert poke(str(inp), DS, params=params, dag_run=SimpleNamespace(start_date=now)).is_done
     # late input: keep waiting (rescheduled, no worker slot held), then fail after the timeout

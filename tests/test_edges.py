@@ -1,6 +1,7 @@
 """The job's edges, replayed as an operator meets them: SIGKILL at every step of publish,
 two builds at once, readers holding the warehouse, odd input, and every exit code. Builds
 run as subprocesses of the real command, so exit codes, messages and kills are real."""
+
 from __future__ import annotations
 
 import json
@@ -16,16 +17,21 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from nights import DS, Night, worked_example
 
+from nights import DS, Night, worked_example
 from reassembler.publish import KINDS
 
 STEPS = ["journal", "rows_aside", "rows_in", "audit_aside", "audit_in", "warehouse", "manifest"]
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reassembler.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "reassembler.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def build(inp, out, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -130,10 +136,13 @@ def test_two_builds_at_once_the_second_fails_and_touches_nothing(tmp_path, input
     old, new, clean_rows = inputs
     out, flag = tmp_path / "out", tmp_path / "pause"
     flag.touch()
-    first = subprocess.Popen([sys.executable, "-m", "reassembler.cli", "build", "--input", str(new), "--output",
-                              str(out), "--ds", DS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "REASSEMBLER_TEST_PAUSE_AT": "loaded",
-                                  "REASSEMBLER_TEST_PAUSE_FILE": str(flag)})
+    first = subprocess.Popen(
+        [sys.executable, "-m", "reassembler.cli", "build", "--input", str(new), "--output", str(out), "--ds", DS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "REASSEMBLER_TEST_PAUSE_AT": "loaded", "REASSEMBLER_TEST_PAUSE_FILE": str(flag)},
+    )
     try:
         holder = _wait_for_holder(out)
         second = build(old, out)
@@ -178,8 +187,12 @@ def test_report_and_explain_never_write_to_the_output(tmp_path, inputs):
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
     # analysts' way around the warehouse: the Parquet partitions and the table snapshots
     with duckdb.connect() as con:
-        assert con.execute(f"SELECT count(*) FROM read_parquet('{out}/audit/ds=*/*.parquet', "
-                           "hive_partitioning = true)").fetchone()[0] == 3
+        assert (
+            con.execute(
+                f"SELECT count(*) FROM read_parquet('{out}/audit/ds=*/*.parquet', hive_partitioning = true)"
+            ).fetchone()[0]
+            == 3
+        )
         assert con.execute(f"SELECT count(*) FROM '{out}/tables/runs.parquet'").fetchone()[0] == 1
 
 
@@ -271,8 +284,18 @@ def test_a_rejected_line_of_a_lineage_file_masks_its_rollout(tmp_path):
 def test_a_huge_line_is_a_reject_row_with_its_size(tmp_path):
     inp, out = night_input(tmp_path / "n"), tmp_path / "out"
     with open(_partition(inp, "rollouts") / "rollouts.jsonl", "a") as fh:
-        fh.write(json.dumps({"rollout_id": "huge_g0", "group_id": "huge", "slot": 0, "reward": 1.0,
-                             "output": [{"type": "message", "content": "x" * 3000}]}) + "\n")
+        fh.write(
+            json.dumps(
+                {
+                    "rollout_id": "huge_g0",
+                    "group_id": "huge",
+                    "slot": 0,
+                    "reward": 1.0,
+                    "output": [{"type": "message", "content": "x" * 3000}],
+                }
+            )
+            + "\n"
+        )
     res = build(inp, out, "--max-line-bytes", "2000")
     assert res.returncode == 0 and "rollouts 4 read = 3 loaded + 1 rejected" in res.stdout
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
@@ -283,11 +306,14 @@ def test_a_huge_line_is_a_reject_row_with_its_size(tmp_path):
 # ------------------------------------------------------------------ one line, one exit code
 
 
-@pytest.mark.parametrize("args, code, message", [
-    (["--memory-limit", "banana"], 2, "'banana' is not a size"),
-    (["--memory-limit", "4MB"], 4, "out of memory at memory_limit 4MB"),
-    (["--temp-directory", "{file}"], 2, "is a file, not a folder"),
-])
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--memory-limit", "banana"], 2, "'banana' is not a size"),
+        (["--memory-limit", "4MB"], 4, "out of memory at memory_limit 4MB"),
+        (["--temp-directory", "{file}"], 2, "is a file, not a folder"),
+    ],
+)
 def test_exit_codes(tmp_path, inputs, args, code, message):
     old, _, _ = inputs
     (tmp_path / "a-file").touch()
@@ -301,8 +327,13 @@ def test_exit_codes(tmp_path, inputs, args, code, message):
 
 def test_a_broken_pipe_is_no_traceback(tmp_path, inputs):
     old, _, _ = inputs
-    res = subprocess.run(f"{sys.executable} -m reassembler.cli build --input {old} --output {tmp_path / 'out'} "
-                         f"--ds {DS} | head -c 10", shell=True, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        f"{sys.executable} -m reassembler.cli build --input {old} --output {tmp_path / 'out'} --ds {DS} | head -c 10",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "Traceback" not in res.stderr and res.stdout == "built ds=2"
     assert reader_view(tmp_path / "out") == {"rows": 3, "audit": 3}
 
@@ -317,6 +348,7 @@ def test_a_full_disk_is_exit_4_naming_the_path(tmp_path, inputs, monkeypatch, ca
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "tables"))
+
     monkeypatch.setattr(publish, "export_tables", full)
     assert main(["build", "--input", str(old), "--output", str(tmp_path / "out"), "--ds", DS]) == 4
     err = capsys.readouterr().err.strip()
@@ -333,15 +365,19 @@ def test_common_readers_load_the_rows_folder(tmp_path, inputs):
     assert cli("build", "--input", other.write(), "--output", out, "--ds", "2026-11-27").returncode == 0
     rows = out / "rows"
     import pyarrow.dataset as pads
+
     assert pads.dataset(rows, format="parquet", partitioning="hive").to_table().num_rows == 5
     with duckdb.connect() as con:
-        assert con.execute(f"SELECT count(*), count(DISTINCT ds) FROM read_parquet('{rows}/*/*.parquet', "
-                           "hive_partitioning = true)").fetchone() == (5, 2)
+        assert con.execute(
+            f"SELECT count(*), count(DISTINCT ds) FROM read_parquet('{rows}/*/*.parquet', hive_partitioning = true)"
+        ).fetchone() == (5, 2)
     import polars as pl
+
     assert pl.scan_parquet(f"{rows}/**/*.parquet", hive_partitioning=True).collect().height == 5
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ["HF_HOME"] = str(tmp_path / "hf")
     from datasets import load_dataset
+
     ds = load_dataset("parquet", data_dir=str(rows), split="train", cache_dir=str(tmp_path / "hf-cache"))
     assert ds.num_rows == 5 and set(ds.column_names) >= {"row_id", "input_ids", "advantage"}
 

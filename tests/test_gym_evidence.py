@@ -3,23 +3,30 @@ spelled out: ledger rows carry `output_fingerprint` (afp of the call's own items
 `output_items`; the rollout's output is matched span by span over its model-authored items.
 Also the other rules of contract v2 around it: the declared terminal through response.id,
 poison rows that are never roots, and version fields left out."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-from nights import DS, answer, call, reasoning, tool_output
 
-from reassembler.producer.capture import TokenFileTypes, as_gym_lineage_row, write_jsonl, write_token_file
+from nights import DS, answer, call, reasoning
 from reassembler.gym_fingerprint import afp
+from reassembler.producer.capture import TokenFileTypes, as_gym_lineage_row, write_jsonl, write_token_file
 from reassembler.settings import Options
 
 GYM = "fingerprint"
 
 
 def fc(name: str, args: dict, item_id: str, call_id: str | None = None) -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call_id or f"call_{item_id}", "name": name,
-            "arguments": json.dumps(args), "status": "completed"}
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id or f"call_{item_id}",
+        "name": name,
+        "arguments": json.dumps(args),
+        "status": "completed",
+    }
 
 
 def fco(item: dict, text: str) -> dict:
@@ -33,9 +40,11 @@ EDIT = fc("edit_file", {"path": "a.py", "line": 3}, "fc_3")
 
 def chain_calls():
     """c1 root [read], c2 child [reasoning, run_tests], c3 child [final message]."""
-    return [call("c1", None, [101, 102, 103], [11, 12], [READ]),
-            call("c2", "c1", [201], [21, 22], [reasoning("look at the tests"), TEST]),
-            call("c3", "c2", [301, 302], [31], [answer("done")])]
+    return [
+        call("c1", None, [101, 102, 103], [11, 12], [READ]),
+        call("c2", "c1", [201], [21, 22], [reasoning("look at the tests"), TEST]),
+        call("c3", "c2", [301, 302], [31], [answer("done")]),
+    ]
 
 
 CHAIN_OUTPUT = [READ, fco(READ, "code"), reasoning("look at the tests"), TEST, fco(TEST, "1 failed"), answer("done")]
@@ -56,28 +65,42 @@ def test_a_chain_is_selected_by_fingerprints_and_rebuilt_token_for_token(night, 
 
 
 def test_a_compaction_starts_a_new_row_and_the_summarizer_stays_off_chain(night, build):
-    calls = [call("c1", None, [101, 102], [11], [READ]),
-             call("c2", "c1", [201], [21, 22], [TEST]),
-             call("s", "c2", [901], [91, 92], [answer("summary: a.py fails test a")]),
-             call("c3", None, [301, 302, 303], [31], [reasoning("fix it"), EDIT]),  # rewritten history: a root
-             call("c4", "c3", [401], [41, 42], [answer("fixed")])]
-    output = [READ, fco(READ, "code"), TEST, fco(TEST, "1 failed"), reasoning("fix it"), EDIT,
-              fco(EDIT, "ok"), answer("fixed")]
+    calls = [
+        call("c1", None, [101, 102], [11], [READ]),
+        call("c2", "c1", [201], [21, 22], [TEST]),
+        call("s", "c2", [901], [91, 92], [answer("summary: a.py fails test a")]),
+        call("c3", None, [301, 302, 303], [31], [reasoning("fix it"), EDIT]),  # rewritten history: a root
+        call("c4", "c3", [401], [41, 42], [answer("fixed")]),
+    ]
+    output = [
+        READ,
+        fco(READ, "code"),
+        TEST,
+        fco(TEST, "1 failed"),
+        reasoning("fix it"),
+        EDIT,
+        fco(EDIT, "ok"),
+        answer("fixed"),
+    ]
     night.add("gym_g0", calls, output, evidence=GYM)
     built = build(night)
     audit = built.audit["gym_g0"]
     assert (audit["status"], audit["n_roots"], audit["n_segments"], audit["n_offchain"]) == ("ok", 2, 2, 1)
     assert [(r["row_id"], r["input_ids"]) for r in built.rows_of("gym_g0")] == [
-        ("gym_g0_s0", [101, 102, 11, 201, 21, 22]), ("gym_g0_s1", [301, 302, 303, 31, 401, 41, 42])]
+        ("gym_g0_s0", [101, 102, 11, 201, 21, 22]),
+        ("gym_g0_s1", [301, 302, 303, 31, 401, 41, 42]),
+    ]
     assert {r["rollout_weight"] for r in built.rows_of("gym_g0")} == {0.5}
 
 
 def test_a_retried_call_is_left_off_chain(night, build):
     rejected = fc("run_tests", {"k": "b"}, "fc_2x")
-    calls = [call("c1", None, [101, 102, 103], [11, 12], [READ]),
-             call("c2x", "c1", [201], [29], [rejected]),  # the harness rejected this attempt
-             call("c2", "c1", [201], [21, 22], [reasoning("look at the tests"), TEST]),
-             call("c3", "c2", [301, 302], [31], [answer("done")])]
+    calls = [
+        call("c1", None, [101, 102, 103], [11, 12], [READ]),
+        call("c2x", "c1", [201], [29], [rejected]),  # the harness rejected this attempt
+        call("c2", "c1", [201], [21, 22], [reasoning("look at the tests"), TEST]),
+        call("c3", "c2", [301, 302], [31], [answer("done")]),
+    ]
     night.add("gym_g0", calls, CHAIN_OUTPUT, evidence=GYM)
     built = build(night)
     audit = built.audit["gym_g0"]
@@ -87,9 +110,11 @@ def test_a_retried_call_is_left_off_chain(night, build):
 
 def test_a_call_with_several_model_authored_items_takes_the_longest_span(night, build):
     note = answer("let me run the tests first")
-    calls = [call("c1", None, [101, 102, 103], [11, 12], [READ]),
-             call("c2", "c1", [201], [21, 22, 23], [note, reasoning("hm"), TEST]),
-             call("c3", "c2", [301], [31], [answer("done")])]
+    calls = [
+        call("c1", None, [101, 102, 103], [11, 12], [READ]),
+        call("c2", "c1", [201], [21, 22, 23], [note, reasoning("hm"), TEST]),
+        call("c3", "c2", [301], [31], [answer("done")]),
+    ]
     output = [READ, fco(READ, "code"), note, reasoning("hm"), TEST, fco(TEST, "ok"), answer("done")]
     night.add("gym_g0", calls, output, evidence=GYM)
     built = build(night)
@@ -98,9 +123,19 @@ def test_a_call_with_several_model_authored_items_takes_the_longest_span(night, 
 
 
 def test_tool_arguments_re_serialised_by_the_harness_still_match(night, build):
-    night.add("gym_g0", chain_calls(), [
-        dict(READ, arguments='{"path":"a.py"}'), fco(READ, "code"), reasoning("look at the tests"),
-        dict(TEST, arguments='  {"k" : "a"}  '), fco(TEST, "1 failed"), answer("done")], evidence=GYM)
+    night.add(
+        "gym_g0",
+        chain_calls(),
+        [
+            dict(READ, arguments='{"path":"a.py"}'),
+            fco(READ, "code"),
+            reasoning("look at the tests"),
+            dict(TEST, arguments='  {"k" : "a"}  '),
+            fco(TEST, "1 failed"),
+            answer("done"),
+        ],
+        evidence=GYM,
+    )
     assert build(night).audit["gym_g0"]["status"] == "ok"
 
 
@@ -118,8 +153,12 @@ def test_a_few_shot_assistant_turn_in_the_prompt_changes_nothing(night, build):
 
 
 def test_an_output_that_no_span_matches_is_unmatched_output(night, build):
-    night.add("gym_g0", chain_calls(), [READ, fco(READ, "code"), dict(TEST, name="run_all_tests"),
-                                        fco(TEST, "1 failed"), answer("done")], evidence=GYM)
+    night.add(
+        "gym_g0",
+        chain_calls(),
+        [READ, fco(READ, "code"), dict(TEST, name="run_all_tests"), fco(TEST, "1 failed"), answer("done")],
+        evidence=GYM,
+    )
     audit = build(night).audit["gym_g0"]
     assert (audit["reason"], audit["failed_call_id"]) == ("unmatched_output", None)
     assert audit["detail"].startswith("model-authored item 1 (output item 2)")
@@ -171,8 +210,9 @@ def test_fingerprint_version_other_than_2_is_no_evidence(night, build):
 def test_response_id_declares_the_terminal(night, build):
     night.add("gym_g0", chain_calls(), CHAIN_OUTPUT, evidence=GYM, response={"id": "resp_c3", "output": CHAIN_OUTPUT})
     night.add("gym_g1", chain_calls(), CHAIN_OUTPUT, evidence=GYM, response={"id": "resp_c2", "output": CHAIN_OUTPUT})
-    night.add("gym_g2", chain_calls(), CHAIN_OUTPUT, evidence=GYM,
-              response={"id": "resp_nobody", "output": CHAIN_OUTPUT})  # no row: no declaration
+    night.add(
+        "gym_g2", chain_calls(), CHAIN_OUTPUT, evidence=GYM, response={"id": "resp_nobody", "output": CHAIN_OUTPUT}
+    )  # no row: no declaration
     built = build(night)
     assert built.audit["gym_g0"]["status"] == "ok"
     assert (built.audit["gym_g1"]["reason"], built.audit["gym_g1"]["failed_call_id"]) == ("terminal_not_last", "c3")
@@ -183,8 +223,9 @@ def test_response_id_declares_the_terminal(night, build):
 
 
 def test_several_rows_with_the_declared_response_id(night, build):
-    ledger, _ = night.add("gym_g0", chain_calls(), CHAIN_OUTPUT, evidence=GYM,
-                          response={"id": "resp_c3", "output": CHAIN_OUTPUT})
+    ledger, _ = night.add(
+        "gym_g0", chain_calls(), CHAIN_OUTPUT, evidence=GYM, response={"id": "resp_c3", "output": CHAIN_OUTPUT}
+    )
     ledger[1]["response_id"] = "resp_c3"  # c2 and c3 both claim the scored response
     assert build(night).audit["gym_g0"]["status"] == "ok"  # the last selected call is one of them
     terminal = build(night, Options(mode="terminal")).audit["gym_g0"]
@@ -193,8 +234,10 @@ def test_several_rows_with_the_declared_response_id(night, build):
 
 def test_a_poison_row_is_never_a_root(night, build):
     ledger, _ = night.add("gym_g0", chain_calls(), CHAIN_OUTPUT, evidence=GYM)
-    night.ledger.insert(night.ledger.index(ledger[1]),
-                        {"rollout_id": "gym_g0", "model_call_id": "lost", "failure_reason": "worker_capture_failed"})
+    night.ledger.insert(
+        night.ledger.index(ledger[1]),
+        {"rollout_id": "gym_g0", "model_call_id": "lost", "failure_reason": "worker_capture_failed"},
+    )
     for options in (Options(), Options(mode="terminal")):
         audit = build(night, options).audit["gym_g0"]
         assert (audit["status"], audit["n_roots"], audit["n_offchain_faults"]) == ("ok", 1, 1)

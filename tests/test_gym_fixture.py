@@ -2,6 +2,7 @@
 README), built as it is in all three builds and compared rollout by rollout with the
 expected outcomes shipped beside it: status, reason, audit counters, and every row's
 tokens byte for byte through their digests."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import read_partition
 
+from conftest import read_partition
 from reassembler.build import build_night
 from reassembler.settings import Options, Settings
 
@@ -65,8 +66,10 @@ def test_every_rollout_as_expected(built, expected):
         assert row["row_id"] == exp["row_id"]
         assert row["model_call_ids"] == exp["model_call_ids"]
         assert row["prompt_len"] == exp["prompt_len"]
-        assert (row["weight_version_min"], row["weight_version_max"]) == \
-            (exp["weight_version_min"], exp["weight_version_max"])
+        assert (row["weight_version_min"], row["weight_version_max"]) == (
+            exp["weight_version_min"],
+            exp["weight_version_max"],
+        )
         for column, dtype in PACKING.items():
             assert _digest(row[column], dtype) == exp[column], column
 

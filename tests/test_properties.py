@@ -1,21 +1,29 @@
 """Property-based tests: random chains, compactions and off-chain attempts rebuild exactly
 the captured tokens; any single corrupted token masks the rollout."""
+
 from __future__ import annotations
+
+import json
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from inmemory import reassemble
 from nights import answer, call, reasoning, tool_output
-
 from reassembler.producer.capture import stage_rollout
 
 token = st.integers(min_value=0, max_value=2**31 - 1)
 
 
 def _tool_call(k: int) -> dict:
-    return {"type": "function_call", "id": f"fc_{k}", "call_id": f"call_{k}", "name": "run",
-            "arguments": '{"step": %d}' % k}
+    return {
+        "type": "function_call",
+        "id": f"fc_{k}",
+        "call_id": f"call_{k}",
+        "name": "run",
+        "arguments": json.dumps({"step": k}),
+    }
 
 
 @st.composite
@@ -36,14 +44,21 @@ def episodes(draw, gym: bool = False):
             generated = draw(st.lists(token, min_size=1, max_size=6))
             parent = None if root else prev.call_id
             if gym:
-                items = ([reasoning(f"think {k}", f"rs_{k}")] if draw(st.booleans()) else []) + \
-                    draw(st.sampled_from([[answer(f"answer {k}")], [_tool_call(k)],
-                                          [answer(f"answer {k}"), _tool_call(k)]]))
+                items = ([reasoning(f"think {k}", f"rs_{k}")] if draw(st.booleans()) else []) + draw(
+                    st.sampled_from([[answer(f"answer {k}")], [_tool_call(k)], [answer(f"answer {k}"), _tool_call(k)]])
+                )
             else:
                 items = [reasoning(f"think {k}", f"rs_{k}")] + ([answer(f"answer {k}")] if draw(st.booleans()) else [])
             if not root and draw(st.integers(0, 3)) == 0:  # a rejected attempt, left off-chain
-                calls.append(call(f"x{k}", parent, prompt, draw(st.lists(token, min_size=1, max_size=4)),
-                                  [reasoning(f"rejected {k}")]))
+                calls.append(
+                    call(
+                        f"x{k}",
+                        parent,
+                        prompt,
+                        draw(st.lists(token, min_size=1, max_size=4)),
+                        [reasoning(f"rejected {k}")],
+                    )
+                )
             if root and prev is not None and draw(st.booleans()):  # a summarizer before the rewrite
                 calls.append(call(f"sum{k}", prev.call_id, [7], [8], [answer(f"summary {k}")]))
             cc = call(f"c{k}", parent, prompt, generated, items, logprob=-float(k % 7) / 8)

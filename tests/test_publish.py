@@ -1,4 +1,5 @@
 """Publishing: whole partitions or nothing, identical reruns, audit checks that refuse."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,8 @@ import os
 
 import pyarrow.parquet as pq
 import pytest
-from nights import DS, worked_example
 
+from nights import DS, worked_example
 from reassembler import publish as publish_module
 from reassembler import shard as shard_module
 from reassembler.build import build_night
@@ -55,6 +56,7 @@ def test_a_crash_in_a_shard_leaves_the_previous_partition(tmp_path, two_groups, 
 
     def boom(*a, **k):
         raise RuntimeError("worker killed")
+
     monkeypatch.setattr(shard_module, "rows_table", boom)
     with pytest.raises(RuntimeError):
         build_night(two_groups, out, DS)
@@ -72,6 +74,7 @@ def test_a_crash_between_renames_leaves_nothing_half_and_the_next_run_recovers(t
         if len(calls) == 3:  # journal written, old partition moved aside, new one not yet in place
             raise OSError("disk went away")
         return real_rename(src, dst)
+
     monkeypatch.setattr(publish_module.os, "rename", flaky)
     with pytest.raises(OSError):
         build_night(two_groups, out, DS)
@@ -81,12 +84,17 @@ def test_a_crash_between_renames_leaves_nothing_half_and_the_next_run_recovers(t
     monkeypatch.setattr(publish_module.os, "rename", real_rename)
     summary = build_night(two_groups, out, DS)
     assert summary.numbers.n_rows == 3
-    assert not (out / "_publish" / f"ds={DS}.json").exists() and not (out / "_trash").exists() or \
-        not any((out / "_trash").iterdir())
+    assert (
+        not (out / "_publish" / f"ds={DS}.json").exists()
+        and not (out / "_trash").exists()
+        or not any((out / "_trash").iterdir())
+    )
 
 
 def test_mask_rate_over_the_limit_publishes_nothing_and_says_why(tmp_path, two_groups):
     out = tmp_path / "out"
-    with pytest.raises(AuditCheckFailed, match=r"mask rate 0.333 \(1/3\) above the limit 0.100; top reasons: rollout_failed 1"):
+    with pytest.raises(
+        AuditCheckFailed, match=r"mask rate 0.333 \(1/3\) above the limit 0.100; top reasons: rollout_failed 1"
+    ):
         build_night(two_groups, out, DS, Settings(max_mask_rate=0.1))
     assert not (out / "rows").exists() and not (out / "audit").exists()

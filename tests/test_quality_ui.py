@@ -1,18 +1,16 @@
 """The Airflow UI plugin's app: both views answer, nothing outside the reports is served."""
+
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 
 
 @pytest.fixture
 def served(tmp_path):
     from fastapi.testclient import TestClient
+
     from reassembler_airflow.quality_ui import create_app
 
     out = tmp_path / "out"
@@ -20,7 +18,9 @@ def served(tmp_path):
     (out / "reports" / "index.html").write_text("<html>all nights</html>")
     (out / "reports" / "ds=2026-11-28" / "index.html").write_text("<html>night 2026-11-28</html>")
     (out / "_published").mkdir()
-    (out / "_published" / "ds=2026-11-28.json").write_text(json.dumps({"run_id": "scheduled__2026-11-29T02_00_00_00_00"}))
+    (out / "_published" / "ds=2026-11-28.json").write_text(
+        json.dumps({"run_id": "scheduled__2026-11-29T02_00_00_00_00"})
+    )
     (out / "warehouse.duckdb").write_text("secret")
     return TestClient(create_app(out))
 
@@ -38,8 +38,17 @@ def test_a_dag_run_view_finds_its_night(served):
     assert served.get("/runs/manual__other").status_code == 404
 
 
-@pytest.mark.parametrize("path", ["/../warehouse.duckdb", "/%2e%2e/warehouse.duckdb", "/..%2fwarehouse.duckdb",
-                                  "/ds=2026-11-28/../../warehouse.duckdb", "//etc/passwd", "/missing.html"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/../warehouse.duckdb",
+        "/%2e%2e/warehouse.duckdb",
+        "/..%2fwarehouse.duckdb",
+        "/ds=2026-11-28/../../warehouse.duckdb",
+        "//etc/passwd",
+        "/missing.html",
+    ],
+)
 def test_nothing_outside_the_reports_folder_is_served(served, path):
     res = served.get(path)
     assert res.status_code == 404 and "secret" not in res.text

@@ -1,5 +1,6 @@
 """Reading a night: rejects, NeMo Gym's own layout, every accepted column type, and the
 one-line errors for unusable input."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from nights import DS, worked_example
 
+from nights import DS, worked_example
 from reassembler.build import build_night
 from reassembler.producer.capture import TOKEN_FILE_VARIANTS, write_jsonl, write_token_file
 from reassembler.read import InputError, find_night, load_night
@@ -74,8 +75,12 @@ def test_bad_lines_become_reject_rows_and_never_stop_the_night(tmp_path, night):
         fh.write(json.dumps({"group_id": "grp", "slot": 6, "reward": 1, "output": []}) + "\n")
     with open(inp / "ledger" / f"ds={DS}" / "ledger.jsonl", "a") as fh:
         fh.write("[1, 2]\n")
-        fh.write(json.dumps({"rollout_id": "nobody_g0", "model_call_id": "z", "parent_call_id": None,
-                             "failure_reason": "lost"}) + "\n")
+        fh.write(
+            json.dumps(
+                {"rollout_id": "nobody_g0", "model_call_id": "z", "parent_call_id": None, "failure_reason": "lost"}
+            )
+            + "\n"
+        )
     out = tmp_path / "out"
     summary = build_night(inp, out, DS)
     with connect(out, read_only=True) as con:
@@ -90,7 +95,9 @@ def test_bad_lines_become_reject_rows_and_never_stop_the_night(tmp_path, night):
     assert "prev_len must be an integer" in ledger_rejects[0][3]
     assert "no rollout record for rollout_id nobody_g0" in ledger_rejects[2][3]
     # the token row of the rejected ledger line is asked for by no one: counted too
-    assert [r[1:] for r in rejects if r[0] == "tokens"] == [("tokens.parquet", 8, "token row matches no ledger staging_key")]
+    assert [r[1:] for r in rejects if r[0] == "tokens"] == [
+        ("tokens.parquet", 8, "token row matches no ledger staging_key")
+    ]
     assert summary.load.n_rejects == len(rejects) == 7
     assert audit == {"grp_g0": None, "grp_g1": "invalid_record"}
 
@@ -108,14 +115,25 @@ def test_missing_partition_folder_is_a_usage_error(tmp_path, night):
         find_night(inp, "2026-11-27")
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda p: p.write_bytes(b"PAR1 this is not parquet"), "tokens.parquet: unreadable Parquet file"),
-    (lambda p: pq.write_table(pq.read_table(p).drop_columns(["chain_hash"]), p),
-     "tokens.parquet: token file has no column chain_hash"),
-    (lambda p: pq.write_table(pq.read_table(p).set_column(
-        17, "token_mask_delta", pa.array([["x"]] * pq.read_table(p).num_rows, pa.list_(pa.string()))), p),
-     "tokens.parquet: column token_mask_delta has type list<element: string>"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda p: p.write_bytes(b"PAR1 this is not parquet"), "tokens.parquet: unreadable Parquet file"),
+        (
+            lambda p: pq.write_table(pq.read_table(p).drop_columns(["chain_hash"]), p),
+            "tokens.parquet: token file has no column chain_hash",
+        ),
+        (
+            lambda p: pq.write_table(
+                pq.read_table(p).set_column(
+                    17, "token_mask_delta", pa.array([["x"]] * pq.read_table(p).num_rows, pa.list_(pa.string()))
+                ),
+                p,
+            ),
+            "tokens.parquet: column token_mask_delta has type list<element: string>",
+        ),
+    ],
+)
 def test_unusable_token_file_stops_the_night_naming_the_file(tmp_path, night, damage, message):
     worked_example(night, "grp_g0")
     inp = night.write()
@@ -145,7 +163,7 @@ def test_a_damaged_data_page_is_a_one_line_error_not_a_traceback(tmp_path, night
     path = inp / "tokens" / f"ds={DS}" / "tokens.parquet"
     data = bytearray(path.read_bytes())
     middle = len(data) // 3
-    data[middle:middle + 200] = b"\xff" * 200  # the footer survives, a data page does not
+    data[middle : middle + 200] = b"\xff" * 200  # the footer survives, a data page does not
     path.write_bytes(bytes(data))
     assert main(["build", "--input", str(inp), "--output", str(tmp_path / "out"), "--ds", DS]) == 2
     err = capsys.readouterr().err.strip()
@@ -157,17 +175,17 @@ def test_nemo_gym_result_lines_get_their_ids_derived(tmp_path):
     """CONTRACT.md 2.1: rollout_id, group_id and slot from _ng_* when a record lacks them."""
     gym = {"reward": 1.0, "response": {"id": "resp_1", "output": []}}
     lines = [
-        dict(gym, _ng_task_index=3, _ng_rollout_index=1),                           # 3-1
-        dict(gym, _ng_task_index=3, _ng_rollout_index=1, _ng_attempt_index=1),      # 3-1-a1
-        dict(gym, _ng_task_index=3, _ng_rollout_index=2, _ng_attempt_index=0),      # 3-2
+        dict(gym, _ng_task_index=3, _ng_rollout_index=1),  # 3-1
+        dict(gym, _ng_task_index=3, _ng_rollout_index=1, _ng_attempt_index=1),  # 3-1-a1
+        dict(gym, _ng_task_index=3, _ng_rollout_index=2, _ng_attempt_index=0),  # 3-2
         dict(gym, _ng_task_index=10, _ng_rollout_index=0, _ng_rollout_id="job7.t10.r0"),
-        dict(gym, rollout_id="mine", _ng_task_index=4, _ng_rollout_index=5),        # only group, slot derived
-        dict(gym, rollout_id="given", group_id="g", slot=0, _ng_task_index=True),   # all given: not checked
-        dict(gym, _ng_task_index=3, _ng_rollout_index=1, reward=0.0),               # 3-1 again: first wins
+        dict(gym, rollout_id="mine", _ng_task_index=4, _ng_rollout_index=5),  # only group, slot derived
+        dict(gym, rollout_id="given", group_id="g", slot=0, _ng_task_index=True),  # all given: not checked
+        dict(gym, _ng_task_index=3, _ng_rollout_index=1, reward=0.0),  # 3-1 again: first wins
         dict(gym, _ng_task_index=True, _ng_rollout_index=1),
         dict(gym, _ng_task_index=3, _ng_rollout_index=-1),
         dict(gym, _ng_rollout_id="no spaces!", _ng_task_index=3, _ng_rollout_index=7),
-        dict(gym, _ng_rollout_id="job8", slot=2),                                   # no task: no group
+        dict(gym, _ng_rollout_id="job8", slot=2),  # no task: no group
         dict(gym),
     ]
     base = tmp_path / "input"
@@ -176,10 +194,18 @@ def test_nemo_gym_result_lines_get_their_ids_derived(tmp_path):
     (base / "tokens" / f"ds={DS}").mkdir(parents=True)
     with connect(tmp_path / "out") as con:
         load_night(con, find_night(base, DS))
-        rollouts = con.execute("SELECT rollout_id, group_id, slot, reward FROM rollouts ORDER BY rollout_seq").fetchall()
+        rollouts = con.execute(
+            "SELECT rollout_id, group_id, slot, reward FROM rollouts ORDER BY rollout_seq"
+        ).fetchall()
         rejects = con.execute("SELECT line, error FROM rejects ORDER BY line").fetchall()
-    assert rollouts == [("3-1", "3", 1, 1.0), ("3-1-a1", "3", 1, 1.0), ("3-2", "3", 2, 1.0),
-                        ("job7.t10.r0", "10", 0, 1.0), ("mine", "4", 5, 1.0), ("given", "g", 0, 1.0)]
+    assert rollouts == [
+        ("3-1", "3", 1, 1.0),
+        ("3-1-a1", "3", 1, 1.0),
+        ("3-2", "3", 2, 1.0),
+        ("job7.t10.r0", "10", 0, 1.0),
+        ("mine", "4", 5, 1.0),
+        ("given", "g", 0, 1.0),
+    ]
     assert [line for line, _ in rejects] == [7, 8, 9, 10, 11, 12]
     errors = [e for _, e in rejects]
     assert "rollout_id 3-1 already seen" in errors[0]

@@ -1,10 +1,11 @@
 """Fault injection: one night per reason code. The faulty rollout is masked with exactly
 that code (and the call it names); the healthy rollout of the same group is untouched."""
+
 from __future__ import annotations
 
 import pytest
-from nights import answer, call, reasoning, tool_output, worked_example
 
+from nights import answer, call, reasoning, tool_output, worked_example
 from reassembler.producer.capture import resign
 from reassembler.reasons import Reason
 from reassembler.settings import Options
@@ -52,8 +53,9 @@ def f_duplicate_call_id(n):
 
 def f_capture_poisoned(n):
     _rollout(n)
-    n.ledger.append({"rollout_id": "grp_g1", "model_call_id": "c6", "parent_call_id": "c5",
-                     "failure_reason": "capture timed out"})
+    n.ledger.append(
+        {"rollout_id": "grp_g1", "model_call_id": "c6", "parent_call_id": "c5", "failure_reason": "capture timed out"}
+    )
 
 
 def f_unmatched_output(n):
@@ -65,6 +67,7 @@ def f_ambiguous_output(n):
     ledger, tokens = _rollout(n)
     twin = call("c2b", "c1", [201], [23, 24], [reasoning("r2"), answer("a2")])
     from reassembler.producer.capture import stage_rollout
+
     c1 = call("c1", None, [101, 102, 103], [11, 12], [])
     [_, (l2, t2)] = stage_rollout("grp_g1", [c1, twin])
     n.ledger.append(l2)

@@ -1,6 +1,7 @@
 """The capture-quality report as a person sees it: several synthetic nights with faults,
 rendered by headless Chromium (Debian's package, driven by Playwright): every chart drew,
 no console error, no network request, and the numbers on the page are the warehouse's."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,8 @@ import duckdb
 import pytest
 
 from reassembler.build import build_night, gate_step, report_step
-from reassembler.quality import Thresholds
 from reassembler.producer.synth import SynthConfig, synth_night
+from reassembler.quality import Thresholds
 
 NIGHTS = ["2026-11-25", "2026-11-26", "2026-11-27", "2026-11-28"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -22,8 +23,15 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def reports(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     for k, ds in enumerate(NIGHTS):
-        cfg = SynthConfig(rollouts=48, seed=20 + k, fault_rate=0.1 + 0.1 * k, max_calls=10, prompt_tokens=(20, 60),
-                          observation_tokens=(5, 30), generated_tokens=(3, 20))
+        cfg = SynthConfig(
+            rollouts=48,
+            seed=20 + k,
+            fault_rate=0.1 + 0.1 * k,
+            max_calls=10,
+            prompt_tokens=(20, 60),
+            observation_tokens=(5, 30),
+            generated_tokens=(3, 20),
+        )
         synth_night(root / "input", ds, cfg)
         build_night(root / "input", root / "out", ds)
         gate_step(root / "out", ds, None, Thresholds())
@@ -40,7 +48,8 @@ def test_the_report_is_written_small_and_self_contained(reports):
     text = page.read_text()
     assert len(text) < 400_000  # summaries, not one point per call
     assert "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text.replace(
-        "https://plotly.com", "")
+        "https://plotly.com", ""
+    )
     assert '<script src="../plotly.min.js">' in text and (out / "reports" / "plotly.min.js").exists()
 
 
@@ -52,11 +61,14 @@ def test_the_report_in_headless_chromium(reports, tmp_path):
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         rollouts, masked, rows = con.execute(
             "SELECT count(*), count(*) FILTER (status = 'masked'), sum(n_segments) FROM audit WHERE ds = ?",
-            [NIGHTS[-1]]).fetchone()
+            [NIGHTS[-1]],
+        ).fetchone()
         rejects = con.execute("SELECT count(*) FROM rejects WHERE ds = ?", [NIGHTS[-1]]).fetchone()[0]
         top_reason, top_n = con.execute(
             "SELECT reason, count(*) FROM audit WHERE ds = ? AND status = 'masked' GROUP BY 1 ORDER BY 2 DESC, 1 "
-            "LIMIT 1", [NIGHTS[-1]]).fetchone()
+            "LIMIT 1",
+            [NIGHTS[-1]],
+        ).fetchone()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         tab = browser.new_page(viewport={"width": 1280, "height": 1000})
@@ -82,8 +94,13 @@ def test_the_report_in_headless_chromium(reports, tmp_path):
 
         def tile(key: str) -> str:
             return tab.locator(f"#tile-{key} .v").inner_text()
-        assert (tile("rollouts"), tile("masked"), tile("rows"), tile("rejects")) == \
-            (f"{rollouts:,}", f"{masked:,}", f"{rows:,}", f"{rejects:,}")
+
+        assert (tile("rollouts"), tile("masked"), tile("rows"), tile("rejects")) == (
+            f"{rollouts:,}",
+            f"{masked:,}",
+            f"{rows:,}",
+            f"{rejects:,}",
+        )
         assert tile("mask_rate") == f"{masked / rollouts:.1%}"
         assert tab.locator("table", has_text=top_reason).first.is_visible()
         details = tab.locator("details").first  # an example's trace, one click away
@@ -113,15 +130,27 @@ def test_the_gate_lists_every_breached_threshold_and_keeps_the_verdict(reports):
     assert {"mask_rate", "mask_rate_rise", "rejects"} <= checks
     assert {c for c in checks if c.startswith("reason:")} == {f"reason:{r['reason']}" for r in q["reasons"]}
     assert gate(q, Thresholds(None, None, None, None)) == []
-    assert gate(q, Thresholds(max_mask_rate=night["mask_rate"], max_reason_rate=None, max_mask_rate_rise=None,
-                              max_rejects=None)) == []  # at the threshold is not over it
+    assert (
+        gate(
+            q,
+            Thresholds(
+                max_mask_rate=night["mask_rate"], max_reason_rate=None, max_mask_rate_rise=None, max_rejects=None
+            ),
+        )
+        == []
+    )  # at the threshold is not over it
     rise = night["mask_rate"] - q["baseline"]["mask_rate"]
     [b] = gate(q, Thresholds(None, None, rise - 0.001, None))
     assert b["check"] == "mask_rate_rise" and "over the trailing 3-night mean" in b["message"]
-    breaches = gate_step(out, NIGHTS[-1], "run-x", Thresholds(max_mask_rate=0.0, max_reason_rate=None,
-                                                              max_mask_rate_rise=None, max_rejects=None))
+    breaches = gate_step(
+        out,
+        NIGHTS[-1],
+        "run-x",
+        Thresholds(max_mask_rate=0.0, max_reason_rate=None, max_mask_rate_rise=None, max_rejects=None),
+    )
     assert [b["check"] for b in breaches] == ["mask_rate"]
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT verdict, run_id FROM quality WHERE ds = ?", [NIGHTS[-1]]).fetchall() == \
-            [("breached", "run-x")]
+        assert con.execute("SELECT verdict, run_id FROM quality WHERE ds = ?", [NIGHTS[-1]]).fetchall() == [
+            ("breached", "run-x")
+        ]
     assert "breached" in (out / "reports" / f"ds={NIGHTS[-1]}" / "index.html").read_text()

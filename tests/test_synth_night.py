@@ -1,19 +1,28 @@
 """A whole synthetic night with every fault kind, checked against the generator's record of
 what it injected, under each mode and policy; sharding changes nothing."""
+
 from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
 
 from reassembler.build import build_night
+from reassembler.producer.synth import FAULTS, SynthConfig, read_expected, synth_night
 from reassembler.reasons import Reason
 from reassembler.settings import Options, Settings
-from reassembler.producer.synth import FAULTS, SynthConfig, read_expected, synth_night
 
 DS = "2026-11-28"
-CFG = SynthConfig(rollouts=160, seed=11, fault_rate=0.4, min_calls=5, max_calls=12,
-                  prompt_tokens=(20, 60), observation_tokens=(3, 30), generated_tokens=(2, 25),
-                  token_rows_per_file=300)
+CFG = SynthConfig(
+    rollouts=160,
+    seed=11,
+    fault_rate=0.4,
+    min_calls=5,
+    max_calls=12,
+    prompt_tokens=(20, 60),
+    observation_tokens=(3, 30),
+    generated_tokens=(2, 25),
+    token_rows_per_file=300,
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +32,10 @@ def synth(tmp_path_factory):
     return root, totals, read_expected(root / "input", DS)
 
 
-@pytest.mark.parametrize("key, options", [("select", Options()), ("strict", Options(offchain="strict")),
-                                          ("terminal", Options(mode="terminal"))])
+@pytest.mark.parametrize(
+    "key, options",
+    [("select", Options()), ("strict", Options(offchain="strict")), ("terminal", Options(mode="terminal"))],
+)
 def test_outcomes_match_what_was_injected(synth, key, options):
     root, totals, expected = synth
     out = root / f"out-{key}"
@@ -81,15 +92,16 @@ def test_the_night_holds_every_producer_shape_as_written(synth):
     assert len({e["fault"] for e in shapes["gym"]} - {None}) >= 10  # faults reach Gym's shape too
     ledger = root / "input" / "ledger" / f"ds={DS}"
     gym_files = sorted(ledger.glob("*.lineage.jsonl"))  # the flat capture folder
-    assert gym_files and all(f.with_name(f.name.replace(".lineage.jsonl", ".tokens.lock")).exists()
-                             for f in gym_files)
+    assert gym_files and all(f.with_name(f.name.replace(".lineage.jsonl", ".tokens.lock")).exists() for f in gym_files)
     assert list(ledger.glob("*.tokens.jsonl"))  # local-mode token files beside them: not ledger
     rows = [json.loads(line) for f in gym_files for line in open(f)]
     poison = [r for r in rows if r.get("failure_reason")]
     assert poison and all(set(r) == {"model_call_id", "failure_reason"} for r in poison)
     captured = [r for r in rows if not r.get("failure_reason")]
-    assert all("output_items" not in r and "rollout_id" not in r and r["fingerprint_version"] == 2
-               and "staging_digest" in r for r in captured)
+    assert all(
+        "output_items" not in r and "rollout_id" not in r and r["fingerprint_version"] == 2 and "staging_digest" in r
+        for r in captured
+    )
     assert sum("schema_version" in r for r in captured) <= 2  # only the unsupported_version fault
     results = [json.loads(line) for line in open(root / "input" / "rollouts" / f"ds={DS}" / "rollouts-00000.jsonl")]
     gym_results = [r for r in results if "_ng_task_index" in r]

@@ -1,4 +1,5 @@
 """TokenBatch: the per-token checks computed for many rows at once, written out by hand."""
+
 import numpy as np
 import pyarrow as pa
 
@@ -20,9 +21,18 @@ def test_each_row_gets_its_own_first_fault():
     )
     assert list(b.n_ids) == [3, 0, -1, 2, 2, 2, 2, 2, 2, 2]
     faults = [None if f is None else f[0] for f in map(b.token_fault, range(len(b)))]
-    assert faults == [None, Reason.EMPTY_GENERATION, Reason.EMPTY_GENERATION, Reason.INVALID_TOKEN,
-                      Reason.INVALID_TOKEN, Reason.INVALID_MASK, Reason.INVALID_MASK, Reason.EMPTY_GENERATION,
-                      Reason.INVALID_LOGPROB, Reason.INVALID_LOGPROB]
+    assert faults == [
+        None,
+        Reason.EMPTY_GENERATION,
+        Reason.EMPTY_GENERATION,
+        Reason.INVALID_TOKEN,
+        Reason.INVALID_TOKEN,
+        Reason.INVALID_MASK,
+        Reason.INVALID_MASK,
+        Reason.EMPTY_GENERATION,
+        Reason.INVALID_LOGPROB,
+        Reason.INVALID_LOGPROB,
+    ]
     assert list(b.zeros) == [1, 0, 0, 1, 1, 1, 1, 2, 1, 1]
 
 

@@ -1,6 +1,6 @@
 """CONTRACT.md section 7, with every token written out and checked row by row."""
-from nights import answer, call, reasoning, worked_example
 
+from nights import answer, call, reasoning, worked_example
 from reassembler.settings import Options
 
 
@@ -12,7 +12,7 @@ def test_without_compaction_one_row_of_all_five_calls(night, build):
     assert row["model_call_ids"] == ["c1", "c2", "c3", "c4", "c5"]
     assert row["input_ids"] == [101, 102, 103, 11, 12, 201, 21, 22, 301, 302, 31, 401, 41, 501, 502, 51, 52]
     assert row["loss_mask"] == [0, 0, 0, 1, 1, 0, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1]
-    assert row["logprobs"] == [0, 0, 0, -.5, -.5, 0, -.5, -.5, 0, 0, -.5, 0, -.5, 0, 0, -.5, -.5]
+    assert row["logprobs"] == [0, 0, 0, -0.5, -0.5, 0, -0.5, -0.5, 0, 0, -0.5, 0, -0.5, 0, 0, -0.5, -0.5]
     assert (row["prompt_len"], row["n_tokens"], row["n_generated"]) == (3, 17, 8)
     assert (row["segment_index"], row["segment_count"], row["rollout_weight"]) == (0, 1, 1.0)
     assert row["advantage"] == 0.0  # alone in its group
@@ -50,8 +50,11 @@ def test_output_without_c3_breaks_the_chain_and_masks_the_whole_rollout(night, b
     c2 = call("c2", "c1", [201], [21, 22], [reasoning("r2"), answer("a2")])
     c3 = call("c3", None, [301, 302], [31], [reasoning("r3"), answer("a3")])
     c5 = call("c5", "c3", [501, 502], [51, 52], [reasoning("r5"), answer("a5")])
-    night.add("group_g0", [c1, c2, c3, c5],
-              [reasoning("r1"), answer("a1"), reasoning("r2"), answer("a2"), reasoning("r5"), answer("a5")])
+    night.add(
+        "group_g0",
+        [c1, c2, c3, c5],
+        [reasoning("r1"), answer("a1"), reasoning("r2"), answer("a2"), reasoning("r5"), answer("a5")],
+    )
     built = build(night)
     assert built.rows == []
     audit = built.audit["group_g0"]

@@ -4,6 +4,7 @@ Bad input and failed audit checks cannot pass on a retry: they fail the task at 
 (AirflowFailException). A busy output or warehouse and exhausted resources may pass later:
 they raise normally, so the task's retries apply. The message is the core's one line.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -5,6 +5,7 @@ logs progress and counts, and calls `reassembler.build.shard_step`, the same fun
 `reassembler build` runs. All business logic lives in the core package; every setting comes
 from `reassembler.settings.Settings.from_params`, as in the DAG's other tasks.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,8 +28,9 @@ class ReassembleOperator(BaseOperator):
     template_fields = ("input_dir", "output_dir", "ds", "run_key", "settings")
     ui_color = "#e8f4ea"
 
-    def __init__(self, *, input_dir: str, output_dir: str, ds: str, run_key: str, shard: int,
-                 settings: Any = None, **kwargs):
+    def __init__(
+        self, *, input_dir: str, output_dir: str, ds: str, run_key: str, shard: int, settings: Any = None, **kwargs
+    ):
         super().__init__(**kwargs)
         self.input_dir, self.output_dir, self.ds, self.run_key = input_dir, output_dir, ds, run_key
         self.shard = shard
@@ -44,12 +46,20 @@ class ReassembleOperator(BaseOperator):
         settings = Settings.from_params(self.settings or {})
         with task_errors():
             with connect(self.output_dir, settings.duckdb, read_only=True) as con:
-                first, last, groups = con.execute(sql("shard_groups"), {"ds": self.ds, "shard": int(self.shard)}).fetchone()
+                first, last, groups = con.execute(
+                    sql("shard_groups"), {"ds": self.ds, "shard": int(self.shard)}
+                ).fetchone()
             self.group_range = f"groups {first} .. {last} ({groups})" if groups else "no groups"
             self.log.info("shard %s of ds=%s: %s, from %s", self.shard, self.ds, self.group_range, self.input_dir)
             result = shard_step(self.input_dir, self.output_dir, self.ds, int(self.shard), self.run_key, settings)
         for line in result.summary().splitlines():
             self.log.info("%s", line)
-        return {"shard": result.shard, "rollouts": result.n_rollouts, "ok": result.n_ok,
-                "masked": result.n_masked, "rows": result.n_rows, "tokens": result.n_tokens,
-                "reasons": dict(result.reasons)}
+        return {
+            "shard": result.shard,
+            "rollouts": result.n_rollouts,
+            "ok": result.n_ok,
+            "masked": result.n_masked,
+            "rows": result.n_rows,
+            "tokens": result.n_tokens,
+            "reasons": dict(result.reasons),
+        }

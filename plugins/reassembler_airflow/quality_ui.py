@@ -11,6 +11,7 @@ server at `/capture-quality`, and links them with two external views:
 The output folder is `REASSEMBLER_OUTPUT` (default `data/output` under the repo), the same
 the DAG file reads. Nothing outside `<output>/reports/` is ever served.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,10 +19,9 @@ import os
 import re
 from pathlib import Path
 
+from airflow.plugins_manager import AirflowPlugin
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse, RedirectResponse
-
-from airflow.plugins_manager import AirflowPlugin
 
 REPO = Path(__file__).resolve().parents[2]
 URL_PREFIX = "/capture-quality"
@@ -70,8 +70,17 @@ class CaptureQualityPlugin(AirflowPlugin):
     name = "capture_quality"
     fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "Capture quality reports"}]
     external_views = [
-        {"name": "Capture quality", "href": "capture-quality/", "destination": "nav", "category": "browse",
-         "url_route": "capture-quality"},
-        {"name": "Capture quality", "href": "capture-quality/runs/{RUN_ID}", "destination": "dag_run",
-         "url_route": "capture-quality-run"},
+        {
+            "name": "Capture quality",
+            "href": "capture-quality/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "capture-quality",
+        },
+        {
+            "name": "Capture quality",
+            "href": "capture-quality/runs/{RUN_ID}",
+            "destination": "dag_run",
+            "url_route": "capture-quality-run",
+        },
     ]

@@ -5,6 +5,7 @@ Used by `reassembler synth` and by the tests' hand-written fixtures. It is the p
 side of the contract, kept apart from the reader so that neither is checked only against
 itself: the digests are pinned by NeMo Gym's published vector (tests/test_digests.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,13 @@ class CapturedCall:
     poison: str | None = None  # admitted but not captured: a poison ledger row, no token row
 
 
-def stage_rollout(rollout_id: str, calls: list[CapturedCall], schema_version: int = 2,
-                  staging_key=lambda rid, cid: f"{rid}/{cid}",
-                  evidence: Literal["items", "fingerprint"] = "items") -> list[tuple[dict, dict | None]]:
+def stage_rollout(
+    rollout_id: str,
+    calls: list[CapturedCall],
+    schema_version: int = 2,
+    staging_key=lambda rid, cid: f"{rid}/{cid}",
+    evidence: Literal["items", "fingerprint"] = "items",
+) -> list[tuple[dict, dict | None]]:
     """(ledger row, token row or None) per call, in the order given (= capture order).
 
     `evidence` says how a ledger row names the output the call produced: the contract's
@@ -58,11 +63,21 @@ def stage_rollout(rollout_id: str, calls: list[CapturedCall], schema_version: in
             context[call.call_id] = (parts + [ids_be], prev + len(ids), digests.chain_hash(parent_chain, ids_be))
         return context[call.call_id]
 
-    out = []
+    out: list[tuple[dict, dict | None]] = []
     for c in calls:
         if c.poison is not None:
-            out.append(({"rollout_id": rollout_id, "model_call_id": c.call_id, "parent_call_id": c.parent,
-                         "failure_reason": c.poison, "output_items": []}, None))
+            out.append(
+                (
+                    {
+                        "rollout_id": rollout_id,
+                        "model_call_id": c.call_id,
+                        "parent_call_id": c.parent,
+                        "failure_reason": c.poison,
+                        "output_items": [],
+                    },
+                    None,
+                )
+            )
             continue
         ids = np.asarray(c.ids, dtype=np.int64)
         mask = np.asarray(c.mask, dtype=np.float32)
@@ -70,11 +85,19 @@ def stage_rollout(rollout_id: str, calls: list[CapturedCall], schema_version: in
         parts, cum, chain = ctx(c)
         n = len(ids)
         ledger = {
-            "rollout_id": rollout_id, "model_call_id": c.call_id, "parent_call_id": c.parent,
+            "rollout_id": rollout_id,
+            "model_call_id": c.call_id,
+            "parent_call_id": c.parent,
             "mode": "text" if c.parent is None else "token_in",
-            "prev_len": cum - n, "delta_len": n, "cum_len": cum, "weight_version": c.weight_version,
-            "schema_version": schema_version, "digest_version": 2, "extras_digest_version": 1,
-            "extras_digest": digests.NO_EXTRAS_DIGEST, "chain_hash": chain,
+            "prev_len": cum - n,
+            "delta_len": n,
+            "cum_len": cum,
+            "weight_version": c.weight_version,
+            "schema_version": schema_version,
+            "digest_version": 2,
+            "extras_digest_version": 1,
+            "extras_digest": digests.NO_EXTRAS_DIGEST,
+            "chain_hash": chain,
             "cumulative_hash": digests.cumulative_hash(parts),
             "staging_key": staging_key(rollout_id, c.call_id),
             "response_id": f"resp_{c.call_id}",
@@ -99,8 +122,11 @@ def as_gym_lineage_row(ledger: dict) -> dict:
     row is just {model_call_id, failure_reason}."""
     if ledger.get("failure_reason") is not None:
         return {"model_call_id": ledger["model_call_id"], "failure_reason": ledger["failure_reason"]}
-    row = {k: v for k, v in ledger.items()
-           if k not in ("rollout_id", "failure_reason") and not (k in VERSION_DEFAULTS and v == VERSION_DEFAULTS[k])}
+    row = {
+        k: v
+        for k, v in ledger.items()
+        if k not in ("rollout_id", "failure_reason") and not (k in VERSION_DEFAULTS and v == VERSION_DEFAULTS[k])
+    }
     row["staging_digest"] = ledger["digest"]
     row["digest"] = ledger["cumulative_hash"]
     return row
@@ -108,13 +134,28 @@ def as_gym_lineage_row(ledger: dict) -> dict:
 
 def record_digest(ledger: dict, ids, mask, lp) -> str:
     """The staged-record digest of a ledger row with these token lists."""
-    ids_be, mask_be, lp_be = digests.to_be_bytes(np.asarray(ids, dtype=np.int64),
-                                                 np.asarray(mask, dtype=np.float32),
-                                                 np.asarray(lp, dtype=np.float32))
-    fields = {k: ledger[k] for k in (
-        "schema_version", "digest_version", "extras_digest_version", "rollout_id", "model_call_id",
-        "parent_call_id", "mode", "prev_len", "delta_len", "cum_len", "weight_version",
-        "extras_digest", "chain_hash", "cumulative_hash")}
+    ids_be, mask_be, lp_be = digests.to_be_bytes(
+        np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.float32), np.asarray(lp, dtype=np.float32)
+    )
+    fields = {
+        k: ledger[k]
+        for k in (
+            "schema_version",
+            "digest_version",
+            "extras_digest_version",
+            "rollout_id",
+            "model_call_id",
+            "parent_call_id",
+            "mode",
+            "prev_len",
+            "delta_len",
+            "cum_len",
+            "weight_version",
+            "extras_digest",
+            "chain_hash",
+            "cumulative_hash",
+        )
+    }
     return digests.staged_call_digest(**fields, ids_be=ids_be, mask_be=mask_be, logprobs_be=lp_be)
 
 
@@ -124,10 +165,12 @@ def resign(ledger: dict, token: dict, **changes) -> None:
     ledger.update(changes)
     token.update(changes)
     ledger["digest"] = token["digest"] = record_digest(
-        ledger, token["token_ids_delta"], token["token_mask_delta"], token["generation_logprobs_delta"])
+        ledger, token["token_ids_delta"], token["token_mask_delta"], token["generation_logprobs_delta"]
+    )
 
 
 # ---------------------------------------------------------------- files
+
 
 @dataclass(frozen=True)
 class TokenFileTypes:
@@ -158,8 +201,10 @@ def token_table(rows: list[dict], types: TokenFileTypes = TokenFileTypes()) -> p
     def digest_col(name):
         values = col(name)
         if types.binary_digests:
-            values = [None if v is None else bytes.fromhex(v) if len(v) == 64 else v.encode()[:32].ljust(32, b"\0")
-                      for v in values]
+            values = [
+                None if v is None else bytes.fromhex(v) if len(v) == 64 else v.encode()[:32].ljust(32, b"\0")
+                for v in values
+            ]
         return pa.array(values, type=digest_type)
 
     def list_col(name, value_type):
@@ -171,8 +216,11 @@ def token_table(rows: list[dict], types: TokenFileTypes = TokenFileTypes()) -> p
         flat = np.concatenate(present) if present else np.zeros(0)
         flat = flat != 0 if value_type == pa.bool_() else flat.astype(value_type.to_pandas_dtype())
         nulls = pa.array([v is None for v in values], type=pa.bool_())
-        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, type=value_type),
-                                        mask=nulls if any(v is None for v in values) else None)
+        return pa.ListArray.from_arrays(
+            pa.array(offsets, pa.int32()),
+            pa.array(flat, type=value_type),
+            mask=nulls if any(v is None for v in values) else None,
+        )
 
     columns = {
         "staging_key": pa.array(col("staging_key"), pa.string()),
@@ -195,8 +243,9 @@ def token_table(rows: list[dict], types: TokenFileTypes = TokenFileTypes()) -> p
     return pa.table(columns)
 
 
-def write_token_file(path: Path, rows: list[dict], types: TokenFileTypes = TokenFileTypes(),
-                     row_group_size: int = 256) -> None:
+def write_token_file(
+    path: Path, rows: list[dict], types: TokenFileTypes = TokenFileTypes(), row_group_size: int = 256
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(token_table(rows, types), path, row_group_size=row_group_size)
 

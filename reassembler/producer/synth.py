@@ -28,25 +28,35 @@ FAULTS so that every reason code appears. The expected outcome of every rollout 
 default options, under `--offchain strict` and (where the generator can tell) under
 `--mode terminal` is written to `<output>/_expected/ds=<ds>/outcomes.jsonl`.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any, TextIO
 
 import numpy as np
 
-from .capture import (TOKEN_FILE_VARIANTS, CapturedCall, TokenFileTypes, as_gym_lineage_row, resign, stage_rollout,
-                      write_token_file)
 from ..reasons import Reason as R
 from ..records import VERSION_DEFAULTS
+from .capture import (
+    TOKEN_FILE_VARIANTS,
+    CapturedCall,
+    TokenFileTypes,
+    as_gym_lineage_row,
+    resign,
+    stage_rollout,
+    write_token_file,
+)
 
 SHAPES = ("plain", "lineage", "gym")
 
 # fault kind -> (reason under select mode, reason under terminal mode or None = not predicted,
 #                needs a rollout without compaction)
-FAULTS: dict[str, tuple[R, R | None, bool]] = {
+FAULTS: dict[str, tuple[R | None, R | None, bool]] = {
     "rollout_failed": (R.ROLLOUT_FAILED, R.ROLLOUT_FAILED, False),
     "invalid_reward": (R.INVALID_REWARD, R.INVALID_REWARD, False),
     "empty_ledger": (R.EMPTY_LEDGER, R.EMPTY_LEDGER, False),
@@ -121,17 +131,36 @@ class _Gen:
         gen = self.tokens(self.cfg.generated_tokens)
         ids = np.concatenate([prompt, gen])
         mask = np.concatenate([np.zeros(len(prompt), np.float32), np.ones(len(gen), np.float32)])
-        lp = np.concatenate([np.zeros(len(prompt), np.float32),
-                             -self.rng.exponential(0.7, len(gen)).astype(np.float32)])
+        lp = np.concatenate(
+            [np.zeros(len(prompt), np.float32), -self.rng.exponential(0.7, len(gen)).astype(np.float32)]
+        )
         n = int(self.rng.integers(1, 10**9))
-        items = [{"type": "reasoning", "id": f"rs_{rid}_{cid}",
-                  "summary": [{"type": "summary_text", "text": f"thinking {tag}{n}"}]}]
+        items = [
+            {
+                "type": "reasoning",
+                "id": f"rs_{rid}_{cid}",
+                "summary": [{"type": "summary_text", "text": f"thinking {tag}{n}"}],
+            }
+        ]
         if final:
-            items.append({"type": "message", "role": "assistant", "id": f"msg_{rid}_{cid}",
-                          "content": [{"type": "output_text", "text": f"answer {tag}{n}"}]})
+            items.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "id": f"msg_{rid}_{cid}",
+                    "content": [{"type": "output_text", "text": f"answer {tag}{n}"}],
+                }
+            )
         else:
-            items.append({"type": "function_call", "id": f"fc_{rid}_{cid}", "call_id": f"call_{cid}",
-                          "name": "search", "arguments": json.dumps({"q": f"query {tag}{n}"})})
+            items.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{rid}_{cid}",
+                    "call_id": f"call_{cid}",
+                    "name": "search",
+                    "arguments": json.dumps({"q": f"query {tag}{n}"}),
+                }
+            )
         return CapturedCall(cid, parent, ids, mask, lp, items, wv)
 
     def rollout(self, rid: str, fault: str | None) -> _Rollout:
@@ -141,41 +170,54 @@ class _Gen:
         no_compaction = fault is not None and FAULTS[fault][2]
         compactions = set()
         if not no_compaction and n >= 4 and rng.random() < cfg.compaction_rate:
-            compactions = set(rng.choice(np.arange(2, n - 1), size=min(2, n - 3), replace=False).tolist()) \
-                if rng.random() < 0.3 else {int(rng.integers(2, n - 1))}
+            compactions = (
+                set(rng.choice(np.arange(2, n - 1), size=min(2, n - 3), replace=False).tolist())
+                if rng.random() < 0.3
+                else {int(rng.integers(2, n - 1))}
+            )
         wv = int(rng.integers(3, 6))
         twin_at = int(rng.integers(1, n)) if fault == "ambiguous_output" else None
-        poison_at = int(rng.integers(1, n)) if fault == "poisoned" or (
-            fault is None and rng.random() < cfg.poison_rate) else None
+        poison_at = (
+            int(rng.integers(1, n))
+            if fault == "poisoned" or (fault is None and rng.random() < cfg.poison_rate)
+            else None
+        )
         out.output.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "task"}]})
-        prev = None
+        prev: CapturedCall | None = None
         for i in range(n):
             cid = f"call-{i:03d}"
             final = i == n - 1
+            parent = prev.call_id if prev is not None else None
             if i in compactions:  # summarizer (off-chain), then a new root with the summary
-                out.calls.append(self.call(rid, f"sum-{i:03d}", prev.call_id, (20, 60), True, wv, "summary "))
+                out.calls.append(self.call(rid, f"sum-{i:03d}", parent, (20, 60), True, wv, "summary "))
                 call = self.call(rid, cid, None, cfg.prompt_tokens, final, wv)
             elif i == 0:
                 call = self.call(rid, cid, None, cfg.prompt_tokens, final, wv)
             else:
-                call = self.call(rid, cid, prev.call_id, cfg.observation_tokens, final, wv)
+                call = self.call(rid, cid, parent, cfg.observation_tokens, final, wv)
                 if rng.random() < cfg.retry_rate:  # a rejected attempt, captured first
-                    out.calls.append(self.call(rid, f"{cid}-try", prev.call_id, cfg.observation_tokens,
-                                               final, wv, "rejected "))
+                    out.calls.append(
+                        self.call(rid, f"{cid}-try", parent, cfg.observation_tokens, final, wv, "rejected ")
+                    )
                 if i == twin_at:  # the same items produced twice by siblings
-                    twin = self.call(rid, f"{cid}-twin", prev.call_id, cfg.observation_tokens, final, wv)
+                    twin = self.call(rid, f"{cid}-twin", parent, cfg.observation_tokens, final, wv)
                     twin.items = [dict(it) for it in call.items]
                     out.calls.append(twin)
             if i == poison_at:
-                out.calls.append(CapturedCall(f"{cid}-lost", prev.call_id, [], [], [], [], wv,
-                                              poison="capture timed out"))
+                out.calls.append(CapturedCall(f"{cid}-lost", parent, [], [], [], [], wv, poison="capture timed out"))
                 out.has_poison = True
             out.calls.append(call)
             out.accepted.append(call)
             out.output.extend(call.items)
             if not final:
-                out.output.append({"type": "function_call_output", "call_id": f"call_{cid}",
-                                   "output": f"result {i}", "status": "completed"})
+                out.output.append(
+                    {
+                        "type": "function_call_output",
+                        "call_id": f"call_{cid}",
+                        "output": f"result {i}",
+                        "status": "completed",
+                    }
+                )
             prev = call
         return out
 
@@ -212,8 +254,9 @@ def _inject(fault: str, ro: _Rollout, record: dict, staged: list, rng) -> None:
         k = int(rng.choice([j for j, it in enumerate(record["output"]) if it["type"] == "function_call"]))
         record["output"][k] = dict(record["output"][k], arguments=json.dumps({"q": "edited"}))
     elif fault == "empty_selection":
-        record["output"] = [it for it in record["output"] if it["type"] == "function_call_output"] or \
-            [{"type": "message", "role": "user", "content": []}]
+        record["output"] = [it for it in record["output"] if it["type"] == "function_call_output"] or [
+            {"type": "message", "role": "user", "content": []}
+        ]
     elif fault == "swapped_capture":
         k = int(rng.integers(1, len(acc_ids) - 2))
         a, b = pos[acc_ids[k]], pos[acc_ids[k + 1]]
@@ -287,7 +330,7 @@ class _Writer:
         self.expected_dir.mkdir(parents=True, exist_ok=True)
         self.rollouts = open(self.part["rollouts"] / "rollouts-00000.jsonl", "w")
         self.expected = open(self.expected_dir / "outcomes.jsonl", "w")
-        self.plain_ledger = None
+        self.plain_ledger: TextIO | None = None
         self.plain_count = 0
         self.plain_files = 0
         self.token_rows: list[dict] = []
@@ -308,8 +351,17 @@ class _Writer:
             self.gym_files += 1
             if self.gym_files % 10 == 1:  # local capture mode's TokenEntry file: not a ledger file
                 with open(folder / f"{rid}.tokens.jsonl", "w") as fh:
-                    fh.write(json.dumps({"rollout_id": rid, "model_call_id": "local", "prompt_token_ids": [1, 2],
-                                         "generation_token_ids": [3]}) + "\n")
+                    fh.write(
+                        json.dumps(
+                            {
+                                "rollout_id": rid,
+                                "model_call_id": "local",
+                                "prompt_token_ids": [1, 2],
+                                "generation_token_ids": [3],
+                            }
+                        )
+                        + "\n"
+                    )
             return
         if shape == "lineage":
             server = f"policy-server-{int(hashlib.md5(rid.encode()).hexdigest(), 16) % 3}"
@@ -352,8 +404,9 @@ class _Writer:
         if self.gym_token_rows:
             rows, k = self.gym_token_rows, self.gym_token_files
             versions = k % 2 == 1 or any(r[v] != d for r in rows for v, d in VERSION_DEFAULTS.items())
-            write_token_file(self.part["tokens"] / f"gym-staged-{k:05d}.parquet", rows,
-                             TokenFileTypes(version_columns=versions))
+            write_token_file(
+                self.part["tokens"] / f"gym-staged-{k:05d}.parquet", rows, TokenFileTypes(version_columns=versions)
+            )
             self.gym_token_files += 1
             self.gym_token_rows = []
 
@@ -380,7 +433,10 @@ def _as_gym_result(record: dict, task: int, sample: int, ro: _Rollout, declared:
         gym["response"]["id"] = f"resp_{ro.accepted[-1].call_id}"
     gym["response"]["output"] = [
         dict(it, arguments=json.dumps(json.loads(it["arguments"]), separators=(",", ":")))
-        if it.get("type") == "function_call" else it for it in gym["response"]["output"]]
+        if it.get("type") == "function_call"
+        else it
+        for it in gym["response"]["output"]
+    ]
     return gym
 
 
@@ -398,7 +454,7 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
     n_faulty = int(round(cfg.rollouts * cfg.fault_rate))
     faulty = set(gen.rng.choice(cfg.rollouts, size=n_faulty, replace=False).tolist()) if n_faulty else set()
     fault_cycle = 0
-    totals = {"rollouts": cfg.rollouts, "calls": 0, "tokens": 0, "faults": {}}
+    totals: dict[str, Any] = {"rollouts": cfg.rollouts, "calls": 0, "tokens": 0, "faults": {}}
     shape = SHAPES[0]
     for index in range(cfg.rollouts):
         group, slot = divmod(index, cfg.group_size)
@@ -416,25 +472,38 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
             key = lambda r, c: hashlib.sha1(f"{r}/{c}".encode()).hexdigest()  # noqa: E731
         else:
             key = lambda r, c: f"{r}/{c}"  # noqa: E731
-        stage = dict(schema_version=3 if shape == "lineage" else 2, staging_key=key,
-                     evidence="fingerprint" if gym else "items")
-        staged = stage_rollout(rid, ro.calls, **stage)
-        record = {"rollout_id": rid, "group_id": f"grp{group:05d}", "slot": slot,
-                  "reward": float(np.round(gen.rng.random(), 3)), "output": [dict(i) for i in ro.output],
-                  "metadata": {"agent": "synth-swe", "env": "synthetic", "fault": fault}}
+        stage = partial(
+            stage_rollout,
+            schema_version=3 if shape == "lineage" else 2,
+            staging_key=key,
+            evidence="fingerprint" if gym else "items",
+        )
+        staged = stage(rid, ro.calls)
+        record = {
+            "rollout_id": rid,
+            "group_id": f"grp{group:05d}",
+            "slot": slot,
+            "reward": float(np.round(gen.rng.random(), 3)),
+            "output": [dict(i) for i in ro.output],
+            "metadata": {"agent": "synth-swe", "env": "synthetic", "fault": fault},
+        }
         declared = fault not in ("dangling_parent", "lineage_cycle") and gen.rng.random() < 0.5
         if declared and not gym:
             record["terminal_model_call_id"] = ro.accepted[-1].call_id
         if fault == "dangling_parent" or fault == "lineage_cycle":
-            extra = [gen.call(rid, "late-a", ro.accepted[-1].call_id, cfg.observation_tokens, True, 1, "late "),
-                     gen.call(rid, "late-b", ro.accepted[-1].call_id, cfg.observation_tokens, True, 1, "late ")]
-            extra_staged = stage_rollout(rid, ro.calls + extra, **stage)[-2:]
+            extra = [
+                gen.call(rid, "late-a", ro.accepted[-1].call_id, cfg.observation_tokens, True, 1, "late "),
+                gen.call(rid, "late-b", ro.accepted[-1].call_id, cfg.observation_tokens, True, 1, "late "),
+            ]
+            extra_staged = stage(rid, ro.calls + extra)[-2:]
+            (late_a, late_a_tokens), (late_b, late_b_tokens) = extra_staged
+            assert late_a_tokens is not None and late_b_tokens is not None  # captured calls
             if fault == "dangling_parent":
                 extra_staged = extra_staged[:1]
-                resign(*extra_staged[0], parent_call_id="call-never-captured")
+                resign(late_a, late_a_tokens, parent_call_id="call-never-captured")
             else:
-                resign(*extra_staged[0], parent_call_id="late-b")
-                resign(*extra_staged[1], parent_call_id="late-a")
+                resign(late_a, late_a_tokens, parent_call_id="late-b")
+                resign(late_b, late_b_tokens, parent_call_id="late-a")
             staged.extend(extra_staged)
         if fault is not None:
             _inject(fault, ro, record, staged, gen.rng)
@@ -446,15 +515,21 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
             roots = sum(l["parent_call_id"] is None and l["failure_reason"] is None for l in ledger_lines)
             terminal_reason = R.HISTORY_REWRITTEN if roots > 1 else None
             terminal = _expect(terminal_reason, 1)
-        elif fault in ("dangling_parent", "lineage_cycle", "swapped_capture", "missing_terminal") or \
-                FAULTS[fault][1] == select_reason:
+        elif (
+            fault in ("dangling_parent", "lineage_cycle", "swapped_capture", "missing_terminal")
+            or FAULTS[fault][1] == select_reason
+        ):
             terminal = _expect(terminal_reason, 1)
         else:
             terminal = None
-        expected = {"rollout_id": rid, "shape": shape, "fault": fault,
-                    "select": _expect(select_reason, n_roots_accepted),
-                    "strict": _expect(R.CAPTURE_POISONED if ro.has_poison else select_reason, n_roots_accepted),
-                    "terminal": terminal}
+        expected = {
+            "rollout_id": rid,
+            "shape": shape,
+            "fault": fault,
+            "select": _expect(select_reason, n_roots_accepted),
+            "strict": _expect(R.CAPTURE_POISONED if ro.has_poison else select_reason, n_roots_accepted),
+            "terminal": terminal,
+        }
         if shape != "plain":
             record["response"] = {"id": f"resp_{rid}", "object": "response", "output": record.pop("output")}
         if shape == "lineage":

@@ -1,0 +1,67 @@
+"""The warehouse lasts: a warehouse written by the previous release opens and upgrades, and
+the per-call tables keep only the newest nights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from nights import DS, Night, worked_example
+from reassembler.build import build_night
+from reassembler.settings import Settings
+from reassembler.warehouse import SCHEMA_VERSION, connect, schema_version
+
+V1_SCHEMA = Path(__file__).parent / "data" / "warehouse_v1_schema.sql"  # sql/schema.sql of release 1
+
+
+def test_a_warehouse_of_the_previous_release_opens_and_upgrades(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with duckdb.connect(str(out / "warehouse.duckdb")) as con:
+        con.execute(V1_SCHEMA.read_text())
+        con.execute(
+            "INSERT INTO audit (ds, rollout_id, status, run_id, n_roots) "
+            "VALUES ('2026-10-01', 'old_g0', 'ok', 'run-v1', 1)"
+        )
+        con.execute("INSERT INTO runs (run_id, ds, n_rollouts) VALUES ('run-v1', '2026-10-01', 1)")
+    with connect(out, read_only=True) as con:
+        assert schema_version(con) == 1
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    build_night(n.write(), out, DS)  # loads into the upgraded warehouse (new columns and tables)
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+        assert con.execute("SELECT rollout_id FROM audit ORDER BY ds").fetchall() == [("old_g0",), ("a_g0",)]
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
+        columns = {
+            c for (c,) in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'ledger'").fetchall()
+        }
+        assert {"output_fingerprint", "fingerprint_version"} <= columns
+    with connect(out) as con:  # opening again applies nothing twice
+        assert con.execute("SELECT count(*) FROM schema_version").fetchone()[0] == 1
+
+
+def test_a_warehouse_newer_than_this_release_is_refused(tmp_path):
+    import pytest
+
+    from reassembler.errors import InputError
+
+    with connect(tmp_path) as con:
+        con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [SCHEMA_VERSION + 1])
+    with pytest.raises(InputError, match="newer than this release"):
+        connect(tmp_path)
+
+
+def test_retention_keeps_the_per_call_tables_of_the_newest_nights_only(tmp_path):
+    out = tmp_path / "out"
+    nights = ["2026-11-25", "2026-11-26", "2026-11-27"]
+    for ds in nights:
+        n = Night(tmp_path / ds, ds=ds)
+        worked_example(n, "a_g0")
+        build_night(n.write(), out, ds, Settings(retention_nights=2))
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        per_call = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM ledger").fetchall()}
+        kept = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM audit").fetchall()}
+        assert per_call == set(nights[1:]) and kept == set(nights)  # audit and runs are kept for good
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
