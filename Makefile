@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.installed
 DS        ?= 2026-11-28
 SEED      ?= 7
 ROLLOUTS  ?= 240
-.PHONY: venv run test lint bench airflow lock clean
+.PHONY: venv run test lint bench airflow airflow-stop lock clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+airflow: $(STAMP)
+	bash scripts/airflow_services.sh start
+
+airflow-stop:
+	bash scripts/airflow_services.sh stop
 
 bench: $(STAMP)
 	$(BIN)/python scripts/benchmark.py

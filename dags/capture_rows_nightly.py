@@ -47,6 +47,7 @@ DEFAULT_OUTPUT = os.environ.get("REASSEMBLER_OUTPUT", str(REPO / "data" / "outpu
 ROWS_ASSET = Asset(name="capture_rows", uri=f"file://{DEFAULT_OUTPUT}/rows")
 POOL, POOL_SLOTS = "reassembler_warehouse", 4  # create it: airflow pools set reassembler_warehouse 4 "..."
 GATE = Thresholds()
+POKE_SECONDS = float(os.environ.get("REASSEMBLER_INPUT_POKE_SECONDS", "300"))  # how often wait_for_input looks
 
 
 def _setting(name: str, default: str) -> str:
@@ -192,7 +193,7 @@ def capture_rows_nightly():
             "run_key": re.sub(r"[^A-Za-z0-9_.-]", "_", run_id),
         }
 
-    @task.sensor(poke_interval=300, timeout=timedelta(days=7).total_seconds(), mode="reschedule")
+    @task.sensor(poke_interval=POKE_SECONDS, timeout=timedelta(days=7).total_seconds(), mode="reschedule")
     def wait_for_input(input_dir: str, night_ds: str, params=None, dag_run=None) -> PokeReturnValue:
         """Wait for the night's input partitions (and the completion marker, if configured)."""
         from airflow.sdk.exceptions import AirflowFailException

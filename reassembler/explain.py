@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .fields import CALL, select_list
 from .read import InputError, find_night
 from .reasons import DESCRIPTIONS
 from .select import select_calls
@@ -42,7 +43,7 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     if not records or published is None:
         return [f"rollout {rollout_id}: not in the warehouse for ds={ds}"]
     rollout = records[0]
-    cur = con.execute(sql("explain_ledger"), {"ds": ds, "rollout_id": rollout_id})
+    cur = con.execute(sql("explain_ledger", call_columns=select_list(CALL, "l")), {"ds": ds, "rollout_id": rollout_id})
     names = [d[0] for d in cur.description]
     rows = [dict(zip(names, row), _row=0, token_fields=None) for row in cur.fetchall()]
     calls = calls_from_rows(rows)

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import InputError
+from .fields import LEDGER, ROLLOUT, arrow_schema
 from .records import (
     LEDGER_DIGESTS,
     LEDGER_INTS,
@@ -108,60 +109,8 @@ def find_night(input_dir: str | Path, ds: str) -> NightFiles:
 
 # ---------------------------------------------------------------- JSON lines -> warehouse
 
-_ITEMS = pa.list_(pa.struct([("id", pa.string()), ("fingerprint", pa.string())]))
-ROLLOUT_BATCH = pa.schema(
-    [
-        ("rollout_seq", pa.int64()),
-        ("rollout_id", pa.string()),
-        ("group_id", pa.string()),
-        ("slot", pa.int32()),
-        ("reward", pa.float64()),
-        ("reward_problem", pa.string()),
-        ("failure_reason", pa.string()),
-        ("terminal_model_call_id", pa.string()),
-        ("terminal_response_id", pa.string()),
-        ("generated_items", _ITEMS),
-        ("model_items", pa.list_(pa.struct([("output_index", pa.int32()), ("field", pa.binary())]))),
-        ("n_output_items", pa.int32()),
-        ("metadata", pa.string()),
-        ("source_file", pa.string()),
-        ("source_line", pa.int64()),
-    ]
-)
-LEDGER_BATCH = pa.schema(
-    [
-        ("capture_seq", pa.int64()),
-        ("rollout_id", pa.string()),
-        ("model_call_id", pa.string()),
-        ("parent_call_id", pa.string()),
-        ("mode", pa.string()),
-    ]
-    + [
-        (k, pa.int64())
-        for k in (
-            "prev_len",
-            "delta_len",
-            "cum_len",
-            "weight_version",
-            "schema_version",
-            "digest_version",
-            "extras_digest_version",
-        )
-    ]
-    + [
-        (k, pa.string())
-        for k in ("digest", "extras_digest", "chain_hash", "cumulative_hash", "staging_key", "response_id")
-    ]
-    + [
-        ("admitted_at", pa.float64()),
-        ("output_items", _ITEMS),
-        ("output_fingerprint", pa.string()),
-        ("fingerprint_version", pa.int64()),
-        ("failure_reason", pa.string()),
-        ("source_file", pa.string()),
-        ("source_line", pa.int64()),
-    ]
-)
+ROLLOUT_BATCH = arrow_schema(ROLLOUT)
+LEDGER_BATCH = arrow_schema(LEDGER)
 REJECT_BATCH = pa.schema(
     [
         ("source", pa.string()),

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from .advantage import assign_advantages
 from .calls import calls_from_rows
+from .fields import CALL, select_list
 from .read import NightFiles, token_rows_sql
 from .rollout import Outcome, reassemble_rollout
 from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, rows_table
@@ -32,6 +33,7 @@ from .warehouse import sql
 
 ROW_GROUP_ROWS = 256
 log = logging.getLogger(__name__)
+CALL_COLUMNS = select_list(CALL, "l")
 
 
 @dataclass
@@ -151,7 +153,11 @@ def reassemble_one(
     rollouts = list(_rollouts(con.cursor(), params))
     if not rollouts:
         return None, [], None
-    table = con.cursor().sql(sql("shard_calls", tokens=token_rows_sql(night)), params=params).to_arrow_table()
+    table = (
+        con.cursor()
+        .sql(sql("shard_calls", tokens=token_rows_sql(night), call_columns=CALL_COLUMNS), params=params)
+        .to_arrow_table()
+    )
     tokens = TokenStore().fetch(table.column("t_file"), table.column("t_row"))
     trace: dict[str, list[str]] = {}
     outcomes, batch = reassemble_unit(rollouts, table, tokens, options, trace)
@@ -164,7 +170,11 @@ def run_shard(con, night: NightFiles, shard: int, settings: Settings, run_id: st
     # Both streams run at once on the same database; the small rollouts query starts
     # first so that the calls query's sort can take the rest of the memory limit.
     rollouts = _rollouts(con.cursor(), params)
-    calls = con.cursor().sql(sql("shard_calls", tokens=token_rows_sql(night)), params=params).to_arrow_reader(64)
+    calls = (
+        con.cursor()
+        .sql(sql("shard_calls", tokens=token_rows_sql(night), call_columns=CALL_COLUMNS), params=params)
+        .to_arrow_reader(64)
+    )
     units = _units(calls, rollouts, settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
     with _ShardWriter(staging, shard) as writer:
@@ -173,7 +183,8 @@ def run_shard(con, night: NightFiles, shard: int, settings: Settings, run_id: st
             writer.write(rows, audit_table(outcomes, batch, run_id))
             result.add(outcomes, rows)
             log.debug("shard %d: %d rollouts, %d ok, %d rows", shard, result.n_rollouts, result.n_ok, result.n_rows)
-    log.info("%s", result.summary())
+    for line in result.summary().splitlines():
+        log.info("%s", line)
     return result
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import duckdb
 
 from .errors import InputError, OutputBusy
+from .fields import LEDGER, ROLLOUT, ddl
 from .settings import DuckDBSettings
 
 SCHEMA_VERSION = 2  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
@@ -151,7 +152,7 @@ def migrate(con) -> None:
     for step in range(current + 1 if current else SCHEMA_VERSION + 1, SCHEMA_VERSION + 1):
         [migration] = sorted((SQL_DIR / "migrations").glob(f"{step:03d}_*.sql"))
         run_script(con, f"migrations/{migration.stem}")
-    run_script(con, "schema")  # tables the migrations do not touch, at the current version
+    run_script(con, "schema", rollouts_columns=ddl(ROLLOUT), ledger_columns=ddl(LEDGER))  # at the current version
     con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [SCHEMA_VERSION])
 
 

@@ -1,52 +1,15 @@
 -- Warehouse tables at the current schema version (warehouse.py: SCHEMA_VERSION), created once
 -- and kept across nights; older warehouses are brought here by sql/migrations/. Every
--- night-scoped table carries ds.
+-- night-scoped table carries ds. The columns of rollouts and ledger are reassembler/fields.py's,
+-- filled in below by warehouse.py.
 CREATE TABLE IF NOT EXISTS rollouts (
     ds                     DATE    NOT NULL,
-    rollout_seq            BIGINT  NOT NULL,   -- input order inside the night
-    rollout_id             VARCHAR NOT NULL,
-    group_id               VARCHAR NOT NULL,
-    slot                   INTEGER NOT NULL,
-    reward                 DOUBLE,
-    reward_problem         VARCHAR,            -- why reward is null: invalid_reward detail
-    failure_reason         VARCHAR,
-    terminal_model_call_id VARCHAR,
-    terminal_response_id   VARCHAR,            -- response.id: declares the terminal by response_id
-    generated_items        STRUCT(id VARCHAR, fingerprint VARCHAR)[],
-    model_items            STRUCT(output_index INTEGER, field BLOB)[],  -- NeMo Gym fingerprint input
-    n_output_items         INTEGER,
-    metadata               VARCHAR,
-    source_file            VARCHAR,
-    source_line            BIGINT
+{rollouts_columns}
 );
 
 CREATE TABLE IF NOT EXISTS ledger (
     ds                     DATE    NOT NULL,
-    capture_seq            BIGINT  NOT NULL,   -- capture order: files by path, then line
-    rollout_id             VARCHAR NOT NULL,
-    model_call_id          VARCHAR NOT NULL,
-    parent_call_id         VARCHAR,
-    mode                   VARCHAR,
-    prev_len               BIGINT,
-    delta_len              BIGINT,
-    cum_len                BIGINT,
-    weight_version         BIGINT,
-    schema_version         BIGINT,
-    digest_version         BIGINT,
-    extras_digest_version  BIGINT,
-    digest                 VARCHAR,
-    extras_digest          VARCHAR,
-    chain_hash             VARCHAR,
-    cumulative_hash        VARCHAR,
-    staging_key            VARCHAR NOT NULL,
-    response_id            VARCHAR,
-    admitted_at            DOUBLE,
-    output_items           STRUCT(id VARCHAR, fingerprint VARCHAR)[],  -- null when absent
-    output_fingerprint     VARCHAR,            -- NeMo Gym's per-call evidence
-    fingerprint_version    BIGINT,
-    failure_reason         VARCHAR,
-    source_file            VARCHAR,
-    source_line            BIGINT
+{ledger_columns}
 );
 
 -- Input that could not be loaded as a record, one row per line / token row.
@@ -115,7 +78,7 @@ CREATE TABLE IF NOT EXISTS quality (
     run_id      VARCHAR,
     checked_at  TIMESTAMP,
     verdict     VARCHAR NOT NULL,     -- ok | breached
-    breaches    VARCHAR              -- JSON list of {check, value, threshold, message}
+    breaches    VARCHAR              -- JSON list of breaches: check, value, threshold, message
 );
 
 -- The schema version of this warehouse (warehouse.py applies sql/migrations/ up to it).

@@ -1,12 +1,8 @@
 -- Every ledger row of one shard joined with the location of its token rows (file, row
 -- number; token_files.sql), in output order then capture order. A call without a token row
 -- comes once with null t_ columns; a call with several comes once per token row.
--- $rollout_id (explain) narrows it to one rollout.
-SELECT r.group_id, l.rollout_id, l.capture_seq, l.model_call_id, l.parent_call_id, l.mode,
-       l.prev_len, l.delta_len, l.cum_len, l.weight_version, l.schema_version,
-       l.digest_version, l.extras_digest_version, l.digest, l.extras_digest, l.chain_hash,
-       l.cumulative_hash, l.staging_key, l.response_id, l.output_items, l.output_fingerprint,
-       l.fingerprint_version, l.failure_reason,
+-- $rollout_id (explain) narrows it to one rollout. The call columns are reassembler/fields.py's CALL.
+SELECT r.group_id, {call_columns},
        t.t_file, t.t_row
 FROM ledger l
 JOIN rollouts r ON r.ds = l.ds AND r.rollout_id = l.rollout_id

@@ -6,27 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from reassembler.records import LEDGER_INTS as _INTS
+from reassembler.fields import CALL, arrow_schema
 from reassembler.records import SHARED_FIELDS, parse_rollout
 from reassembler.settings import Options
 from reassembler.shard import reassemble_unit
 from reassembler.token_store import CANONICAL
 
-_ITEMS = pa.list_(pa.struct([("id", pa.string()), ("fingerprint", pa.string())]))
-SCHEMA = pa.schema(
-    [("group_id", pa.string()), ("rollout_id", pa.string()), ("capture_seq", pa.int64())]
-    + [(k, pa.int64() if k in _INTS else pa.string()) for k in SHARED_FIELDS if k != "rollout_id"]
-    + [
-        ("staging_key", pa.string()),
-        ("response_id", pa.string()),
-        ("output_items", _ITEMS),
-        ("output_fingerprint", pa.string()),
-        ("fingerprint_version", pa.int64()),
-        ("failure_reason", pa.string()),
-        ("t_file", pa.string()),
-        ("t_row", pa.int64()),
-    ]
-)
+# the columns of sql/shard_calls.sql: the group, the call fields (reassembler/fields.py), the token location
+SCHEMA = pa.schema([("group_id", pa.string()), *arrow_schema(CALL), ("t_file", pa.string()), ("t_row", pa.int64())])
 
 
 def reassemble(record: dict, staged: list[tuple[dict, dict | None]], options: Options = Options()):

@@ -52,8 +52,6 @@ class ReassembleOperator(BaseOperator):
             self.group_range = f"groups {first} .. {last} ({groups})" if groups else "no groups"
             self.log.info("shard %s of ds=%s: %s, from %s", self.shard, self.ds, self.group_range, self.input_dir)
             result = shard_step(self.input_dir, self.output_dir, self.ds, int(self.shard), self.run_key, settings)
-        for line in result.summary().splitlines():
-            self.log.info("%s", line)
         return {
             "shard": result.shard,
             "rollouts": result.n_rollouts,

@@ -1,0 +1,103 @@
+"""The fields of the warehouse's rollout and ledger records, defined once.
+
+Everything else takes its columns from here: the tables' DDL (`sql/schema.sql` fills in
+`{rollouts_columns}` and `{ledger_columns}`), the Arrow schemas the reader inserts with
+(read.py), the column lists of the queries that read calls back (`{call_columns}` in
+sql/shard_calls.sql and sql/explain_ledger.sql), and the tests' in-memory tables. A column
+added here reaches all of them; the migration that adds it to existing warehouses goes in
+sql/migrations/.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pyarrow as pa
+
+ITEMS = pa.list_(pa.struct([("id", pa.string()), ("fingerprint", pa.string())]))
+MODEL_ITEMS = pa.list_(pa.struct([("output_index", pa.int32()), ("field", pa.binary())]))
+_SQL_TYPES = {
+    pa.string(): "VARCHAR",
+    pa.int64(): "BIGINT",
+    pa.int32(): "INTEGER",
+    pa.float64(): "DOUBLE",
+    ITEMS: "STRUCT(id VARCHAR, fingerprint VARCHAR)[]",
+    MODEL_ITEMS: "STRUCT(output_index INTEGER, field BLOB)[]",
+}
+
+
+class Field(NamedTuple):
+    name: str
+    type: pa.DataType
+    required: bool = False  # NOT NULL
+    doc: str = ""
+
+
+S, I64, I32, F64 = pa.string(), pa.int64(), pa.int32(), pa.float64()
+
+ROLLOUT = (
+    Field("rollout_seq", I64, True, "input order inside the night"),
+    Field("rollout_id", S, True),
+    Field("group_id", S, True),
+    Field("slot", I32, True),
+    Field("reward", F64),
+    Field("reward_problem", S, doc="why reward is null: invalid_reward detail"),
+    Field("failure_reason", S),
+    Field("terminal_model_call_id", S),
+    Field("terminal_response_id", S, doc="response.id: declares the terminal by response_id"),
+    Field("generated_items", ITEMS, doc="(id, fingerprint) of the output's generated items"),
+    Field("model_items", MODEL_ITEMS, doc="NeMo Gym fingerprint input: F bytes of model-authored items"),
+    Field("n_output_items", I32),
+    Field("metadata", S),
+    Field("source_file", S),
+    Field("source_line", I64),
+)
+
+LEDGER = (
+    Field("capture_seq", I64, True, "capture order: files by path, then line"),
+    Field("rollout_id", S, True),
+    Field("model_call_id", S, True),
+    Field("parent_call_id", S),
+    Field("mode", S),
+    Field("prev_len", I64),
+    Field("delta_len", I64),
+    Field("cum_len", I64),
+    Field("weight_version", I64),
+    Field("schema_version", I64),
+    Field("digest_version", I64),
+    Field("extras_digest_version", I64),
+    Field("digest", S),
+    Field("extras_digest", S),
+    Field("chain_hash", S),
+    Field("cumulative_hash", S),
+    Field("staging_key", S, True),
+    Field("response_id", S),
+    Field("admitted_at", F64),
+    Field("output_items", ITEMS, doc="null when absent"),
+    Field("output_fingerprint", S, doc="NeMo Gym's per-call evidence"),
+    Field("fingerprint_version", I64),
+    Field("failure_reason", S),
+    Field("source_file", S),
+    Field("source_line", I64),
+)
+
+# the ledger fields a Call is built from (calls.py), in the order the queries return them
+CALL = tuple(f for f in LEDGER if f.name not in ("admitted_at", "source_file", "source_line"))
+
+
+def arrow_schema(fields: tuple[Field, ...]) -> pa.Schema:
+    return pa.schema([(f.name, f.type) for f in fields])
+
+
+def ddl(fields: tuple[Field, ...]) -> str:
+    """The column definitions of a CREATE TABLE (after `ds DATE NOT NULL`)."""
+    lines = []
+    for k, f in enumerate(fields):
+        comma = "," if k < len(fields) - 1 else ""
+        line = f"    {f.name:<23}{_SQL_TYPES[f.type]}{' NOT NULL' if f.required else ''}{comma}"
+        lines.append(f"{line:<60}-- {f.doc}" if f.doc else line)
+    return "\n".join(lines)
+
+
+def select_list(fields: tuple[Field, ...], alias: str) -> str:
+    return ", ".join(f"{alias}.{f.name}" for f in fields)

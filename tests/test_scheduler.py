@@ -1,0 +1,155 @@
+"""The DAG under a real scheduler (LocalExecutor, SQLite, this repo's dags/ and plugins/),
+not only `airflow dags test`: unpausing starts the latest scheduled night, whose input has
+not arrived, and it waits in its sensor holding nothing, while a backfill of three other
+nights runs through the warehouse pool to the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from reassembler.producer.synth import SynthConfig, synth_night
+
+REPO = Path(__file__).resolve().parents[1]
+AIRFLOW = str(Path(sys.executable).parent / "airflow")
+
+
+@pytest.mark.timeout(600)
+def test_a_backfill_of_three_nights_runs_while_a_late_night_waits(tmp_path):
+    home, inp, out = tmp_path / "airflow", tmp_path / "input", tmp_path / "output"
+    home.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ,
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
+        AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+        AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://localhost:{port}/execution/",
+        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
+        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+        REASSEMBLER_INPUT=str(inp),
+        REASSEMBLER_OUTPUT=str(out),
+        REASSEMBLER_TASK_RETRIES="0",
+        REASSEMBLER_INPUT_POKE_SECONDS="30",
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
+    # (a poke every 30 s: much shorter pokes race Airflow 3.3's LocalExecutor on SQLite, which then
+    # fails the rescheduled sensor; the DAG's default is 300 s)
+    # the latest scheduled night is the day before today's (or yesterday's) 02:00 run: no input for it
+    now = datetime.now(UTC)
+    latest_logical = (now if now.hour >= 2 else now - timedelta(days=1)).date()
+    late_ds = (latest_logical - timedelta(days=1)).isoformat()
+    backfill_logical = [latest_logical - timedelta(days=k) for k in (12, 11, 10)]
+    nights = [(d - timedelta(days=1)).isoformat() for d in backfill_logical]
+    for k, ds in enumerate(nights):
+        synth_night(
+            inp,
+            ds,
+            SynthConfig(
+                rollouts=16,
+                seed=40 + k,
+                fault_rate=0.0,
+                max_calls=6,
+                prompt_tokens=(10, 30),
+                observation_tokens=(3, 10),
+                generated_tokens=(2, 8),
+            ),
+        )
+
+    def airflow(*args: str) -> str:
+        for _ in range(5):  # SQLite, the embedded default, answers "database is locked" under load
+            res = subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=180)
+            if res.returncode == 0 or "database is locked" not in res.stderr:
+                break
+            time.sleep(3)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return res.stdout
+
+    airflow("db", "migrate")
+    airflow("pools", "set", "reassembler_warehouse", "4", "warehouse")
+    services = [
+        subprocess.Popen([AIRFLOW, *cmd], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for cmd in (["api-server", "--port", str(port)], ["scheduler"], ["dag-processor"])
+    ]
+    db = home / "airflow.db"
+
+    def query(sql: str, *args) -> list:
+        with sqlite3.connect(db, timeout=30) as con:
+            return con.execute(sql, args).fetchall()
+
+    def wait_for(condition, what: str, seconds: float = 240):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if condition():
+                return
+            assert all(p.poll() is None for p in services), "an Airflow service died"
+            time.sleep(2)
+        raise AssertionError(f"timed out waiting for {what}: {query('SELECT run_id, state FROM dag_run')}")
+
+    try:
+        wait_for(lambda: query("SELECT 1 FROM dag WHERE dag_id = 'capture_rows_nightly'"), "the DAG to be parsed")
+        airflow("dags", "unpause", "capture_rows_nightly")
+        wait_for(
+            lambda: query(
+                "SELECT state FROM task_instance WHERE task_id = 'wait_for_input' AND run_id LIKE "
+                "'scheduled__%' AND state = 'up_for_reschedule'"
+            ),
+            "the late night to wait",
+        )
+        airflow(
+            "backfill",
+            "create",
+            "--dag-id",
+            "capture_rows_nightly",
+            "--from-date",  # to-date: up to 00:00
+            backfill_logical[0].isoformat(),
+            "--to-date",
+            (backfill_logical[-1] + timedelta(days=1)).isoformat(),
+        )
+        wait_for(
+            lambda: (
+                len(query("SELECT 1 FROM dag_run WHERE run_type = 'backfill' AND state IN ('success', 'failed')")) == 3
+            ),
+            "the backfill",
+        )
+        states = dict(query("SELECT run_id, state FROM dag_run WHERE run_type = 'backfill'"))
+        assert set(states.values()) == {"success"}, states
+        for ds in nights:
+            assert pq.read_table(out / "rows" / f"ds={ds}").num_rows > 0
+        # the late night is still waiting, not failed, and blocked nothing
+        [(state,)] = query("SELECT state FROM dag_run WHERE run_type = 'scheduled'")
+        assert state == "running"
+        assert not (out / "rows" / f"ds={late_ds}").exists()
+        labels = {
+            r
+            for (r,) in query(
+                "SELECT rendered_map_index FROM task_instance WHERE task_id = 'reassemble' AND map_index >= 0"
+            )
+        }
+        assert all(label.startswith("shard ") and "groups" in label for label in labels), labels
+        manifest = json.loads((out / "_published" / f"ds={nights[0]}.json").read_text())
+        assert manifest["rollouts_in"] == 16
+    finally:
+        for p in services:
+            p.terminate()
+        for p in services:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    assert date.fromisoformat(late_ds) > date.fromisoformat(nights[-1])
