@@ -266,60 +266,24 @@ class LoadSummary:
 def load_night(
     con: duckdb.DuckDBPyConnection, night: NightFiles, allow_empty: bool = False, max_line_bytes: int = MAX_LINE_BYTES
 ) -> LoadSummary:
-    """Replace the night `night.ds` in the warehouse, in one transaction. A night from which
-    no rollout could be read is refused (InputError) unless `allow_empty`."""
+    """Replace the night `night.ds` in the warehouse, in one transaction: clear it, load the
+    rollout lines, load the ledger lines, record the rows nobody asks for, count. A night
+    from which no rollout could be read is refused (InputError) unless `allow_empty`."""
     ds = night.ds
     tokens = token_rows_sql(night)  # fail on unusable token files before touching anything
     con.execute("BEGIN TRANSACTION")
     try:
         run_script(con, "clear_night", {"ds": ds})
-        rollouts = _Inserter(con, "insert_rollouts", ROLLOUT_BATCH, ds)
-        ledger = _Inserter(con, "insert_ledger", LEDGER_BATCH, ds)
         rejects = _Inserter(con, "insert_rejects", REJECT_BATCH, ds)
-
-        seen: set[str] = set()
-        n_rollout_lines = 0
-        for rel in night.rollouts:
-            for line, raw, value in _json_lines(night.path("rollouts", rel), rel, max_line_bytes):
-                n_rollout_lines += 1
-                try:
-                    if isinstance(value, RecordError):
-                        raise value
-                    row = parse_rollout(value)
-                    if row["rollout_id"] in seen:
-                        raise RecordError(f"rollout_id {row['rollout_id']} already seen in this night")
-                except RecordError as e:
-                    _reject(rejects, "rollouts", rel, line, str(e), raw, *_guess_ids(value))
-                    continue
-                seen.add(row["rollout_id"])
-                row.update(rollout_seq=len(seen), source_file=rel, source_line=line)
-                rollouts.add(row)
-
-        capture_seq = 0
-        for rel in night.ledger:
-            for line, raw, value in _json_lines(night.path("ledger", rel), rel, max_line_bytes):
-                capture_seq += 1
-                try:
-                    if isinstance(value, RecordError):
-                        raise value
-                    row = parse_ledger_row(value, rel)
-                except RecordError as e:
-                    _reject(rejects, "ledger", rel, line, str(e), raw, *_guess_ids(value, rel))
-                    continue
-                row.update(capture_seq=capture_seq, source_file=rel, source_line=line)
-                ledger.add(row)
-        for inserter in (rollouts, ledger, rejects):
-            inserter.flush()
-        if rollouts.count == 0 and not allow_empty:
+        rollout_lines, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes)
+        ledger_lines, ledger_loaded = _load_ledger(con, night, rejects, max_line_bytes)
+        rejects.flush()
+        if rollouts_loaded == 0 and not allow_empty:
             raise InputError(
                 f"{night.path('rollouts', '')}: no rollout could be read ({len(night.rollouts)} files, "
-                f"{n_rollout_lines} lines); an empty night is published only with --allow-empty"
+                f"{rollout_lines} lines); an empty night is published only with --allow-empty"
             )
-        con.execute(sql("orphan_ledger_rejects"), {"ds": ds})
-        con.execute(
-            sql("orphan_token_rejects", tokens=tokens),
-            {"ds": ds, "token_dir": str(night.path("tokens", "")).rstrip("/") + "/"},
-        )
+        _reject_orphans(con, night, tokens)
         counts = dict(con.execute(sql("count_rejects"), {"ds": ds}).fetchall())
         ledger_used, token_rows = con.execute(sql("count_loaded", tokens=tokens), {"ds": ds}).fetchone() or (0, 0)
         con.execute("COMMIT")
@@ -327,10 +291,10 @@ def load_night(
         con.execute("ROLLBACK")
         raise
     summary = LoadSummary(
-        rollouts=SourceCount(n_rollout_lines, rollouts.count, counts.get("rollouts", 0)),
-        ledger=SourceCount(capture_seq, ledger_used, counts.get("ledger", 0)),
+        rollouts=SourceCount(rollout_lines, rollouts_loaded, counts.get("rollouts", 0)),
+        ledger=SourceCount(ledger_lines, ledger_used, counts.get("ledger", 0)),
         tokens=SourceCount(token_rows, token_rows - counts.get("tokens", 0), counts.get("tokens", 0)),
-        n_ledger_rows=ledger.count,
+        n_ledger_rows=ledger_loaded,
         n_token_files=len(night.tokens),
     )
     for name in ("rollouts", "ledger", "tokens"):
@@ -338,6 +302,61 @@ def load_night(
         if c.read != c.loaded + c.rejected:  # every line and token row is accounted for
             raise RuntimeError(f"internal: {name} {c}")
     return summary
+
+
+def _load_rollouts(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
+    """Every rollout line: a rollout row, or a reject row (a repeated id keeps the first).
+    Returns (lines read, rollouts loaded)."""
+    rollouts = _Inserter(con, "insert_rollouts", ROLLOUT_BATCH, night.ds)
+    seen: set[str] = set()
+    lines = 0
+    for rel in night.rollouts:
+        for line, raw, value in _json_lines(night.path("rollouts", rel), rel, max_line_bytes):
+            lines += 1
+            try:
+                if isinstance(value, RecordError):
+                    raise value
+                row = parse_rollout(value)
+                if row["rollout_id"] in seen:
+                    raise RecordError(f"rollout_id {row['rollout_id']} already seen in this night")
+            except RecordError as e:
+                _reject(rejects, "rollouts", rel, line, str(e), raw, *_guess_ids(value))
+                continue
+            seen.add(row["rollout_id"])
+            row.update(rollout_seq=len(seen), source_file=rel, source_line=line)
+            rollouts.add(row)
+    rollouts.flush()
+    return lines, rollouts.count
+
+
+def _load_ledger(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
+    """Every ledger line, in capture order (files by path, then lines): a ledger row, or a
+    reject row. Returns (lines read, rows loaded)."""
+    ledger = _Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
+    capture_seq = 0
+    for rel in night.ledger:
+        for line, raw, value in _json_lines(night.path("ledger", rel), rel, max_line_bytes):
+            capture_seq += 1
+            try:
+                if isinstance(value, RecordError):
+                    raise value
+                row = parse_ledger_row(value, rel)
+            except RecordError as e:
+                _reject(rejects, "ledger", rel, line, str(e), raw, *_guess_ids(value, rel))
+                continue
+            row.update(capture_seq=capture_seq, source_file=rel, source_line=line)
+            ledger.add(row)
+    ledger.flush()
+    return capture_seq, ledger.count
+
+
+def _reject_orphans(con, night: NightFiles, tokens: str) -> None:
+    """Ledger rows of no rollout of the night, and token rows no ledger row asks for."""
+    con.execute(sql("orphan_ledger_rejects"), {"ds": night.ds})
+    con.execute(
+        sql("orphan_token_rejects", tokens=tokens),
+        {"ds": night.ds, "token_dir": str(night.path("tokens", "")).rstrip("/") + "/"},
+    )
 
 
 # ---------------------------------------------------------------- token Parquet -> SQL

@@ -226,96 +226,160 @@ def _bogus_hash(seed: str) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()
 
 
-def _inject(fault: str, ro: _Rollout, record: dict, staged: list, rng) -> None:
-    """Apply one fault to a staged rollout (ledger and token rows, record), in place."""
-    acc_ids = [c.call_id for c in ro.accepted]
-    pos = {l["model_call_id"]: k for k, (l, _) in enumerate(staged)}
-    children = [k for k, c in enumerate(ro.accepted) if c.parent is not None]
+class _Injector:
+    """One fault applied to a staged rollout (its ledger and token rows, and its record), in
+    place: one small method per fault kind of FAULTS, named after it."""
 
-    def pick(indices=None):
-        k = int(rng.choice(indices if indices is not None else range(len(acc_ids))))
-        ledger, token = staged[pos[acc_ids[k]]]
-        return k, ledger, token
+    def __init__(self, ro: _Rollout, record: dict, staged: list, rng):
+        self.ro, self.record, self.staged, self.rng = ro, record, staged, rng
+        self.acc_ids = [c.call_id for c in ro.accepted]
+        self.pos = {l["model_call_id"]: k for k, (l, _) in enumerate(staged)}
+        self.children = [k for k, c in enumerate(ro.accepted) if c.parent is not None]
 
-    def copy_lists(token):
-        for name in ("token_ids_delta", "token_mask_delta", "generation_logprobs_delta"):
-            token[name] = np.array(token[name], copy=True)
+    def apply(self, fault: str) -> None:
+        getattr(self, fault)()
 
-    if fault == "rollout_failed":
-        record["failure_reason"] = "environment crashed"
-    elif fault == "invalid_reward":
-        record["reward"] = float("nan")
-    elif fault == "empty_ledger":
-        staged.clear()
-    elif fault == "duplicate_call_id":
-        _, ledger, token = pick()
-        staged.append((dict(ledger), None))
-    elif fault == "unmatched_output":  # the harness edited a tool call: no call produced it
-        k = int(rng.choice([j for j, it in enumerate(record["output"]) if it["type"] == "function_call"]))
-        record["output"][k] = dict(record["output"][k], arguments=json.dumps({"q": "edited"}))
-    elif fault == "empty_selection":
-        record["output"] = [it for it in record["output"] if it["type"] == "function_call_output"] or [
+    def _pick(self, indices=None) -> tuple[dict, dict]:
+        """The ledger and token rows of an accepted call, chosen at random among `indices`."""
+        k = int(self.rng.choice(indices if indices is not None else range(len(self.acc_ids))))
+        return self.staged[self.pos[self.acc_ids[k]]]
+
+    def _drop_call_from_output(self, k: int) -> None:
+        drop = {it["id"] for it in self.ro.accepted[k].items} | {f"call_{self.acc_ids[k]}"}
+        self.record["output"] = [
+            it for it in self.record["output"] if it.get("id") not in drop and it.get("call_id") not in drop
+        ]
+
+    # rollout checks
+    def rollout_failed(self):
+        self.record["failure_reason"] = "environment crashed"
+
+    def invalid_reward(self):
+        self.record["reward"] = float("nan")
+
+    def empty_ledger(self):
+        self.staged.clear()
+
+    def duplicate_call_id(self):
+        ledger, _ = self._pick()
+        self.staged.append((dict(ledger), None))
+
+    # select and cut
+    def unmatched_output(self):  # the harness edited a tool call: no call produced it
+        out = self.record["output"]
+        k = int(self.rng.choice([j for j, it in enumerate(out) if it["type"] == "function_call"]))
+        out[k] = dict(out[k], arguments=json.dumps({"q": "edited"}))
+
+    def empty_selection(self):
+        self.record["output"] = [it for it in self.record["output"] if it["type"] == "function_call_output"] or [
             {"type": "message", "role": "user", "content": []}
         ]
-    elif fault == "swapped_capture":
-        k = int(rng.integers(1, len(acc_ids) - 2))
-        a, b = pos[acc_ids[k]], pos[acc_ids[k + 1]]
-        staged[a], staged[b] = staged[b], staged[a]
-    elif fault == "terminal_not_last":
-        record["terminal_model_call_id"] = acc_ids[-2]
-    elif fault == "missing_terminal":
-        record["terminal_model_call_id"] = "call-that-never-was"
-    elif fault in ("missing_root", "broken_chain"):
-        if fault == "missing_root":
-            k = 0
-        else:
-            k = int(rng.choice([j for j in range(1, len(acc_ids) - 1) if ro.accepted[j + 1].parent is not None]))
-        drop = {it["id"] for it in ro.accepted[k].items} | {f"call_{acc_ids[k]}"}
-        record["output"] = [it for it in record["output"] if it.get("id") not in drop and it.get("call_id") not in drop]
-    elif fault == "missing_tokens":
-        _, ledger, _ = pick()
-        staged[pos[ledger["model_call_id"]]] = (ledger, None)
-    elif fault == "duplicate_tokens":
-        _, ledger, token = pick()
-        staged.append((None, dict(token)))
-    elif fault == "unsupported_version":
-        _, ledger, token = pick()
+
+    def swapped_capture(self):
+        k = int(self.rng.integers(1, len(self.acc_ids) - 2))
+        a, b = self.pos[self.acc_ids[k]], self.pos[self.acc_ids[k + 1]]
+        self.staged[a], self.staged[b] = self.staged[b], self.staged[a]
+
+    def terminal_not_last(self):
+        self.record["terminal_model_call_id"] = self.acc_ids[-2]
+
+    def missing_terminal(self):
+        self.record["terminal_model_call_id"] = "call-that-never-was"
+
+    def missing_root(self):
+        self._drop_call_from_output(0)
+
+    def broken_chain(self):
+        accepted = self.ro.accepted
+        k = int(self.rng.choice([j for j in range(1, len(accepted) - 1) if accepted[j + 1].parent is not None]))
+        self._drop_call_from_output(k)
+
+    # record checks
+    def missing_tokens(self):
+        ledger, _ = self._pick()
+        self.staged[self.pos[ledger["model_call_id"]]] = (ledger, None)
+
+    def duplicate_tokens(self):
+        _, token = self._pick()
+        self.staged.append((None, dict(token)))
+
+    def unsupported_version(self):
+        ledger, token = self._pick()
         ledger["schema_version"] = token["schema_version"] = 9
-    elif fault == "field_mismatch":
-        _, _, token = pick()
+
+    def field_mismatch(self):
+        _, token = self._pick()
         token["weight_version"] += 1
-    elif fault == "invalid_record":
-        _, ledger, token = pick(children)
+
+    def invalid_record(self):
+        ledger, token = self._pick(self.children)
         ledger["mode"] = token["mode"] = "text"
-    elif fault == "length_mismatch":
-        _, ledger, token = pick()
+
+    def length_mismatch(self):
+        ledger, token = self._pick()
         ledger["cum_len"] += 1
         token["cum_len"] += 1
-    elif fault == "parent_length_mismatch":
-        _, ledger, token = pick(children)
-        for side in (ledger, token):
+
+    def parent_length_mismatch(self):
+        for side in self._pick(self.children):
             side["prev_len"] += 1
             side["cum_len"] += 1
-    elif fault in ("invalid_token", "invalid_mask", "empty_generation", "invalid_logprob", "digest_mismatch"):
-        _, ledger, token = pick()
-        copy_lists(token)
+
+    def invalid_token(self):
+        self._token_values("invalid_token")
+
+    def invalid_mask(self):
+        self._token_values("invalid_mask")
+
+    def empty_generation(self):
+        self._token_values("empty_generation")
+
+    def invalid_logprob(self):
+        self._token_values("invalid_logprob")
+
+    def digest_mismatch(self):
+        self._token_values("digest_mismatch")
+
+    def _token_values(self, fault: str):
+        """Change one token list value of an accepted call, leaving its digest as it was."""
+        _, token = self._pick()
+        for name in ("token_ids_delta", "token_mask_delta", "generation_logprobs_delta"):
+            token[name] = np.array(token[name], copy=True)
         ids, mask, lp = token["token_ids_delta"], token["token_mask_delta"], token["generation_logprobs_delta"]
         if fault == "invalid_token":
-            ids[int(rng.integers(len(ids)))] = -5
+            ids[int(self.rng.integers(len(ids)))] = -5
         elif fault == "invalid_mask":
             mask[-1], lp[-1] = 0.0, 0.0
         elif fault == "empty_generation":
             mask[:], lp[:] = 0.0, 0.0
         elif fault == "invalid_logprob":
             lp[-1] = np.nan
-        else:
+        else:  # digest_mismatch
             ids[-1] = (ids[-1] + 1) % 1000
-    elif fault == "chain_hash_mismatch":
-        _, ledger, token = pick()
-        resign(ledger, token, chain_hash=_bogus_hash(ro.rid + "chain"))
-    elif fault == "cumulative_hash_mismatch":
-        _, ledger, token = pick([len(acc_ids) - 1])
-        resign(ledger, token, cumulative_hash=_bogus_hash(ro.rid + "cumulative"))
+
+    def chain_hash_mismatch(self):
+        resign(*self._pick(), chain_hash=_bogus_hash(self.ro.rid + "chain"))
+
+    def cumulative_hash_mismatch(self):
+        resign(*self._pick([len(self.acc_ids) - 1]), cumulative_hash=_bogus_hash(self.ro.rid + "cumulative"))
+
+    # made while generating or staging the rollout, nothing left to change here: the twin call
+    # (ambiguous_output) and the poison row (poisoned) by _Gen.rollout, the late calls
+    # (dangling_parent, lineage_cycle) by synth_night
+    def ambiguous_output(self):
+        pass
+
+    def dangling_parent(self):
+        pass
+
+    def lineage_cycle(self):
+        pass
+
+    def poisoned(self):
+        pass
+
+
+assert all(callable(getattr(_Injector, f, None)) for f in FAULTS), "every fault kind needs an injector"
 
 
 class _Writer:
@@ -506,7 +570,7 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
                 resign(late_b, late_b_tokens, parent_call_id="late-a")
             staged.extend(extra_staged)
         if fault is not None:
-            _inject(fault, ro, record, staged, gen.rng)
+            _Injector(ro, record, staged, gen.rng).apply(fault)
 
         n_roots_accepted = sum(c.parent is None for c in ro.accepted)
         select_reason, terminal_reason, _ = FAULTS[fault] if fault else (None, None, False)
