@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 source scripts/airflow_env.sh
 export PATH="$PWD/.venv/bin:$PATH"
 export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS=reassembler_airflow.sqlite.CONNECT_ARGS
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS:-admin:admin}"
 PORT="${AIRFLOW_PORT:-8080}"
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://localhost:$PORT/execution/"

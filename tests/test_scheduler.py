@@ -38,6 +38,7 @@ def test_a_backfill_of_three_nights_runs_while_a_late_night_waits(tmp_path):
         AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"),
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="reassembler_airflow.sqlite.CONNECT_ARGS",
         AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
         AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://localhost:{port}/execution/",
         AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
