@@ -304,27 +304,44 @@ def load_night(
     return summary
 
 
+def _read_lines(night: NightFiles, source: str, parse, add, rejects: _Inserter, max_line_bytes: int) -> int:
+    """Every line of a source ("rollouts" or "ledger"), files by path then lines: `parse(value,
+    rel)` turns it into a row, given to `add(number, row)` (number: the line's place in
+    reading order), or it raises RecordError and the line becomes a reject row. Returns the
+    number of lines read."""
+    number = 0
+    for rel in getattr(night, source):
+        for line, raw, value in _json_lines(night.path(source, rel), rel, max_line_bytes):
+            number += 1
+            try:
+                if isinstance(value, RecordError):
+                    raise value
+                row = parse(value, rel)
+            except RecordError as e:
+                _reject(
+                    rejects, source, rel, line, str(e), raw, *_guess_ids(value, rel if source == "ledger" else None)
+                )
+                continue
+            row.update(source_file=rel, source_line=line)
+            add(number, row)
+    return number
+
+
 def _load_rollouts(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
     """Every rollout line: a rollout row, or a reject row (a repeated id keeps the first).
     Returns (lines read, rollouts loaded)."""
     rollouts = _Inserter(con, "insert_rollouts", ROLLOUT_BATCH, night.ds)
     seen: set[str] = set()
-    lines = 0
-    for rel in night.rollouts:
-        for line, raw, value in _json_lines(night.path("rollouts", rel), rel, max_line_bytes):
-            lines += 1
-            try:
-                if isinstance(value, RecordError):
-                    raise value
-                row = parse_rollout(value)
-                if row["rollout_id"] in seen:
-                    raise RecordError(f"rollout_id {row['rollout_id']} already seen in this night")
-            except RecordError as e:
-                _reject(rejects, "rollouts", rel, line, str(e), raw, *_guess_ids(value))
-                continue
-            seen.add(row["rollout_id"])
-            row.update(rollout_seq=len(seen), source_file=rel, source_line=line)
-            rollouts.add(row)
+
+    def parse(value, rel: str) -> dict:
+        row = parse_rollout(value)
+        if row["rollout_id"] in seen:
+            raise RecordError(f"rollout_id {row['rollout_id']} already seen in this night")
+        seen.add(row["rollout_id"])
+        row["rollout_seq"] = len(seen)
+        return row
+
+    lines = _read_lines(night, "rollouts", parse, lambda _, row: rollouts.add(row), rejects, max_line_bytes)
     rollouts.flush()
     return lines, rollouts.count
 
@@ -333,21 +350,14 @@ def _load_ledger(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int
     """Every ledger line, in capture order (files by path, then lines): a ledger row, or a
     reject row. Returns (lines read, rows loaded)."""
     ledger = _Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
-    capture_seq = 0
-    for rel in night.ledger:
-        for line, raw, value in _json_lines(night.path("ledger", rel), rel, max_line_bytes):
-            capture_seq += 1
-            try:
-                if isinstance(value, RecordError):
-                    raise value
-                row = parse_ledger_row(value, rel)
-            except RecordError as e:
-                _reject(rejects, "ledger", rel, line, str(e), raw, *_guess_ids(value, rel))
-                continue
-            row.update(capture_seq=capture_seq, source_file=rel, source_line=line)
-            ledger.add(row)
+
+    def add(capture_seq: int, row: dict) -> None:
+        row["capture_seq"] = capture_seq
+        ledger.add(row)
+
+    lines = _read_lines(night, "ledger", parse_ledger_row, add, rejects, max_line_bytes)
     ledger.flush()
-    return capture_seq, ledger.count
+    return lines, ledger.count
 
 
 def _reject_orphans(con, night: NightFiles, tokens: str) -> None:
