@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from dataclasses import asdict
 from datetime import date
 
 from .reasons import DESCRIPTIONS, STEPS, Reason
@@ -236,7 +235,3 @@ def record_verdict(con, ds: str, run_id: str | None, breaches: list[dict]) -> No
         "record_verdict",
         {"ds": ds, "run_id": run_id, "verdict": "breached" if breaches else "ok", "breaches": json.dumps(breaches)},
     )
-
-
-def thresholds_dict(t: Thresholds) -> dict:
-    return asdict(t)

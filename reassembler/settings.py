@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,13 +125,6 @@ class Settings:
             token_cache_bytes=get("token_cache_bytes", d.token_cache_bytes, int),
             retention_nights=get("retention_nights", d.retention_nights, int),
         )
-
-    def to_params(self) -> dict[str, Any]:
-        """The flat names `from_params` reads (what the operator passes on)."""
-        out = {f.name: getattr(self.options, f.name) for f in fields(Options)}
-        out.update({f"duckdb_{f.name}": getattr(self.duckdb, f.name) for f in fields(DuckDBSettings)})
-        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("options", "duckdb")})
-        return out
 
 
 def _bool(value) -> bool:
