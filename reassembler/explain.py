@@ -29,7 +29,7 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     """The trace of one published rollout replayed from the warehouse alone (no token
     reads): its ledger, selection, cut and walks, then the outcome the build recorded. The
     per-call token checks are not rerun here; `reassembler explain` reruns everything."""
-    from .calls import calls_from_rows
+    from .calls import calls_from_table
     from .cut import cut_chains
     from .finalize import walk_to_root
     from .reasons import Masked
@@ -43,10 +43,11 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     if not records or published is None:
         return [f"rollout {rollout_id}: not in the warehouse for ds={ds}"]
     rollout = records[0]
-    cur = con.execute(sql("explain_ledger", call_columns=select_list(CALL, "l")), {"ds": ds, "rollout_id": rollout_id})
-    names = [d[0] for d in cur.description]
-    rows = [dict(zip(names, row), _row=0, token_fields=None) for row in cur.fetchall()]
-    calls = calls_from_rows(rows)
+    calls = calls_from_table(
+        con.execute(
+            sql("explain_ledger", call_columns=select_list(CALL, "l")), {"ds": ds, "rollout_id": rollout_id}
+        ).fetch_arrow_table()
+    )
     status, reason, detail, failed, *_, mode = published[:8]
     lines = [_ledger_line([(c.model_call_id, c.parent_call_id, c.failure_reason) for c in calls])]
     if mode != "terminal" and calls and not rollout["failure_reason"] and rollout["reward"] is not None:

@@ -2,9 +2,10 @@
 
 The walk follows parent_call_id from the leaf through the rollout's whole ledger
 (missing_parent, lineage_cycle) and must give back the chain (order_mismatch). Then, root
-to leaf, each call passes all its checks before the next call is looked at; the chain hash
-is recomputed from the recomputed parent's, and the leaf's cumulative_hash must be the
-hash of the whole joined row.
+to leaf, each call passes all its checks before the next call is looked at: its record
+checks, its parent's cum_len, its token checks and digest, its chain hash (the verdicts
+were computed for the whole batch in checks.py; here they are looked up in order), and the
+leaf's cumulative_hash must be the hash of the whole joined row.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .calls import Call
-from .digests import chain_hash, cumulative_hash
+from .digests import cumulative_hash
 from .reasons import Masked, Reason
 
 
@@ -24,7 +25,7 @@ class Segment:
 
     @property
     def token_rows(self) -> list[int]:
-        return [c.token_row for c in self.calls]
+        return [c.row for c in self.calls]
 
 
 def walk_to_root(leaf: Call, by_id: dict[str, Call]) -> list[Call]:
@@ -55,7 +56,8 @@ def walk_to_root(leaf: Call, by_id: dict[str, Call]) -> list[Call]:
     return walk
 
 
-def finalize_chain(chain: list[Call], by_id: dict[str, Call], batch, trace: list[str] | None = None) -> Segment:
+def finalize_chain(chain: list[Call], by_id: dict[str, Call], checks, trace: list[str] | None = None) -> Segment:
+    """`checks`: the batch's verdicts (checks.BatchChecks)."""
     leaf = chain[-1]
     walk = walk_to_root(leaf, by_id)
     if trace is not None:
@@ -66,29 +68,18 @@ def finalize_chain(chain: list[Call], by_id: dict[str, Call], batch, trace: list
             f"walk [{', '.join(c.model_call_id for c in walk)}] != chain [{', '.join(c.model_call_id for c in chain)}]",
             leaf.model_call_id,
         )
-    parent_hash = None
-    ids_parts: list[bytes | memoryview] = []
     for k, call in enumerate(chain):
-        call.check_record(batch)
+        checks.record(call)
         if k > 0 and chain[k - 1].cum_len != call.prev_len:
             raise Masked(
                 Reason.PARENT_LENGTH_MISMATCH,
                 f"parent {chain[k - 1].model_call_id} cum_len {chain[k - 1].cum_len} != prev_len {call.prev_len}",
                 call.model_call_id,
             )
-        ids_be = call.check_tokens(batch)
-        ids_parts.append(ids_be)
-        recomputed = chain_hash(parent_hash, ids_be)
-        assert call.chain_hash is not None and leaf.cumulative_hash is not None  # checked by check_record
-        if recomputed != call.chain_hash:
-            raise Masked(
-                Reason.CHAIN_HASH_MISMATCH,
-                f"recomputed {recomputed[:16]}.. != ledger {call.chain_hash[:16]}..",
-                call.model_call_id,
-            )
-        parent_hash = recomputed
-    joined = cumulative_hash(ids_parts)
-    assert leaf.cumulative_hash is not None
+        checks.tokens_and_digest(call)
+        checks.chain(call, chain[k - 1] if k > 0 else None)
+    joined = cumulative_hash([checks.ids_be(c) for c in chain])
+    assert leaf.cumulative_hash is not None  # checked by checks.record
     if joined != leaf.cumulative_hash:
         raise Masked(
             Reason.CUMULATIVE_HASH_MISMATCH,

@@ -111,9 +111,10 @@ def _terminal_chain(rollout: dict, calls: list[Call], by_id: dict[str, Call], n_
 
 
 def reassemble_rollout(
-    rollout: dict, calls: list[Call], batch, options: Options = Options(), trace: list[str] | None = None
+    rollout: dict, calls: list[Call], checks, options: Options = Options(), trace: list[str] | None = None
 ) -> Outcome:
-    """`calls`: the rollout's ledger rows in capture order, joined to their token rows."""
+    """`calls`: the rollout's ledger rows in capture order; `checks`: the verdicts of their
+    batch (checks.BatchChecks)."""
     out = Outcome(rollout, n_ledger_calls=len(calls), n_roots=sum(c.is_root for c in calls))
     try:
         _rollout_checks(rollout, calls, options)
@@ -137,11 +138,11 @@ def reassemble_rollout(
         on_chain = {id(c) for chain in chains for c in chain}
         offchain = [c for c in calls if id(c) not in on_chain]
         out.n_offchain = len(offchain)
-        out.n_offchain_faults = sum(c.record_fault(batch) is not None for c in offchain)
-        segments = [finalize_chain(chain, by_id, batch, trace) for chain in chains]
+        out.n_offchain_faults = sum(checks.record_fault(c) is not None for c in offchain)
+        segments = [finalize_chain(chain, by_id, checks, trace) for chain in chains]
         if options.offchain == "strict":
             for c in offchain:
-                fault = c.record_fault(batch)
+                fault = checks.record_fault(c)
                 if fault is not None:
                     raise fault
         out.segments = segments

@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .advantage import assign_advantages
-from .calls import calls_from_rows
+from .calls import calls_from_heads
+from .checks import BatchChecks
 from .fields import CALL, select_list
 from .read import NightFiles, token_rows_sql
 from .rollout import Outcome, reassemble_rollout
@@ -49,11 +50,9 @@ class ShardResult:
     def n_masked(self) -> int:
         return self.n_rollouts - self.n_ok
 
-    def add(self, outcomes: list[Outcome], rows: pa.Table) -> None:
+    def add(self, outcomes: list[Outcome]) -> None:
         self.n_rollouts += len(outcomes)
         self.n_ok += sum(o.ok for o in outcomes)
-        self.n_rows += rows.num_rows
-        self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
         self.reasons.update(o.reason.value for o in outcomes if o.reason is not None)
 
     def summary(self) -> str:
@@ -119,30 +118,33 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
 
 
 def reassemble_unit(
-    rollouts: list[dict], table: pa.Table, tokens: pa.Table, options: Options, trace: dict[str, list[str]] | None = None
+    rollouts: list[dict],
+    table: pa.Table,
+    tokens: pa.Table,
+    options: Options,
+    trace: dict[str, list[str]] | None = None,
+    checks: BatchChecks | None = None,
 ) -> tuple[list[Outcome], TokenBatch]:
     """`table`: the unit's call rows (sql/shard_calls.sql); `tokens`: their token rows, row
-    for row, in the canonical columns of token_store.py."""
-    batch = TokenBatch(tokens.column("ids"), tokens.column("mask"), tokens.column("logprobs"))
-    meta = table.to_pylist()
-    token_fields = tokens.drop_columns(["ids", "mask", "logprobs"]).to_pylist()
-    by_rollout: dict[str, list[dict]] = {}
-    for i, row in enumerate(meta):
-        row["_row"] = i
-        row["token_fields"] = token_fields[i]
-        by_rollout.setdefault(row["rollout_id"], []).append(row)
+    for row, in the canonical columns of token_store.py; `checks`: their verdicts, when the
+    prepare stage computed them already. Python runs per rollout from here on."""
+    if checks is None:
+        checks = BatchChecks(table, tokens).hash_all()
+    by_rollout: dict[str, list] = {}
+    for call in calls_from_heads(checks.heads, checks.starts, checks.counts):
+        by_rollout.setdefault(call.rollout_id, []).append(call)
     outcomes = []
     for r in rollouts:
-        calls = calls_from_rows(by_rollout.pop(r["rollout_id"], []))
+        calls = by_rollout.pop(r["rollout_id"], [])
         outcomes.append(
             reassemble_rollout(
-                r, calls, batch, options, None if trace is None else trace.setdefault(r["rollout_id"], [])
+                r, calls, checks, options, None if trace is None else trace.setdefault(r["rollout_id"], [])
             )
         )
     if by_rollout:
         raise RuntimeError(f"internal: calls streamed for rollouts outside the batch: {sorted(by_rollout)[:3]}")
     assign_advantages(outcomes, options.std_normalize, options.leave_one_out)
-    return outcomes, batch
+    return outcomes, checks.batch
 
 
 def reassemble_one(
@@ -177,44 +179,54 @@ def run_shard(con, night: NightFiles, shard: int, settings: Settings, run_id: st
     )
     units = _units(calls, rollouts, settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
-    with _ShardWriter(staging, shard) as writer:
-        for outcomes, batch in _reassembled(units, TokenStore(settings.token_cache_bytes), settings.options, writer):
-            rows = rows_table(outcomes, batch)
-            writer.write(rows, audit_table(outcomes, batch, run_id))
-            result.add(outcomes, rows)
-            log.debug("shard %d: %d rollouts, %d ok, %d rows", shard, result.n_rollouts, result.n_ok, result.n_rows)
+    with _ShardWriter(staging, shard, run_id) as writer:
+        for rollouts_, table, checks in _prepared(units, TokenStore(settings.token_cache_bytes), writer):
+            outcomes, batch = reassemble_unit(rollouts_, table, checks.tokens, settings.options, checks=checks)
+            writer.write(outcomes, batch)
+            result.add(outcomes)
+            log.debug("shard %d: %d rollouts, %d ok", shard, result.n_rollouts, result.n_ok)
+    result.n_rows, result.n_tokens = writer.n_rows, writer.n_tokens
     for line in result.summary().splitlines():
         log.info("%s", line)
     return result
 
 
 class _ShardWriter:
-    """The shard's two Parquet writers and the I/O thread. The thread reads the next batch's
-    token row groups and writes the previous batch's rows while the main thread checks the
-    current batch (pyarrow releases the GIL); it runs its tasks in order, so the writers are
-    never used concurrently."""
+    """The shard's two Parquet writers, the I/O thread and the checks thread.
 
-    def __init__(self, staging: Path, shard: int):
+    The I/O thread reads the next batch's token row groups and builds and writes the
+    previous batch's rows (pyarrow and numpy release the GIL); it runs its tasks in order,
+    so the writers are never used concurrently. The checks thread computes the next batch's
+    verdicts and hashes (checks.BatchChecks) while the main thread runs the current batch's
+    rollouts."""
+
+    def __init__(self, staging: Path, shard: int, run_id: str):
         name = f"part-{shard:05d}.parquet"
         for kind in ("rows", "audit"):
             (staging / kind).mkdir(parents=True, exist_ok=True)
+        self.run_id = run_id
         self.rows_out = pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA, **ROW_WRITE_OPTIONS)
         self.audit_out = pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA)
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-io")
+        self.checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-checks")
         self.last_write: Future | None = None
+        self.n_rows = self.n_tokens = 0
 
     def __enter__(self) -> _ShardWriter:
         return self
 
-    def _write(self, rows: pa.Table, audit: pa.Table) -> None:
+    def _write(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
+        rows = rows_table(outcomes, batch)
         if rows.num_rows:
             self.rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
-        self.audit_out.write_table(audit)
+        self.audit_out.write_table(audit_table(outcomes, batch, self.run_id))
+        self.n_rows += rows.num_rows
+        self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
 
-    def write(self, rows: pa.Table, audit: pa.Table) -> None:
+    def write(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
         if self.last_write is not None:
             self.last_write.result()  # re-raises a failed write; usually long finished
-        self.last_write = self.io.submit(self._write, rows, audit)
+        self.last_write = self.io.submit(self._write, outcomes, batch)
 
     def __exit__(self, *exc) -> None:
         try:
@@ -222,22 +234,24 @@ class _ShardWriter:
                 self.last_write.result()
         finally:
             self.io.shutdown(wait=True)
+            self.checks.shutdown(wait=True, cancel_futures=True)
             self.rows_out.close()
             self.audit_out.close()
 
 
-def _reassembled(units, store: TokenStore, options: Options, writer: _ShardWriter):
-    """(outcomes, token batch) per unit, with the next unit's token rows read ahead on the
-    writer's I/O thread."""
+def _prepared(units, store: TokenStore, writer: _ShardWriter):
+    """(rollouts, call table, checks) per unit: the next unit's token rows are read on the
+    I/O thread and its checks computed on the checks thread while the current one runs."""
 
-    def fetch(unit):
+    def fetch(unit) -> Future:
         rollouts, table = unit
-        return rollouts, table, store.fetch(table.column("t_file"), table.column("t_row"))
+        tokens = store.fetch(table.column("t_file"), table.column("t_row"))
+        return writer.checks.submit(lambda: (rollouts, table, BatchChecks(table, tokens).hash_all()))
 
     following = next(units, None)
     ahead = writer.io.submit(fetch, following) if following is not None else None
     while ahead is not None:
-        rollouts, table, tokens = ahead.result()
+        prepared = ahead.result().result()
         following = next(units, None)
         ahead = writer.io.submit(fetch, following) if following is not None else None
-        yield reassemble_unit(rollouts, table, tokens, options)
+        yield prepared
