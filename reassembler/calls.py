@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from .gym_fingerprint import VERSION as FINGERPRINT_VERSION
 
+
 @dataclass(slots=True, eq=False)
 class Call:
     rollout_id: str
@@ -97,8 +98,5 @@ def calls_from_heads(heads: pa.Table, starts: np.ndarray, counts: np.ndarray) ->
     columns["output_items"] = [
         None if items is None else [(i["id"], i["fingerprint"]) for i in items] for items in columns["output_items"]
     ]
-    rows = starts.tolist()
-    return [
-        Call(*values, index=k, row=rows[k], n_token_rows=n)
-        for k, (values, n) in enumerate(zip(zip(*(columns[name] for name in CALL_FIELDS)), counts.tolist()))
-    ]
+    values = zip(*(columns[name] for name in CALL_FIELDS), range(len(starts)), starts.tolist(), counts.tolist())
+    return [Call(*v) for v in values]

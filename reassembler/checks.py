@@ -195,7 +195,9 @@ class BatchChecks:
         if recomputed != call.digest:
             assert call.digest is not None
             raise Masked(
-                Reason.DIGEST_MISMATCH, f"recomputed {recomputed[:16]}.. != ledger {call.digest[:16]}..", call.model_call_id
+                Reason.DIGEST_MISMATCH,
+                f"recomputed {recomputed[:16]}.. != ledger {call.digest[:16]}..",
+                call.model_call_id,
             )
 
     def chain(self, call: Call, parent: Call | None) -> None:

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import InputError
 from .fields import LEDGER, ROLLOUT, arrow_schema
+from .ledger_columns import ScannedFile, ledger_table, parse_files, scan_file
 from .records import (
     LEDGER_DIGESTS,
     LEDGER_INTS,
@@ -187,12 +189,17 @@ def _json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES):
                 continue
             if not raw.strip():
                 continue
-            try:
-                yield number, raw, _DECODER.decode(raw.decode("utf-8"))
-            except RecordError as e:
-                yield number, raw, e
-            except (ValueError, RecursionError) as e:
-                yield number, raw, RecordError(f"not valid JSON: {e}")
+            yield number, raw, _decode(raw)
+
+
+def _decode(raw: bytes):
+    """One line's JSON value, or the RecordError that makes it a reject row."""
+    try:
+        return _DECODER.decode(raw.decode("utf-8"))
+    except RecordError as e:
+        return e
+    except (ValueError, RecursionError) as e:
+        return RecordError(f"not valid JSON: {e}")
 
 
 def _raw_text(raw: bytes) -> str:
@@ -311,20 +318,28 @@ def _read_lines(night: NightFiles, source: str, parse, add, rejects: _Inserter, 
     number of lines read."""
     number = 0
     for rel in getattr(night, source):
-        for line, raw, value in _json_lines(night.path(source, rel), rel, max_line_bytes):
-            number += 1
-            try:
-                if isinstance(value, RecordError):
-                    raise value
-                row = parse(value, rel)
-            except RecordError as e:
-                _reject(
-                    rejects, source, rel, line, str(e), raw, *_guess_ids(value, rel if source == "ledger" else None)
-                )
-                continue
-            row.update(source_file=rel, source_line=line)
-            add(number, row)
+        number = _read_file_lines(night, source, rel, number, parse, add, rejects, max_line_bytes)
     return number
+
+
+def _read_file_lines(night: NightFiles, source: str, rel: str, number: int, parse, add, rejects, max_line_bytes) -> int:
+    """`_read_lines` for one file, whose first line is number + 1; returns the last number."""
+    for line, raw, value in _json_lines(night.path(source, rel), rel, max_line_bytes):
+        number += 1
+        _one_line(source, rel, line, raw, value, number, parse, add, rejects)
+    return number
+
+
+def _one_line(source: str, rel: str, line: int, raw: bytes, value, number: int, parse, add, rejects) -> None:
+    try:
+        if isinstance(value, RecordError):
+            raise value
+        row = parse(value, rel)
+    except RecordError as e:
+        _reject(rejects, source, rel, line, str(e), raw, *_guess_ids(value, rel if source == "ledger" else None))
+        return
+    row.update(source_file=rel, source_line=line)
+    add(number, row)
 
 
 def _load_rollouts(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
@@ -348,16 +363,98 @@ def _load_rollouts(con, night: NightFiles, rejects: _Inserter, max_line_bytes: i
 
 def _load_ledger(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
     """Every ledger line, in capture order (files by path, then lines): a ledger row, or a
-    reject row. Returns (lines read, rows loaded)."""
+    reject row. Whole files are parsed in columns (ledger_columns.py); the files and lines
+    that path cannot take exactly are read line by line. Returns (lines read, rows loaded)."""
     ledger = _Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
+    loaded = 0
 
     def add(capture_seq: int, row: dict) -> None:
         row["capture_seq"] = capture_seq
         ledger.add(row)
 
-    lines = _read_lines(night, "ledger", parse_ledger_row, add, rejects, max_line_bytes)
+    number = 0
+    for chunk in _file_chunks(night, "ledger", max_line_bytes):
+        parsed = _parse_chunk(chunk)
+        columnar: list[tuple[ScannedFile, pa.Table, int]] = []  # (file, its rows, number before it)
+        for rel, scanned in chunk:
+            table = parsed.get(rel)
+            if scanned is None or table is None:
+                number = _read_file_lines(night, "ledger", rel, number, parse_ledger_row, add, rejects, max_line_bytes)
+            else:
+                columnar.append((scanned, table, number))
+                number += scanned.n_lines
+        if columnar:
+            loaded += _insert_columns(con, night, columnar, add, rejects)
     ledger.flush()
-    return lines, ledger.count
+    return number, ledger.count + loaded
+
+
+LEDGER_CHUNK_BYTES = 32 << 20
+LEDGER_IN_COLUMNS = True  # False: every ledger line takes the per-line path (the tests' reference)
+
+
+def _file_chunks(night: NightFiles, source: str, max_line_bytes: int):
+    """The source's files in order, read and scanned, in chunks of about LEDGER_CHUNK_BYTES:
+    lists of (rel, ScannedFile or None: read this file line by line)."""
+    chunk: list[tuple[str, ScannedFile | None]] = []
+    size = 0
+    for rel in getattr(night, source):
+        path = night.path(source, rel)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise InputError(f"{rel}: cannot open ({e.strerror})") from e
+        chunk.append((rel, scan_file(rel, data, max_line_bytes) if LEDGER_IN_COLUMNS else None))
+        size += len(data)
+        if size >= LEDGER_CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _parse_chunk(chunk: list[tuple[str, ScannedFile | None]]) -> dict[str, pa.Table]:
+    """The parsed rows of each file of the chunk that pyarrow parses: all files at once, or
+    (when that fails) file by file."""
+    files = [s for _, s in chunk if s is not None and s.n_lines]
+    if not files:
+        return {}
+    whole = parse_files(files)
+    if whole is not None:
+        out, at = {}, 0
+        for f in files:
+            out[f.rel] = whole.slice(at, f.n_lines)
+            at += f.n_lines
+        return out
+    return {f.rel: t for f in files if (t := parse_files([f])) is not None}
+
+
+def _insert_columns(con, night: NightFiles, columnar, add, rejects: _Inserter) -> int:
+    """Insert the rows parsed in columns; the lines ledger_columns.py leaves to the per-line
+    path go through it (`add` or a reject row). Returns the rows inserted here."""
+    files = [f for f, _, _ in columnar]
+    table, per_line = ledger_table(pa.concat_tables([t for _, t, _ in columnar]), files)
+    numbers = np.concatenate([np.arange(base + 1, base + 1 + f.n_lines) for f, _, base in columnar])
+    lines = np.concatenate([np.arange(1, f.n_lines + 1) for f in files])
+    file_of_row = np.repeat(np.arange(len(files)), [f.n_lines for f in files])
+    for k in np.flatnonzero(per_line).tolist():
+        f, line = files[file_of_row[k]], int(lines[k])
+        raw = f.line(line - 1)
+        _one_line("ledger", f.rel, line, raw, _decode(raw), int(numbers[k]), parse_ledger_row, add, rejects)
+    keep = pa.array(~per_line)
+    rels = pa.array([f.rel for f in files], pa.string())
+    table = (
+        table.append_column("capture_seq", pa.array(numbers))
+        .append_column("source_file", rels.take(pa.array(file_of_row)))
+        .append_column("source_line", pa.array(lines))
+        .filter(keep)
+        .select(LEDGER_BATCH.names)
+        .cast(LEDGER_BATCH)
+    )
+    con.register("batch", table)
+    con.execute(sql("insert_ledger"), {"ds": night.ds})
+    con.unregister("batch")
+    return table.num_rows
 
 
 def _reject_orphans(con, night: NightFiles, tokens: str) -> None:
