@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .calls import Call, call_starts, token_row_counts
-from .digests import chain_hash, staged_call_digest
+from .digests import STAGED_FIELDS, chain_hash, staged_call_digest, staged_digest_of
 from .reasons import Masked, Reason
 from .records import HEX64, SHARED_FIELDS, VERSION_DEFAULTS
 from .tokens import TokenBatch
@@ -156,26 +156,34 @@ class BatchChecks:
     def hash_all(self) -> BatchChecks:
         """Staged digests and chain hashes of the calls that passed their record and token
         checks (see the module docstring). Returns self, for a thread pool's future."""
-        h = self.heads
-        names = (
-            "schema_version digest_version extras_digest_version rollout_id model_call_id parent_call_id mode "
-            "prev_len delta_len cum_len weight_version extras_digest chain_hash cumulative_hash"
-        ).split()
-        values = dict(zip(names, (h.column(n).to_pylist() for n in names)))
-        chains, parents = values["chain_hash"], self.parent.tolist()
-        batch = self.batch
-        for k, (record, token) in enumerate(zip(self.record_reason, self.token_reason)):
-            if record is not None or token is not None:
-                continue
-            ids_be, mask_be, lp_be = batch.be_views(int(self.starts[k]))
-            fields = {n: values[n][k] for n in names}
-            self.digests[k] = staged_call_digest(**fields, ids_be=ids_be, mask_be=mask_be, logprobs_be=lp_be)
-            if fields["parent_call_id"] is None:
+        todo = [k for k, (r, t) in enumerate(zip(self.record_reason, self.token_reason)) if r is None and t is None]
+        if not todo:
+            return self
+        take = pa.array(todo, pa.int64())
+        h = self.heads.take(take)
+        fields = [h.column(n).to_pylist() for n in STAGED_FIELDS]
+        chains = self.heads.column("chain_hash").to_pylist()
+        parents = self.parent[todo].tolist()
+        b = self.batch
+        rows = self.starts[todo]
+        ids, mask, lp = b.be_buffers()
+        id_at, id_n = (8 * b.id_starts[rows]).tolist(), (8 * b.n_ids[rows]).tolist()
+        mask_at, mask_n = (4 * b.mask_starts[rows]).tolist(), (4 * b.n_mask[rows]).tolist()
+        lp_at, lp_n = (4 * b.lp_starts[rows]).tolist(), (4 * b.n_lp[rows]).tolist()
+        parent_ids = fields[STAGED_FIELDS.index("parent_call_id")]
+        for j, (k, values) in enumerate(zip(todo, zip(*fields))):
+            ids_be = ids[id_at[j] : id_at[j] + id_n[j]]
+            self.digests[k] = staged_digest_of(
+                *values,
+                ids_be,
+                mask[mask_at[j] : mask_at[j] + mask_n[j]],
+                lp[lp_at[j] : lp_at[j] + lp_n[j]],
+            )
+            p = parents[j]
+            if parent_ids[j] is None:
                 self.chains[k] = chain_hash(None, ids_be)
-            else:
-                p = parents[k]
-                if p >= 0 and chains[p] is not None and HEX64.fullmatch(chains[p]):
-                    self.chains[k] = chain_hash(chains[p], ids_be)
+            elif p >= 0 and chains[p] is not None and HEX64.fullmatch(chains[p]):
+                self.chains[k] = chain_hash(chains[p], ids_be)
         return self
 
     # -- lookups, for the per-rollout steps

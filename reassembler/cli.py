@@ -9,6 +9,7 @@ threshold; 70 a bug. Every error is one line on stderr.
 from __future__ import annotations
 
 import argparse
+import importlib.abc
 import json
 import logging
 import os
@@ -317,5 +318,24 @@ def _main(args) -> int:
         return known.exit_code
 
 
+class _KeepPandasOut(importlib.abc.MetaPathFinder):
+    """pyarrow and DuckDB import pandas (0.3-0.5 s, most of it CPU) the first time they are
+    handed Python objects, only to ask whether those are DataFrames; the command never hands
+    them one. Installed by `entry` only, so a process that imports this package (tests,
+    Airflow workers, notebooks) keeps pandas."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("pandas is not used by the reassembler command", name=name)
+        return None
+
+
+def entry(argv: list[str] | None = None) -> int:
+    """The `reassembler` command: `main` in a process of its own."""
+    if "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _KeepPandasOut())
+    return main(argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -41,6 +41,8 @@ PREFIX_CALL = b"nemo-gym-staging-call-v2"
 PREFIX_EXTRAS = b"nemo-gym-staging-extras-v1"
 
 _U64 = struct.Struct(">Q")
+_PAIR = struct.Struct(">QQ")
+_HEAD = struct.Struct(">QQQQQQ")  # prev_len, delta_len, cum_len, weight_version, blob length, id count
 
 
 def u64(x: int) -> bytes:
@@ -63,12 +65,13 @@ def raw32(hex_digest: str) -> bytes:
     return b
 
 
-def to_be_bytes(ids: np.ndarray, mask: np.ndarray, logprobs: np.ndarray) -> tuple[bytes, bytes, bytes]:
-    """Flat token arrays -> big-endian u64 ids, f32 mask, f32 logprobs (one pass each)."""
+def to_be_bytes(ids: np.ndarray, mask: np.ndarray, logprobs: np.ndarray) -> tuple[memoryview, memoryview, memoryview]:
+    """Flat token arrays -> big-endian u64 ids, f32 mask, f32 logprobs, as byte views (one
+    conversion each, no further copy)."""
     return (
-        ids.astype(">u8", copy=False).tobytes(),
-        mask.astype(">f4", copy=False).tobytes(),
-        logprobs.astype(">f4", copy=False).tobytes(),
+        memoryview(ids.astype(">u8")).cast("B"),
+        memoryview(mask.astype(">f4")).cast("B"),
+        memoryview(logprobs.astype(">f4")).cast("B"),
     )
 
 
@@ -93,25 +96,71 @@ def staged_call_digest(
     cumulative_hash: str,
 ) -> str:
     """Staged-record digest of one call; `*_be` are the big-endian token payloads."""
+    return staged_digest_of(
+        schema_version,
+        digest_version,
+        extras_digest_version,
+        rollout_id,
+        model_call_id,
+        parent_call_id,
+        mode,
+        prev_len,
+        delta_len,
+        cum_len,
+        weight_version,
+        extras_digest,
+        chain_hash,
+        cumulative_hash,
+        ids_be,
+        mask_be,
+        logprobs_be,
+    )
+
+
+# the ledger fields staged_digest_of takes, in its order (before the three token payloads)
+STAGED_FIELDS = (
+    "schema_version digest_version extras_digest_version rollout_id model_call_id parent_call_id mode "
+    "prev_len delta_len cum_len weight_version extras_digest chain_hash cumulative_hash"
+).split()
+
+
+def staged_digest_of(
+    schema_version, digest_version, extras_digest_version, rollout_id, model_call_id, parent_call_id, mode,
+    prev_len, delta_len, cum_len, weight_version, extras_digest, chain, cumulative, ids_be, mask_be, logprobs_be,
+) -> str:  # fmt: skip
+    """`staged_call_digest` with positional arguments (STAGED_FIELDS, then the payloads),
+    for the loop over a batch's calls."""
     n_ids, n_mask, n_lp = len(ids_be) // 8, len(mask_be) // 4, len(logprobs_be) // 4
-    h = hashlib.sha256(PREFIX_CALL)
-    h.update(bytes((schema_version & 0xFF, digest_version & 0xFF, extras_digest_version & 0xFF)))
-    h.update(text(rollout_id) + text(model_call_id) + opt_text(parent_call_id) + text(mode))
-    h.update(_U64.pack(prev_len) + _U64.pack(delta_len) + _U64.pack(cum_len) + _U64.pack(weight_version))
-    h.update(_U64.pack(8 + 8 * n_ids) + _U64.pack(n_ids))
+    rid, cid, mode_b = rollout_id.encode(), model_call_id.encode(), mode.encode()
+    parent = b"\x00" if parent_call_id is None else b"\x01" + text(parent_call_id)
+    h = hashlib.sha256(
+        b"".join(
+            (
+                PREFIX_CALL,
+                bytes((schema_version & 0xFF, digest_version & 0xFF, extras_digest_version & 0xFF)),
+                _U64.pack(len(rid)),
+                rid,
+                _U64.pack(len(cid)),
+                cid,
+                parent,
+                _U64.pack(len(mode_b)),
+                mode_b,
+                _HEAD.pack(prev_len, delta_len, cum_len, weight_version, 8 + 8 * n_ids, n_ids),
+            )
+        )
+    )
     h.update(ids_be)
-    h.update(_U64.pack(8 + 4 * n_mask) + _U64.pack(n_mask))
+    h.update(_PAIR.pack(8 + 4 * n_mask, n_mask))
     h.update(mask_be)
-    h.update(_U64.pack(8 + 4 * n_lp) + _U64.pack(n_lp))
+    h.update(_PAIR.pack(8 + 4 * n_lp, n_lp))
     h.update(logprobs_be)
-    h.update(raw32(extras_digest) + b"\x01" + raw32(chain_hash) + b"\x01" + raw32(cumulative_hash))
+    h.update(b"".join((raw32(extras_digest), b"\x01", raw32(chain), b"\x01", raw32(cumulative))))
     return h.hexdigest()
 
 
 def chain_hash(parent_chain_hash: str | None, ids_be: bytes | memoryview) -> str:
-    h = hashlib.sha256(PREFIX_CHAIN)
-    h.update(b"\x00" if parent_chain_hash is None else b"\x01" + raw32(parent_chain_hash))
-    h.update(_U64.pack(len(ids_be) // 8))
+    parent = b"\x00" if parent_chain_hash is None else b"\x01" + raw32(parent_chain_hash)
+    h = hashlib.sha256(PREFIX_CHAIN + parent + _U64.pack(len(ids_be) // 8))
     h.update(ids_be)
     return h.hexdigest()
 

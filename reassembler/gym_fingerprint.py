@@ -49,8 +49,8 @@ def is_model_authored(item) -> bool:
 
 
 def _cj(value) -> bytes:
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    try:  # `default=float`: a float read.py marked (items.JsonFloat) is written as the float it is
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=float)
     except (orjson.JSONEncodeError, TypeError) as e:
         raise Unfingerprintable(str(e)) from e
 

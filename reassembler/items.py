@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import orjson
+
 FINGERPRINT_PREFIX = b"rr-output-item-v1"
 _GENERATED_TYPES = {"reasoning", "function_call"}
 
@@ -24,20 +26,34 @@ def is_generated(item: dict) -> bool:
     return kind == "message" and item.get("role", "assistant") in ("assistant", None)
 
 
-def canonical_json(value) -> bytes:
+class JsonFloat(float):
+    """A float as read.py decodes it from a rollout line. orjson refuses it (a float
+    subclass), which is how `canonical_json(value, floats_marked=True)` knows to leave a
+    value holding floats to `json`, the reference."""
+
+
+def canonical_json(value, floats_marked: bool = False) -> bytes:
+    """The canonical JSON of a value, written by `json`. With `floats_marked` (every float
+    in `value` is a JsonFloat) orjson writes it when it holds no float and no integer
+    beyond 64 bits: the same bytes, ten times faster (tests/test_items.py)."""
+    if floats_marked:
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # a JsonFloat, a big integer, a lone surrogate: json decides
+            pass
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def fingerprint(item: dict) -> str:
+def fingerprint(item: dict, floats_marked: bool = False) -> str:
     body = {k: v for k, v in item.items() if k not in ("id", "status")}
-    return hashlib.sha256(FINGERPRINT_PREFIX + canonical_json(body)).hexdigest()
+    return hashlib.sha256(FINGERPRINT_PREFIX + canonical_json(body, floats_marked)).hexdigest()
 
 
-def generated_items(output: list) -> list[tuple[str | None, str]]:
+def generated_items(output: list, floats_marked: bool = False) -> list[tuple[str | None, str]]:
     """(id, fingerprint) of each generated item of an output, in order."""
     out = []
     for item in output:
         if isinstance(item, dict) and is_generated(item):
             item_id = item.get("id")
-            out.append((item_id if isinstance(item_id, str) and item_id else None, fingerprint(item)))
+            out.append((item_id if isinstance(item_id, str) and item_id else None, fingerprint(item, floats_marked)))
     return out

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from .errors import InputError
 from .fields import LEDGER, ROLLOUT, arrow_schema
+from .items import JsonFloat
 from .ledger_columns import ScannedFile, ledger_table, parse_files, scan_file
 from .records import (
     LEDGER_DIGESTS,
@@ -160,9 +161,13 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys)
+# rollout lines: floats marked, so that their items' fingerprints know which hold one (items.py)
+_ROLLOUT_DECODER = json.JSONDecoder(
+    object_pairs_hook=_no_duplicate_keys, parse_float=JsonFloat, parse_constant=JsonFloat
+)
 
 
-def _json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES):
+def _json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES, decoder=_DECODER):
     """(line number, raw bytes, decoded value or the error) of each non-blank line. A line
     longer than `max_bytes` is not decoded: it becomes a reject with its size."""
     try:
@@ -189,13 +194,13 @@ def _json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES):
                 continue
             if not raw.strip():
                 continue
-            yield number, raw, _decode(raw)
+            yield number, raw, _decode(raw, decoder)
 
 
-def _decode(raw: bytes):
+def _decode(raw: bytes, decoder=_DECODER):
     """One line's JSON value, or the RecordError that makes it a reject row."""
     try:
-        return _DECODER.decode(raw.decode("utf-8"))
+        return decoder.decode(raw.decode("utf-8"))
     except RecordError as e:
         return e
     except (ValueError, RecursionError) as e:
@@ -324,7 +329,8 @@ def _read_lines(night: NightFiles, source: str, parse, add, rejects: _Inserter, 
 
 def _read_file_lines(night: NightFiles, source: str, rel: str, number: int, parse, add, rejects, max_line_bytes) -> int:
     """`_read_lines` for one file, whose first line is number + 1; returns the last number."""
-    for line, raw, value in _json_lines(night.path(source, rel), rel, max_line_bytes):
+    decoder = _ROLLOUT_DECODER if source == "rollouts" else _DECODER
+    for line, raw, value in _json_lines(night.path(source, rel), rel, max_line_bytes, decoder):
         number += 1
         _one_line(source, rel, line, raw, value, number, parse, add, rejects)
     return number
@@ -349,7 +355,7 @@ def _load_rollouts(con, night: NightFiles, rejects: _Inserter, max_line_bytes: i
     seen: set[str] = set()
 
     def parse(value, rel: str) -> dict:
-        row = parse_rollout(value)
+        row = parse_rollout(value, floats_marked=True)
         if row["rollout_id"] in seen:
             raise RecordError(f"rollout_id {row['rollout_id']} already seen in this night")
         seen.add(row["rollout_id"])

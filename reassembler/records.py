@@ -99,7 +99,8 @@ def _ids(obj: dict) -> tuple[str, str, int]:
     return rollout_id, group_id, slot
 
 
-def parse_rollout(obj) -> dict:
+def parse_rollout(obj, floats_marked: bool = False) -> dict:
+    """`floats_marked`: `obj` was decoded with its floats as items.JsonFloat (read.py)."""
     if not isinstance(obj, dict):
         raise RecordError("a rollout line must be a JSON object")
     rollout_id, group_id, slot = _ids(obj)
@@ -130,7 +131,7 @@ def parse_rollout(obj) -> dict:
         "failure_reason": _opt_str(obj, "failure_reason"),
         "terminal_model_call_id": _nonempty_str(_opt_str(obj, "terminal_model_call_id")),
         "terminal_response_id": response_id,
-        "generated_items": [{"id": i, "fingerprint": f} for i, f in generated_items(output)],
+        "generated_items": [{"id": i, "fingerprint": f} for i, f in generated_items(output, floats_marked)],
         "model_items": [{"output_index": i, "field": f} for i, f in model_items(output)],
         "n_output_items": len(output),
         "metadata": None if metadata is None else json.dumps(metadata, sort_keys=True, ensure_ascii=False),

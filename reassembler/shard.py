@@ -10,7 +10,7 @@ once it holds `batch_rows` calls; the token lists of just that batch are then re
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -192,13 +192,17 @@ def run_shard(con, night: NightFiles, shard: int, settings: Settings, run_id: st
 
 
 class _ShardWriter:
-    """The shard's two Parquet writers, the I/O thread and the checks thread.
+    """The shard's two Parquet writers and the threads beside the main thread, one task at a
+    time each, in order:
 
-    The I/O thread reads the next batch's token row groups and builds and writes the
-    previous batch's rows (pyarrow and numpy release the GIL); it runs its tasks in order,
-    so the writers are never used concurrently. The checks thread computes the next batch's
-    verdicts and hashes (checks.BatchChecks) while the main thread runs the current batch's
-    rollouts."""
+    - `reader`: reads the token row groups of the batches ahead (pyarrow decodes them on
+      its own threads);
+    - `checks`: computes those batches' verdicts and hashes (checks.BatchChecks: numpy,
+      pyarrow and hashlib, which release the GIL on big buffers);
+    - `writer`: builds and writes the rows and audit rows of the batches done (it alone
+      touches the Parquet writers).
+
+    The main thread meanwhile runs the current batch's rollouts, in Python."""
 
     def __init__(self, staging: Path, shard: int, run_id: str):
         name = f"part-{shard:05d}.parquet"
@@ -207,9 +211,11 @@ class _ShardWriter:
         self.run_id = run_id
         self.rows_out = pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA, **ROW_WRITE_OPTIONS)
         self.audit_out = pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA)
-        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-io")
-        self.checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-checks")
-        self.last_write: Future | None = None
+        self.reader, self.checks, self.writer = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-{role}")
+            for role in ("read", "checks", "write")
+        )
+        self.writes: deque[Future] = deque()
         self.n_rows = self.n_tokens = 0
 
     def __enter__(self) -> _ShardWriter:
@@ -224,34 +230,39 @@ class _ShardWriter:
         self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
 
     def write(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
-        if self.last_write is not None:
-            self.last_write.result()  # re-raises a failed write; usually long finished
-        self.last_write = self.io.submit(self._write, outcomes, batch)
+        while len(self.writes) >= WRITES_QUEUED:  # bound the memory of batches waiting
+            self.writes.popleft().result()  # re-raises a failed write
+        self.writes.append(self.writer.submit(self._write, outcomes, batch))
 
     def __exit__(self, *exc) -> None:
         try:
-            if self.last_write is not None and exc[0] is None:
-                self.last_write.result()
+            while self.writes and exc[0] is None:
+                self.writes.popleft().result()
         finally:
-            self.io.shutdown(wait=True)
-            self.checks.shutdown(wait=True, cancel_futures=True)
+            for pool in (self.reader, self.checks, self.writer):
+                pool.shutdown(wait=True, cancel_futures=True)
             self.rows_out.close()
             self.audit_out.close()
 
 
-def _prepared(units, store: TokenStore, writer: _ShardWriter):
-    """(rollouts, call table, checks) per unit: the next unit's token rows are read on the
-    I/O thread and its checks computed on the checks thread while the current one runs."""
+BATCHES_AHEAD = 2  # batches read and checked ahead of the main thread
+WRITES_QUEUED = 2  # batches done and not yet written
 
-    def fetch(unit) -> Future:
+
+def _prepared(units, store: TokenStore, writer: _ShardWriter):
+    """(rollouts, call table, checks) per unit, in order: the token rows of the next units
+    are read on the reader thread and their checks computed on the checks thread while the
+    main thread runs the current one."""
+
+    def read(unit) -> Future:
         rollouts, table = unit
         tokens = store.fetch(table.column("t_file"), table.column("t_row"))
         return writer.checks.submit(lambda: (rollouts, table, BatchChecks(table, tokens).hash_all()))
 
-    following = next(units, None)
-    ahead = writer.io.submit(fetch, following) if following is not None else None
-    while ahead is not None:
-        prepared = ahead.result().result()
-        following = next(units, None)
-        ahead = writer.io.submit(fetch, following) if following is not None else None
-        yield prepared
+    ahead: deque[Future] = deque()
+    while True:
+        while len(ahead) < BATCHES_AHEAD and (unit := next(units, None)) is not None:
+            ahead.append(writer.reader.submit(read, unit))
+        if not ahead:
+            return
+        yield ahead.popleft().result().result()

@@ -20,34 +20,39 @@ TOKEN_LIMIT = 2**31
 
 def _flatten(column: pa.ChunkedArray | pa.Array, fill, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(flat values, row starts, row lengths with -1 for a null list)."""
-    lengths = pc.list_value_length(column)
-    null = pc.is_null(lengths).to_numpy(zero_copy_only=False)
-    lengths = pc.fill_null(lengths, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    lengths_arrow = pc.list_value_length(column)
+    lengths = pc.fill_null(lengths_arrow, 0).to_numpy(zero_copy_only=False).astype(np.int64)
     starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    flat = pc.list_flatten(column)
-    if isinstance(flat, pa.ChunkedArray):
-        flat = flat.combine_chunks() if flat.num_chunks else pa.array([], type=flat.type)
+    flat = column.flatten()
     if flat.null_count:
         flat = pc.fill_null(flat, fill)
     values = flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-    lengths[null] = -1
+    if lengths_arrow.null_count:
+        lengths[lengths_arrow.is_null().to_numpy(zero_copy_only=False)] = -1
     return values, starts, lengths
 
 
-def _per_row(flags: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """How many flags are set inside each row's [start, start + length). Rows tile the flat
-    array in order, so each set flag belongs to the last row starting at or before it
-    (empty rows never do: they are skipped by searchsorted's `right` side)."""
+def _per_row(flags: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """How many flags are set inside each row (flags are rare). Rows tile the flat array in
+    order, so each set flag belongs to the last row starting at or before it (empty rows
+    never do: they are skipped by searchsorted's `right` side)."""
     hits = np.flatnonzero(flags)
     if len(hits) == 0:
         return np.zeros(len(starts), dtype=np.int64)
-    if len(hits) > len(flags) // 8:  # dense: one cumulative sum is cheaper
-        cs = np.zeros(len(flags) + 1, dtype=np.int64)
-        np.cumsum(flags, out=cs[1:])
-        return cs[starts + np.maximum(lengths, 0)] - cs[starts]
     rows = np.searchsorted(starts, hits, side="right") - 1
     return np.bincount(rows, minlength=len(starts)).astype(np.int64)
+
+
+def _row_sums(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each row's sum of `values` (float64), one pass."""
+    out = np.zeros(len(starts), dtype=np.float64)
+    filled = lengths > 0
+    if filled.any():
+        out[filled] = np.add.reduceat(values, starts[filled], dtype=np.float64)
+    return out
 
 
 class TokenBatch:
@@ -55,27 +60,33 @@ class TokenBatch:
         self.ids, self.id_starts, self.n_ids = _flatten(ids, -1, np.int64)
         self.mask, self.mask_starts, self.n_mask = _flatten(mask, np.nan, np.float32)
         self.lp, self.lp_starts, self.n_lp = _flatten(logprobs, np.nan, np.float32)
-        m, lp = self.mask, self.lp
+        m, lp, starts = self.mask, self.lp, self.mask_starts
 
-        self.bad_ids = _per_row((self.ids < 0) | (self.ids >= TOKEN_LIMIT), self.id_starts, self.n_ids)
-        zero, one = m == 0, m == 1
-        self.bad_mask_values = _per_row(~(zero | one), self.mask_starts, self.n_mask)
+        # ids outside [0, 2**31): negative ids are huge as unsigned
+        self.bad_ids = _per_row(self.ids.view(np.uint64) >= TOKEN_LIMIT, self.id_starts)
+        zero = m == 0
+        self.bad_mask_values = _per_row(~zero & (m != 1), starts)
         # a 1 followed by a 0 inside a row: flag position j when mask[j] < mask[j-1]
         drop = np.zeros(len(m), dtype=bool)
-        drop[1:] = m[1:] < m[:-1]
-        drop[self.mask_starts[self.n_mask > 0]] = False  # the first value of a row has no predecessor
-        self.mask_drops = _per_row(drop, self.mask_starts, self.n_mask)
-        self.ones = _per_row(one, self.mask_starts, self.n_mask)
-        self.zeros = _per_row(zero, self.mask_starts, self.n_mask)
-        self.bad_lp = _per_row(~np.isfinite(lp), self.lp_starts, self.n_lp)
-        if np.array_equal(self.mask_starts, self.lp_starts) and np.array_equal(self.n_mask, self.n_lp):
-            self.lp_under_zero = _per_row(zero & (lp != 0), self.mask_starts, self.n_mask)
+        np.less(m[1:], m[:-1], out=drop[1:])
+        drop[starts[self.n_mask > 0]] = False  # the first value of a row has no predecessor
+        self.mask_drops = _per_row(drop, starts)
+        # ones and zeros: a sum per row where every value is 0 or 1, counted where not
+        sums = _row_sums(m, starts, self.n_mask)
+        sums[self.bad_mask_values > 0] = 0  # counted one by one below (a NaN would not cast)
+        self.ones = sums.astype(np.int64)
+        for i in np.flatnonzero(self.bad_mask_values):
+            self.ones[i] = np.count_nonzero(m[starts[i] : starts[i] + self.n_mask[i]] == 1)
+        self.zeros = np.maximum(self.n_mask, 0) - self.ones - self.bad_mask_values
+        self.bad_lp = _per_row(~np.isfinite(lp), self.lp_starts)
+        if np.array_equal(starts, self.lp_starts) and np.array_equal(self.n_mask, self.n_lp):
+            self.lp_under_zero = _per_row(zero & (lp != 0), starts)
         else:  # rows of unequal lengths fail length_mismatch first; align the others row by row
             self.lp_under_zero = np.zeros(len(self.n_mask), dtype=np.int64)
             for i in np.flatnonzero((self.n_mask == self.n_lp) & (self.n_mask > 0)):
-                ms, ls, n = self.mask_starts[i], self.lp_starts[i], self.n_mask[i]
+                ms, ls, n = starts[i], self.lp_starts[i], self.n_mask[i]
                 self.lp_under_zero[i] = np.count_nonzero(zero[ms : ms + n] & (lp[ls : ls + n] != 0))
-        self._be = None
+        self._be: tuple[memoryview, memoryview, memoryview] | None = None
 
     def __len__(self) -> int:
         return len(self.n_ids)
@@ -96,11 +107,15 @@ class TokenBatch:
             return Reason.INVALID_LOGPROB, f"{self.lp_under_zero[row]} logprobs not 0.0 under mask 0"
         return None
 
+    def be_buffers(self) -> tuple[memoryview, memoryview, memoryview]:
+        """The whole batch's big-endian u64 ids, f32 mask and f32 logprobs, as bytes."""
+        if self._be is None:
+            self._be = to_be_bytes(self.ids, self.mask, self.lp)
+        return self._be
+
     def be_views(self, row: int) -> tuple[memoryview, memoryview, memoryview]:
         """Big-endian u64 ids, f32 mask and f32 logprobs of one row (for the digests)."""
-        if self._be is None:
-            self._be = tuple(memoryview(b) for b in to_be_bytes(self.ids, self.mask, self.lp))
-        ib, mb, lb = self._be
+        ib, mb, lb = self.be_buffers()
         i, m, l = self.id_starts[row], self.mask_starts[row], self.lp_starts[row]
         ni, nm, nl = max(self.n_ids[row], 0), max(self.n_mask[row], 0), max(self.n_lp[row], 0)
         return ib[8 * i : 8 * (i + ni)], mb[4 * m : 4 * (m + nm)], lb[4 * l : 4 * (l + nl)]

@@ -1,8 +1,14 @@
 """Output items: which are generated, and the fingerprint of CONTRACT.md 2.1."""
 
 import hashlib
+import json
 
-from reassembler.items import fingerprint, generated_items, is_generated
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import reassembler.read as read
+from reassembler.gym_fingerprint import model_items
+from reassembler.items import canonical_json, fingerprint, generated_items, is_generated
 
 
 def test_generated_items_are_reasoning_function_calls_and_assistant_messages():
@@ -26,3 +32,41 @@ def test_generated_items_keep_order_and_drop_empty_ids():
         [{"type": "reasoning", "id": ""}, {"type": "function_call_output"}, {"type": "message", "id": "m"}]
     )
     assert [i for i, _ in out] == [None, "m"]
+
+
+# -- the reader's fast path: orjson where it writes the same bytes as json
+
+
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([0.1, 1e16, -0.0, 1e-7, 2.5])
+    | _text
+)
+_values = st.recursive(_scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(_text, c, max_size=3), max_leaves=12)
+_items = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["message", "reasoning", "function_call", "function_call_output"])},
+        optional={"role": st.sampled_from(["assistant", "user"]), "content": _values, "arguments": _values},
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_items)
+def test_fingerprints_of_lines_read_with_marked_floats_equal_the_reference(output):
+    line = json.dumps({"output": output})  # what a rollout line holds
+    plain = json.loads(line)["output"]
+    marked = read._ROLLOUT_DECODER.decode(line)["output"]
+    assert generated_items(marked, floats_marked=True) == generated_items(plain)
+    assert model_items(marked) == model_items(plain)
+
+
+def test_a_float_or_a_big_integer_goes_to_json():
+    marked = read._ROLLOUT_DECODER.decode('{"a": 1e16, "b": [0.1, NaN], "c": 18446744073709551616}')
+    assert canonical_json(marked, floats_marked=True) == b'{"a":1e+16,"b":[0.1,NaN],"c":18446744073709551616}'
+    assert canonical_json({"é": [1, "x"]}, floats_marked=True) == '{"é":[1,"x"]}'.encode()
