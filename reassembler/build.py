@@ -9,15 +9,19 @@ one after the other for the command line. Both paths run exactly this code, with
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
+
+import pyarrow as pa
 
 from .checkpoints import checkpoint
 from .errors import InputError
@@ -29,6 +33,31 @@ from .shard import ShardResult, run_shard
 from .warehouse import apply_retention, clear_dead_spill_folders, connect, sql
 
 log = logging.getLogger(__name__)
+
+
+def _steady_memory() -> None:
+    """pyarrow's default allocator (mimalloc) hands the pages of each freed batch back to the
+    kernel and faults fresh zeroed ones in for the next (10-16% of a shard's CPU under
+    `perf`); jemalloc keeps them for reuse. Process-wide, as the build's processes are."""
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except NotImplementedError:  # a pyarrow built without jemalloc keeps its default
+        pass
+
+
+@contextmanager
+def _step_memory():
+    """How a step uses memory: jemalloc for pyarrow (`_steady_memory`), and Python's cycle
+    collector paused meanwhile (the steps allocate many short-lived containers and make no
+    cycles worth chasing; it cost ~6% of a shard's CPU). Reference counting frees as usual."""
+    _steady_memory()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def new_run_id(ds: str) -> str:
@@ -46,7 +75,8 @@ def load_step(input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, loc
             log.warning("finished the interrupted publish of %s", ", ".join(finished))
         shutil.rmtree(Path(output_dir) / "_staging" / ds, ignore_errors=True)  # earlier failed runs
         clear_dead_spill_folders(output_dir, settings.duckdb)
-        summary = load_night(con, night, settings.allow_empty, settings.max_line_bytes)
+        with _step_memory():
+            summary = load_night(con, night, settings.allow_empty, settings.max_line_bytes)
         con.execute(sql("plan_shards"), {"ds": ds, "shards": settings.shards})
         apply_retention(con, ds, settings.retention_nights)
         checkpoint("loaded")
@@ -56,7 +86,7 @@ def load_step(input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, loc
 
 def shard_step(input_dir, output_dir, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS) -> ShardResult:
     night = find_night(input_dir, ds)
-    with connect(output_dir, settings.duckdb, read_only=True) as con:
+    with connect(output_dir, settings.duckdb, read_only=True) as con, _step_memory():
         return run_shard(con, night, shard, settings, run_id, staging_dir(output_dir, ds, run_id))
 
 

@@ -174,7 +174,7 @@ class BatchChecks:
         for j, (k, values) in enumerate(zip(todo, zip(*fields))):
             ids_be = ids[id_at[j] : id_at[j] + id_n[j]]
             self.digests[k] = staged_digest_of(
-                *values,
+                values,
                 ids_be,
                 mask[mask_at[j] : mask_at[j] + mask_n[j]],
                 lp[lp_at[j] : lp_at[j] + lp_n[j]],

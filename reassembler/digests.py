@@ -69,9 +69,9 @@ def to_be_bytes(ids: np.ndarray, mask: np.ndarray, logprobs: np.ndarray) -> tupl
     """Flat token arrays -> big-endian u64 ids, f32 mask, f32 logprobs, as byte views (one
     conversion each, no further copy)."""
     return (
-        memoryview(ids.astype(">u8")).cast("B"),
-        memoryview(mask.astype(">f4")).cast("B"),
-        memoryview(logprobs.astype(">f4")).cast("B"),
+        ids.astype(">u8").data.cast("B"),
+        mask.astype(">f4").data.cast("B"),
+        logprobs.astype(">f4").data.cast("B"),
     )
 
 
@@ -97,20 +97,22 @@ def staged_call_digest(
 ) -> str:
     """Staged-record digest of one call; `*_be` are the big-endian token payloads."""
     return staged_digest_of(
-        schema_version,
-        digest_version,
-        extras_digest_version,
-        rollout_id,
-        model_call_id,
-        parent_call_id,
-        mode,
-        prev_len,
-        delta_len,
-        cum_len,
-        weight_version,
-        extras_digest,
-        chain_hash,
-        cumulative_hash,
+        (
+            schema_version,
+            digest_version,
+            extras_digest_version,
+            rollout_id,
+            model_call_id,
+            parent_call_id,
+            mode,
+            prev_len,
+            delta_len,
+            cum_len,
+            weight_version,
+            extras_digest,
+            chain_hash,
+            cumulative_hash,
+        ),
         ids_be,
         mask_be,
         logprobs_be,
@@ -124,12 +126,24 @@ STAGED_FIELDS = (
 ).split()
 
 
-def staged_digest_of(
-    schema_version, digest_version, extras_digest_version, rollout_id, model_call_id, parent_call_id, mode,
-    prev_len, delta_len, cum_len, weight_version, extras_digest, chain, cumulative, ids_be, mask_be, logprobs_be,
-) -> str:  # fmt: skip
-    """`staged_call_digest` with positional arguments (STAGED_FIELDS, then the payloads),
-    for the loop over a batch's calls."""
+def staged_digest_of(fields: tuple, ids_be, mask_be, logprobs_be) -> str:
+    """`staged_call_digest` of a call's STAGED_FIELDS values, for the loop over a batch."""
+    (
+        schema_version,
+        digest_version,
+        extras_digest_version,
+        rollout_id,
+        model_call_id,
+        parent_call_id,
+        mode,
+        prev_len,
+        delta_len,
+        cum_len,
+        weight_version,
+        extras_digest,
+        chain,
+        cumulative,
+    ) = fields
     n_ids, n_mask, n_lp = len(ids_be) // 8, len(mask_be) // 4, len(logprobs_be) // 4
     rid, cid, mode_b = rollout_id.encode(), model_call_id.encode(), mode.encode()
     parent = b"\x00" if parent_call_id is None else b"\x01" + text(parent_call_id)

@@ -26,13 +26,18 @@ numbers of lines and objects means one object per line, in order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from .errors import InputError
 from .fields import ITEMS, LEDGER, arrow_schema
 from .records import LEDGER_DIGESTS, LEDGER_INTS, VERSION_DEFAULTS, rollout_id_from_path
 
@@ -182,3 +187,98 @@ def ledger_table(parsed: pa.Table, files: list[ScannedFile]) -> tuple[pa.Table, 
     names = [f.name for f in LEDGER if f.name not in ("capture_seq", "source_file", "source_line")]
     table = pa.table({name: out[name] for name in names})
     return table, per_line
+
+
+# -- whole chunks of files, prepared on a thread of their own
+
+
+@dataclass
+class Chunk:
+    """Consecutive ledger files: (rel, ScannedFile or None: read line by line) each, and
+    for the files parsed in columns, their rows (`ledger_table`) and per-line mask."""
+
+    files: list[tuple[str, ScannedFile | None]]
+    columnar: list[ScannedFile] = field(default_factory=list)
+    table: pa.Table | None = None
+    per_line: np.ndarray | None = None
+
+
+CHUNK_BYTES = 32 << 20
+
+
+def _chunks(files: list[tuple[str, Path]], max_line_bytes: int, in_columns: bool) -> Iterator[Chunk]:
+    chunk: list[tuple[str, ScannedFile | None]] = []
+    size = 0
+    for rel, path in files:
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise InputError(f"{rel}: cannot open ({e.strerror})") from e
+        chunk.append((rel, scan_file(rel, data, max_line_bytes) if in_columns else None))
+        size += len(data)
+        if size >= CHUNK_BYTES:
+            yield _prepare(chunk)
+            chunk, size = [], 0
+    if chunk:
+        yield _prepare(chunk)
+
+
+def _prepare(files: list[tuple[str, ScannedFile | None]]) -> Chunk:
+    """Parse what can be parsed: all the files at once, or (when that fails) file by file."""
+    scanned = [s for _, s in files if s is not None and s.n_lines]
+    whole = parse_files(scanned) if scanned else None
+    if whole is not None:
+        columnar, tables = scanned, [whole]
+    else:
+        parsed = [(f, parse_files([f])) for f in scanned]
+        columnar, tables = [f for f, t in parsed if t is not None], [t for _, t in parsed if t is not None]
+    if not columnar:
+        return Chunk(files)
+    table, per_line = ledger_table(pa.concat_tables(tables), columnar)
+    return Chunk(files, columnar, table, per_line)
+
+
+class PreparedChunks:
+    """The files read, scanned and parsed in chunks of about CHUNK_BYTES, one chunk ahead on
+    a thread of its own that starts at once (pyarrow parses and computes without the GIL),
+    so that this work overlaps what the caller does meanwhile (read.py: the rollouts).
+    Iterate once, inside `with`."""
+
+    def __init__(self, files: list[tuple[str, Path]], max_line_bytes: int, in_columns: bool = True):
+        self._ahead: queue.Queue = queue.Queue(maxsize=1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._produce, args=(files, max_line_bytes, in_columns), name="ledger-read", daemon=True
+        )
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self, files, max_line_bytes: int, in_columns: bool) -> None:
+        try:
+            for chunk in _chunks(files, max_line_bytes, in_columns):
+                if not self._put(chunk):
+                    return
+            self._put(None)
+        except BaseException as e:  # handed to the caller, raised there
+            self._put(e)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        while (item := self._ahead.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def __enter__(self) -> PreparedChunks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from .errors import InputError
 from .fields import LEDGER, ROLLOUT, arrow_schema
 from .items import JsonFloat
-from .ledger_columns import ScannedFile, ledger_table, parse_files, scan_file
+from .ledger_columns import Chunk, PreparedChunks
 from .records import (
     LEDGER_DIGESTS,
     LEDGER_INTS,
@@ -287,8 +287,11 @@ def load_night(
     try:
         run_script(con, "clear_night", {"ds": ds})
         rejects = _Inserter(con, "insert_rejects", REJECT_BATCH, ds)
-        rollout_lines, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes)
-        ledger_lines, ledger_loaded = _load_ledger(con, night, rejects, max_line_bytes)
+        # the ledger files are read and parsed on a thread of their own while the rollouts load
+        ledger_files = [(rel, night.path("ledger", rel)) for rel in night.ledger]
+        with PreparedChunks(ledger_files, max_line_bytes, LEDGER_IN_COLUMNS) as chunks:
+            rollout_lines, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes)
+            ledger_lines, ledger_loaded = _load_ledger(con, night, chunks, rejects, max_line_bytes)
         rejects.flush()
         if rollouts_loaded == 0 and not allow_empty:
             raise InputError(
@@ -367,10 +370,11 @@ def _load_rollouts(con, night: NightFiles, rejects: _Inserter, max_line_bytes: i
     return lines, rollouts.count
 
 
-def _load_ledger(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
+def _load_ledger(con, night: NightFiles, chunks, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
     """Every ledger line, in capture order (files by path, then lines): a ledger row, or a
-    reject row. Whole files are parsed in columns (ledger_columns.py); the files and lines
-    that path cannot take exactly are read line by line. Returns (lines read, rows loaded)."""
+    reject row. `chunks`: the files as ledger_columns.prepared_chunks gives them; the ones
+    (and the lines) it could not take in columns are read here line by line. Returns
+    (lines read, rows loaded)."""
     ledger = _Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
     loaded = 0
 
@@ -379,68 +383,30 @@ def _load_ledger(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int
         ledger.add(row)
 
     number = 0
-    for chunk in _file_chunks(night, "ledger", max_line_bytes):
-        parsed = _parse_chunk(chunk)
-        columnar: list[tuple[ScannedFile, pa.Table, int]] = []  # (file, its rows, number before it)
-        for rel, scanned in chunk:
-            table = parsed.get(rel)
-            if scanned is None or table is None:
-                number = _read_file_lines(night, "ledger", rel, number, parse_ledger_row, add, rejects, max_line_bytes)
+    for chunk in chunks:
+        columnar = {f.rel for f in chunk.columnar}
+        bases = []  # the number before each file read in columns
+        for rel, _ in chunk.files:
+            if rel in columnar:
+                bases.append(number)
+                number += next(f.n_lines for f in chunk.columnar if f.rel == rel)
             else:
-                columnar.append((scanned, table, number))
-                number += scanned.n_lines
-        if columnar:
-            loaded += _insert_columns(con, night, columnar, add, rejects)
+                number = _read_file_lines(night, "ledger", rel, number, parse_ledger_row, add, rejects, max_line_bytes)
+        if chunk.columnar:
+            loaded += _insert_columns(con, night, chunk, bases, add, rejects)
     ledger.flush()
     return number, ledger.count + loaded
 
 
-LEDGER_CHUNK_BYTES = 32 << 20
 LEDGER_IN_COLUMNS = True  # False: every ledger line takes the per-line path (the tests' reference)
 
 
-def _file_chunks(night: NightFiles, source: str, max_line_bytes: int):
-    """The source's files in order, read and scanned, in chunks of about LEDGER_CHUNK_BYTES:
-    lists of (rel, ScannedFile or None: read this file line by line)."""
-    chunk: list[tuple[str, ScannedFile | None]] = []
-    size = 0
-    for rel in getattr(night, source):
-        path = night.path(source, rel)
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise InputError(f"{rel}: cannot open ({e.strerror})") from e
-        chunk.append((rel, scan_file(rel, data, max_line_bytes) if LEDGER_IN_COLUMNS else None))
-        size += len(data)
-        if size >= LEDGER_CHUNK_BYTES:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
-
-
-def _parse_chunk(chunk: list[tuple[str, ScannedFile | None]]) -> dict[str, pa.Table]:
-    """The parsed rows of each file of the chunk that pyarrow parses: all files at once, or
-    (when that fails) file by file."""
-    files = [s for _, s in chunk if s is not None and s.n_lines]
-    if not files:
-        return {}
-    whole = parse_files(files)
-    if whole is not None:
-        out, at = {}, 0
-        for f in files:
-            out[f.rel] = whole.slice(at, f.n_lines)
-            at += f.n_lines
-        return out
-    return {f.rel: t for f in files if (t := parse_files([f])) is not None}
-
-
-def _insert_columns(con, night: NightFiles, columnar, add, rejects: _Inserter) -> int:
+def _insert_columns(con, night: NightFiles, chunk: Chunk, bases: list[int], add, rejects: _Inserter) -> int:
     """Insert the rows parsed in columns; the lines ledger_columns.py leaves to the per-line
     path go through it (`add` or a reject row). Returns the rows inserted here."""
-    files = [f for f, _, _ in columnar]
-    table, per_line = ledger_table(pa.concat_tables([t for _, t, _ in columnar]), files)
-    numbers = np.concatenate([np.arange(base + 1, base + 1 + f.n_lines) for f, _, base in columnar])
+    files, table, per_line = chunk.columnar, chunk.table, chunk.per_line
+    assert table is not None and per_line is not None
+    numbers = np.concatenate([np.arange(base + 1, base + 1 + f.n_lines) for f, base in zip(files, bases)])
     lines = np.concatenate([np.arange(1, f.n_lines + 1) for f in files])
     file_of_row = np.repeat(np.arange(len(files)), [f.n_lines for f in files])
     for k in np.flatnonzero(per_line).tolist():

@@ -14,7 +14,7 @@ nothing heavy: the DAG file reads the defaults when it is parsed.
 | shards / workers | 1 / 1 (DAG: 4 shards, one task each) | parallelism |
 | max_mask_rate | 1.0 (DAG: 0.5) | refuse to publish above this mask rate |
 | max_line_bytes | 16 MiB | longest JSON line read |
-| batch_rows / batch_tokens | 4,096 calls / 250,000 tokens | one batch of a shard |
+| batch_rows / batch_tokens | 16,384 calls / 1,000,000 tokens | one batch of a shard |
 | token_cache_bytes | 64 MiB | decoded token row groups kept |
 | retention_nights | 30 | nights of per-call tables kept in the warehouse |
 | Thresholds | mask rate 0.2, one reason 0.1, rise 0.05, rejects 0 | the quality gate's alerts |
@@ -89,8 +89,8 @@ class Settings:
     max_mask_rate: float = 1.0
     allow_empty: bool = False
     max_line_bytes: int = MAX_LINE_BYTES
-    batch_rows: int = 4096
-    batch_tokens: int = 250_000
+    batch_rows: int = 16_384
+    batch_tokens: int = 1_000_000
     token_cache_bytes: int = 64 << 20
     retention_nights: int = 30
 

@@ -46,7 +46,9 @@ _scalars = (
     | st.sampled_from([0.1, 1e16, -0.0, 1e-7, 2.5])
     | _text
 )
-_values = st.recursive(_scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(_text, c, max_size=3), max_leaves=12)
+_values = st.recursive(
+    _scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(_text, c, max_size=3), max_leaves=12
+)
 _items = st.lists(
     st.fixed_dictionaries(
         {"type": st.sampled_from(["message", "reasoning", "function_call", "function_call_output"])},
