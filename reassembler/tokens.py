@@ -123,27 +123,31 @@ class TokenBatch:
     def gather(self, rows: np.ndarray, row_lengths: np.ndarray):
         """Join the given token rows end to end, then cut into training rows of `row_lengths`
         segments each: (offsets, ids int32, mask int8, logprobs float32). Rows passed here
-        have passed every check, so their three lists have equal lengths."""
+        have passed every check, so their three lists have equal lengths. Consecutive rows
+        sit next to each other in the flat arrays (a chain is captured in order), so the
+        copy is a few slices joined, with the type conversion on the way."""
         lens = self.n_ids[rows]
-        total = int(lens.sum())
-        seg_offsets = np.zeros(len(rows), dtype=np.int64)
-        np.cumsum(lens[:-1], out=seg_offsets[1:])
-        base = np.arange(total, dtype=np.int64)
-        idx = base + np.repeat(self.id_starts[rows] - seg_offsets, lens)
-        same = np.array_equal(self.id_starts, self.mask_starts) and np.array_equal(self.id_starts, self.lp_starts)
-        if same:  # the usual case: every row's three lists have the same length
-            midx = lidx = idx
-        else:
-            midx = base + np.repeat(self.mask_starts[rows] - seg_offsets, lens)
-            lidx = base + np.repeat(self.lp_starts[rows] - seg_offsets, lens)
-        bounds = np.zeros(len(row_lengths) + 1, dtype=np.int64)
-        np.cumsum(row_lengths, out=bounds[1:])
         seg_ends = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lens, out=seg_ends[1:])
-        offsets = seg_ends[bounds]
+        bounds = np.zeros(len(row_lengths) + 1, dtype=np.int64)
+        np.cumsum(row_lengths, out=bounds[1:])
+        offsets = seg_ends[bounds].astype(np.int32)
         return (
-            offsets.astype(np.int32),
-            self.ids[idx].astype(np.int32),
-            self.mask[midx].astype(np.int8),
-            self.lp[lidx],
+            offsets,
+            _join(self.ids, self.id_starts[rows], lens, np.int32),
+            _join(self.mask, self.mask_starts[rows], lens, np.int8),
+            _join(self.lp, self.lp_starts[rows], lens, np.float32),
         )
+
+
+def _join(values: np.ndarray, starts: np.ndarray, lens: np.ndarray, dtype) -> np.ndarray:
+    """values[starts[i] : starts[i] + lens[i]] for each i, end to end, as `dtype`; runs of
+    adjacent pieces are copied as one slice."""
+    if len(starts) == 0:
+        return np.zeros(0, dtype=dtype)
+    ends = starts + lens
+    breaks = np.flatnonzero(starts[1:] != ends[:-1]) + 1  # where a piece does not continue the last
+    firsts = np.concatenate([[0], breaks])
+    lasts = np.concatenate([breaks - 1, [len(starts) - 1]])
+    pieces = [values[a:b] for a, b in zip(starts[firsts].tolist(), ends[lasts].tolist())]
+    return np.concatenate(pieces, dtype=dtype, casting="unsafe")
