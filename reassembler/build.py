@@ -14,7 +14,6 @@ import json
 import logging
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -150,6 +149,8 @@ def build_night(
 
 def _run_shards(input_dir, output_dir, ds: str, run_id: str, settings: Settings) -> None:
     if settings.workers > 1 and settings.shards > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
         with ProcessPoolExecutor(
             max_workers=min(settings.workers, settings.shards), mp_context=get_context("fork")
         ) as pool:

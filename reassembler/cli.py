@@ -9,7 +9,6 @@ threshold; 70 a bug. Every error is one line on stderr.
 from __future__ import annotations
 
 import argparse
-import importlib.abc
 import json
 import logging
 import os
@@ -322,11 +321,12 @@ def _main(args) -> int:
         return known.exit_code
 
 
-class _KeepPandasOut(importlib.abc.MetaPathFinder):
+class _KeepPandasOut:
     """pyarrow and DuckDB import pandas (0.3-0.5 s, most of it CPU) the first time they are
     handed Python objects, only to ask whether those are DataFrames; the command never hands
     them one. Installed by `entry` only, so a process that imports this package (tests,
-    Airflow workers, notebooks) keeps pandas."""
+    Airflow workers, notebooks) keeps pandas. (A meta path finder: `find_spec` is all
+    the import system asks of one.)"""
 
     def find_spec(self, name, path=None, target=None):
         if name == "pandas" or name.startswith("pandas."):

@@ -77,9 +77,11 @@ def _records(reader) -> Iterator[dict]:
 def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens: int):
     """(rollouts, call table) pairs, each holding whole groups, in output order. A unit is
     cut at the first group boundary once it holds `batch_rows` calls or `batch_tokens`
-    tokens (as the ledger declares them)."""
+    tokens (as the ledger declares them). The first units are smaller (1/8, 1/4, 1/2 of
+    that), so that the threads beside the main thread have its first unit ready soon."""
     pending: list[pa.RecordBatch] = []
     buffered = tokens = 0
+    ramp = 8  # the first unit is 1/8 of a full one, the next 1/4, ...
     queued = iter(rollouts)
     head: list[dict] = []
 
@@ -101,7 +103,7 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
         pending.append(batch)
         buffered += batch.num_rows
         tokens += pc.sum(batch.column("delta_len")).as_py() or 0
-        if buffered < batch_rows and tokens < batch_tokens:
+        if buffered < batch_rows // ramp and tokens < batch_tokens // ramp:
             continue
         table = pa.Table.from_batches(pending)
         groups = table.column("group_id")
@@ -110,6 +112,7 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
         if cut == 0:  # one group fills the buffer: keep reading until it ends
             continue
         yield take_rollouts(last), table.slice(0, cut)
+        ramp = max(1, ramp // 2)
         pending = table.slice(cut).to_batches()
         buffered = table.num_rows - cut
         tokens = pc.sum(table.column("delta_len").slice(cut)).as_py() or 0
