@@ -3,8 +3,11 @@ batches of whole groups, and write its rows and audit rows to the run's staging 
 
 Memory is bounded by the batch: DuckDB sorts and streams only the small columns of the
 join (sql/shard_calls.sql, through `to_arrow_reader`); a batch is cut at a group boundary
-once it holds `batch_rows` calls; the token lists of just that batch are then read
-(token_store.py), checked, built into rows and written before the next batch is read.
+once it holds `batch_rows` calls or `batch_tokens` tokens. Each batch then goes through
+four threads in turn (`_Pipeline`): its token rows are read (token_store.py), its calls
+checked and hashed in columns (checks.py), its rollouts reassembled one by one in Python
+(rollout.py, the main thread) and its rows and audit rows written, while the batches before
+and after it are in the other stages. A few batches are in flight at most.
 """
 
 from __future__ import annotations
@@ -182,21 +185,21 @@ def run_shard(con, night: NightFiles, shard: int, settings: Settings, run_id: st
     )
     units = _units(calls, rollouts, settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
-    with _ShardWriter(staging, shard, run_id) as writer:
-        for rollouts_, table, checks in _prepared(units, TokenStore(settings.token_cache_bytes), writer):
+    with _Pipeline(staging, shard, run_id) as pipeline:
+        for rollouts_, table, checks in _prepared(units, TokenStore(settings.token_cache_bytes), pipeline):
             outcomes, batch = reassemble_unit(rollouts_, table, checks.tokens, settings.options, checks=checks)
-            writer.write(outcomes, batch)
+            pipeline.write(outcomes, batch)
             result.add(outcomes)
             log.debug("shard %d: %d rollouts, %d ok", shard, result.n_rollouts, result.n_ok)
-    result.n_rows, result.n_tokens = writer.n_rows, writer.n_tokens
+    result.n_rows, result.n_tokens = pipeline.n_rows, pipeline.n_tokens
     for line in result.summary().splitlines():
         log.info("%s", line)
     return result
 
 
-class _ShardWriter:
-    """The shard's two Parquet writers and the threads beside the main thread, one task at a
-    time each, in order:
+class _Pipeline:
+    """The shard's two Parquet writers and the three threads beside the main thread, one
+    task at a time each, in order:
 
     - `reader`: reads the token row groups of the batches ahead (pyarrow decodes them on
       its own threads);
@@ -221,7 +224,7 @@ class _ShardWriter:
         self.writes: deque[Future] = deque()
         self.n_rows = self.n_tokens = 0
 
-    def __enter__(self) -> _ShardWriter:
+    def __enter__(self) -> _Pipeline:
         return self
 
     def _write(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
@@ -252,7 +255,7 @@ BATCHES_AHEAD = 2  # batches read and checked ahead of the main thread
 WRITES_QUEUED = 2  # batches done and not yet written
 
 
-def _prepared(units, store: TokenStore, writer: _ShardWriter):
+def _prepared(units, store: TokenStore, pipeline: _Pipeline):
     """(rollouts, call table, checks) per unit, in order: the token rows of the next units
     are read on the reader thread and their checks computed on the checks thread while the
     main thread runs the current one."""
@@ -260,12 +263,12 @@ def _prepared(units, store: TokenStore, writer: _ShardWriter):
     def read(unit) -> Future:
         rollouts, table = unit
         tokens = store.fetch(table.column("t_file"), table.column("t_row"))
-        return writer.checks.submit(lambda: (rollouts, table, BatchChecks(table, tokens).hash_all()))
+        return pipeline.checks.submit(lambda: (rollouts, table, BatchChecks(table, tokens).hash_all()))
 
     ahead: deque[Future] = deque()
     while True:
         while len(ahead) < BATCHES_AHEAD and (unit := next(units, None)) is not None:
-            ahead.append(writer.reader.submit(read, unit))
+            ahead.append(pipeline.reader.submit(read, unit))
         if not ahead:
             return
         yield ahead.popleft().result().result()

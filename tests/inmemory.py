@@ -17,6 +17,13 @@ SCHEMA = pa.schema([("group_id", pa.string()), *arrow_schema(CALL), ("t_file", p
 
 
 def reassemble(record: dict, staged: list[tuple[dict, dict | None]], options: Options = Options()):
+    rollout, table, tokens = tables(record, staged)
+    outcomes, batch = reassemble_unit([rollout], table, tokens, options)
+    return outcomes[0], batch
+
+
+def tables(record: dict, staged: list[tuple[dict, dict | None]]) -> tuple[dict, pa.Table, pa.Table]:
+    """The rollout, its call rows (sql/shard_calls.sql's shape) and their token rows."""
     rollout = parse_rollout(record)
     rollout.update(n_rejected=None, first_rejected=None)
     rows, lists = [], []
@@ -33,7 +40,4 @@ def reassemble(record: dict, staged: list[tuple[dict, dict | None]], options: Op
                 logprobs=np.asarray(token["generation_logprobs_delta"]).tolist(),
             )
         rows.append(row)
-    table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    tokens = pa.Table.from_pylist(lists, schema=CANONICAL)
-    outcomes, batch = reassemble_unit([rollout], table, tokens, options)
-    return outcomes[0], batch
+    return rollout, pa.Table.from_pylist(rows, schema=SCHEMA), pa.Table.from_pylist(lists, schema=CANONICAL)
