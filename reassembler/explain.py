@@ -44,9 +44,9 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
         return [f"rollout {rollout_id}: not in the warehouse for ds={ds}"]
     rollout = records[0]
     calls = calls_from_table(
-        con.cursor().sql(
-            sql("explain_ledger", call_columns=select_list(CALL, "l")), params={"ds": ds, "rollout_id": rollout_id}
-        ).to_arrow_table()
+        con.cursor()
+        .sql(sql("explain_ledger", call_columns=select_list(CALL, "l")), params={"ds": ds, "rollout_id": rollout_id})
+        .to_arrow_table()
     )
     status, reason, detail, failed, *_, mode = published[:8]
     lines = [_ledger_line([(c.model_call_id, c.parent_call_id, c.failure_reason) for c in calls])]
