@@ -191,12 +191,12 @@ class BatchChecks:
     def record(self, call: Call) -> None:
         """check_record of CONTRACT.md 3.3 (missing/duplicate tokens .. length_mismatch)."""
         if self.record_reason[call.index] is not None:
-            self._raise(_explain_record(call, self._token_fields(call), self.batch))
+            _raise(_explain_record(call, self._token_fields(call), self.batch))
 
     def tokens_and_digest(self, call: Call) -> None:
         """The token checks of the call's row, then its staged-record digest."""
         if self.token_reason[call.index] is not None:
-            self._raise(_explain_tokens(call, self.batch))
+            _raise(_explain_tokens(call, self.batch))
         recomputed = self.digests[call.index]
         if recomputed is None:  # not hashed ahead (the checks before it failed): hash it now
             recomputed = _staged_digest(call, self.batch)
@@ -234,7 +234,8 @@ class BatchChecks:
                 self.tokens_and_digest(call)
                 self._faults[call.index] = None
             except Masked as m:
-                self._faults[call.index] = m
+                # kept without its traceback, whose frames would refer back to this batch
+                self._faults[call.index] = m.with_traceback(None)
         return self._faults[call.index]
 
     def _token_fields(self, call: Call) -> dict | None:
@@ -242,10 +243,16 @@ class BatchChecks:
             return None
         return self.tokens.drop_columns(["ids", "mask", "logprobs"]).slice(call.row, 1).to_pylist()[0]
 
-    @staticmethod
-    def _raise(fault: Masked | None) -> None:
-        if fault is not None:
+
+
+def _raise(fault: Masked | None) -> None:
+    """Raise `fault` if any, without a reference cycle: the traceback holds this frame, and
+    this frame must not hold the exception (it would keep the whole batch alive)."""
+    if fault is not None:
+        try:
             raise fault
+        finally:
+            fault = None
 
 
 # -- the scalar checks: the message of a call that failed (and the reference the columns follow)

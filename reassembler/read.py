@@ -340,12 +340,15 @@ def _read_file_lines(night: NightFiles, source: str, rel: str, number: int, pars
 
 
 def _one_line(source: str, rel: str, line: int, raw: bytes, value, number: int, parse, add, rejects) -> None:
-    try:
-        if isinstance(value, RecordError):
-            raise value
-        row = parse(value, rel)
-    except RecordError as e:
-        _reject(rejects, source, rel, line, str(e), raw, *_guess_ids(value, rel if source == "ledger" else None))
+    problem = value if isinstance(value, RecordError) else None
+    if problem is None:
+        try:
+            row = parse(value, rel)
+        except RecordError as e:
+            problem = e.with_traceback(None)  # no cycle through this frame
+    if problem is not None:
+        ids = _guess_ids(value, rel if source == "ledger" else None)
+        _reject(rejects, source, rel, line, str(problem), raw, *ids)
         return
     row.update(source_file=rel, source_line=line)
     add(number, row)

@@ -142,9 +142,8 @@ def reassemble_rollout(
         segments = [finalize_chain(chain, by_id, checks, trace) for chain in chains]
         if options.offchain == "strict":
             for c in offchain:
-                fault = checks.record_fault(c)
-                if fault is not None:
-                    raise fault
+                if checks.record_fault(c) is not None:
+                    raise checks.record_fault(c)  # no local name: see checks._raise
         out.segments = segments
     except Masked as m:
         out.reason, out.detail, out.failed_call_id = m.reason, m.detail, m.call_id
