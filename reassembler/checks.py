@@ -244,7 +244,6 @@ class BatchChecks:
         return self.tokens.drop_columns(["ids", "mask", "logprobs"]).slice(call.row, 1).to_pylist()[0]
 
 
-
 def _raise(fault: Masked | None) -> None:
     """Raise `fault` if any, without a reference cycle: the traceback holds this frame, and
     this frame must not hold the exception (it would keep the whole batch alive)."""
