@@ -203,7 +203,7 @@ class Chunk:
     per_line: np.ndarray | None = None
 
 
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 8 << 20
 
 
 def _chunks(files: list[tuple[str, Path]], max_line_bytes: int, in_columns: bool) -> Iterator[Chunk]:

@@ -188,6 +188,7 @@ def run_shard(con, night: NightFiles, shard: int, settings: Settings, run_id: st
     with _Pipeline(staging, shard, run_id) as pipeline:
         for rollouts_, table, checks in _prepared(units, TokenStore(settings.token_cache_bytes), pipeline):
             outcomes, batch = reassemble_unit(rollouts_, table, checks.tokens, settings.options, checks=checks)
+            batch.drop_hash_buffers()  # the rows need the token arrays only
             pipeline.write(outcomes, batch)
             result.add(outcomes)
             log.debug("shard %d: %d rollouts, %d ok", shard, result.n_rollouts, result.n_ok)
@@ -252,7 +253,7 @@ class _Pipeline:
 
 
 BATCHES_AHEAD = 2  # batches read and checked ahead of the main thread
-WRITES_QUEUED = 2  # batches done and not yet written
+WRITES_QUEUED = 1  # batches done and not yet written
 
 
 def _prepared(units, store: TokenStore, pipeline: _Pipeline):

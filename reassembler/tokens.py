@@ -113,6 +113,10 @@ class TokenBatch:
             self._be = to_be_bytes(self.ids, self.mask, self.lp)
         return self._be
 
+    def drop_hash_buffers(self) -> None:
+        """Free the big-endian copies once every hash of the batch is done."""
+        self._be = None
+
     def be_views(self, row: int) -> tuple[memoryview, memoryview, memoryview]:
         """Big-endian u64 ids, f32 mask and f32 logprobs of one row (for the digests)."""
         ib, mb, lb = self.be_buffers()
