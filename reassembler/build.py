@@ -29,6 +29,7 @@ from .publish import NightNumbers, publish_staged, recover, staging_dir, verify_
 from .read import LoadSummary, find_night, load_night
 from .settings import DEFAULTS, Settings
 from .shard import ShardResult, run_shard
+from .token_store import TokenStore
 from .warehouse import apply_retention, clear_dead_spill_folders, connect, sql
 
 log = logging.getLogger(__name__)
@@ -86,10 +87,13 @@ def load_step(input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, loc
     return summary
 
 
-def shard_step(input_dir, output_dir, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS) -> ShardResult:
+def shard_step(
+    input_dir, output_dir, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS, store=None
+) -> ShardResult:
+    """`store`: a TokenStore that has read ahead (a one-process build); else a fresh one."""
     night = find_night(input_dir, ds)
     with connect(output_dir, settings.duckdb, read_only=True) as con, _step_memory():
-        return run_shard(con, night, shard, settings, run_id, staging_dir(output_dir, ds, run_id))
+        return run_shard(con, night, shard, settings, run_id, staging_dir(output_dir, ds, run_id), store)
 
 
 def publish_step(
@@ -143,14 +147,25 @@ def build_night(
     with OutputLock(output_dir, ds, "build"):
         started = time.perf_counter()
         run_id = run_id or new_run_id(ds)
-        load = load_step(input_dir, output_dir, ds, settings)
-        _run_shards(input_dir, output_dir, ds, run_id, settings)
+        store = None
+        if not (settings.workers > 1 and settings.shards > 1) and settings.token_read_ahead_bytes > 0:
+            # the shards run here after the load: their token row groups are decoded meanwhile
+            _steady_memory()
+            night = find_night(input_dir, ds)
+            store = TokenStore(settings.token_cache_bytes)
+            store.read_ahead([str(night.path("tokens", rel)) for rel in night.tokens], settings.token_read_ahead_bytes)
+        try:
+            load = load_step(input_dir, output_dir, ds, settings)
+            _run_shards(input_dir, output_dir, ds, run_id, settings, store)
+        finally:
+            if store is not None:
+                store.close()
         seconds = time.perf_counter() - started
         numbers = publish_step(input_dir, output_dir, ds, run_id, settings, seconds)
         return BuildSummary(run_id, load, numbers, time.perf_counter() - started)
 
 
-def _run_shards(input_dir, output_dir, ds: str, run_id: str, settings: Settings) -> None:
+def _run_shards(input_dir, output_dir, ds: str, run_id: str, settings: Settings, store=None) -> None:
     if settings.workers > 1 and settings.shards > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -163,7 +178,7 @@ def _run_shards(input_dir, output_dir, ds: str, run_id: str, settings: Settings)
                 done.result()  # re-raises a worker's error
     else:
         for k in range(settings.shards):
-            shard_step(input_dir, output_dir, ds, k, run_id, settings)
+            shard_step(input_dir, output_dir, ds, k, run_id, settings, store)
 
 
 def report_step(

@@ -16,6 +16,7 @@ nothing heavy: the DAG file reads the defaults when it is parsed.
 | max_line_bytes | 16 MiB | longest JSON line read |
 | batch_rows / batch_tokens | 16,384 calls / 1,000,000 tokens | one batch of a shard |
 | token_cache_bytes | 64 MiB | decoded token row groups kept |
+| token_read_ahead_bytes | 128 MiB | row groups decoded while the night loads (one-process builds; 0: off) |
 | retention_nights | 30 | nights of per-call tables kept in the warehouse |
 | Thresholds | mask rate 0.2, one reason 0.1, rise 0.05, rejects 0 | the quality gate's alerts |
 """
@@ -92,6 +93,7 @@ class Settings:
     batch_rows: int = 16_384
     batch_tokens: int = 1_000_000
     token_cache_bytes: int = 64 << 20
+    token_read_ahead_bytes: int = 128 << 20  # one-process builds: decoded while the night loads
     retention_nights: int = 30
 
     @classmethod

@@ -172,8 +172,11 @@ def reassemble_one(
     return outcomes[0], trace.get(rollout_id, []), batch
 
 
-def run_shard(con, night: NightFiles, shard: int, settings: Settings, run_id: str, staging: Path) -> ShardResult:
-    """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet."""
+def run_shard(
+    con, night: NightFiles, shard: int, settings: Settings, run_id: str, staging: Path, store: TokenStore | None = None
+) -> ShardResult:
+    """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet.
+    `store`: the token store to read through (one that read ahead), else a fresh one."""
     params = {"ds": night.ds, "shard": shard, "rollout_id": None}
     # Both streams run at once on the same database; the small rollouts query starts
     # first so that the calls query's sort can take the rest of the memory limit.
@@ -186,7 +189,8 @@ def run_shard(con, night: NightFiles, shard: int, settings: Settings, run_id: st
     units = _units(calls, rollouts, settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
     with _Pipeline(staging, shard, run_id) as pipeline:
-        for rollouts_, table, checks in _prepared(units, TokenStore(settings.token_cache_bytes), pipeline):
+        store = store or TokenStore(settings.token_cache_bytes)
+        for rollouts_, table, checks in _prepared(units, store, pipeline):
             outcomes, batch = reassemble_unit(rollouts_, table, checks.tokens, settings.options, checks=checks)
             batch.drop_hash_buffers()  # the rows need the token arrays only
             pipeline.write(outcomes, batch)

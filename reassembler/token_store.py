@@ -14,6 +14,7 @@ still correct and bounded in memory, only slower (row groups are read again).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -80,6 +81,51 @@ class TokenStore:
         self._files: dict[str, _File] = {}
         self._cache: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
         self._cached = 0
+        self._lock = threading.Lock()  # _files and _ahead, shared with the read-ahead thread
+        self._ahead: dict[tuple[str, int], pa.Table] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _file(self, path: str) -> _File:
+        with self._lock:
+            file = self._files.get(path)
+        if file is None:
+            file = _File(path)
+            with self._lock:
+                file = self._files.setdefault(path, file)
+        return file
+
+    def read_ahead(self, paths: list[str], budget_bytes: int) -> None:
+        """Decode the row groups of `paths`, in order, on a thread of its own until they
+        hold `budget_bytes`, for the shard that reads them later: a one-process build
+        starts this before loading the night, so that the decoding runs on the core the
+        load leaves idle. A file that fails here is left to the shard, which reports it."""
+
+        def run() -> None:
+            held = 0
+            for path in paths:
+                try:
+                    file = self._file(path)
+                    for group in range(file.metadata.num_row_groups):
+                        if self._stop.is_set() or held >= budget_bytes:
+                            return
+                        table = file.read(group)
+                        with self._lock:
+                            self._ahead[(path, group)] = table
+                        held += table.nbytes
+                except Exception:  # noqa: BLE001 - the shard reads this file again and says what is wrong
+                    continue
+
+        self._thread = threading.Thread(target=run, name="tokens-ahead", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop reading ahead and drop what was read ahead and not used."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            self._ahead.clear()
 
     def _group(self, file: _File, group: int) -> pa.Table:
         key = (file.path, group)
@@ -87,7 +133,10 @@ class TokenStore:
         if table is not None:
             self._cache.move_to_end(key)
             return table
-        table = file.read(group)
+        with self._lock:
+            table = self._ahead.pop(key, None)
+        if table is None:
+            table = file.read(group)
         self._cache[key] = table
         self._cached += table.nbytes
         while self._cached > self.cache_bytes and len(self._cache) > 1:
@@ -107,7 +156,7 @@ class TokenStore:
         present = ~encoded.is_null().to_numpy(zero_copy_only=False)
         codes = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         rows_np = rows.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        opened = [self._files.get(p) or self._files.setdefault(p, _File(p)) for p in encoded.dictionary.to_pylist()]
+        opened = [self._file(p) for p in encoded.dictionary.to_pylist()]
         groups = np.zeros(n, dtype=np.int64)
         for code, file in enumerate(opened):
             idx = np.flatnonzero(present & (codes == code))

@@ -214,3 +214,24 @@ def test_nemo_gym_result_lines_get_their_ids_derived(tmp_path):
     assert errors[3].startswith("_ng_rollout_id must match")
     assert errors[4].startswith("group_id is missing")
     assert errors[5].startswith("rollout_id is missing")
+
+
+def test_token_rows_read_ahead_are_the_rows_read_on_demand(tmp_path, night):
+    """A one-process build decodes token row groups while the night loads
+    (TokenStore.read_ahead); what the shard then fetches is the same, and each row group
+    read ahead is handed over once."""
+    from reassembler.token_store import TokenStore
+
+    worked_example(night, "grp_g0", compaction=True)
+    worked_example(night, "grp_g1", compaction=False)
+    files = find_night(night.write(), DS)
+    paths = [str(files.path("tokens", rel)) for rel in files.tokens]
+    n = pq.read_metadata(paths[0]).num_rows
+    where = (pa.chunked_array([pa.array(paths * n)]), pa.chunked_array([pa.array(list(range(n))[::-1])]))
+    ahead = TokenStore()
+    ahead.read_ahead(paths, 1 << 30)
+    ahead._thread.join()
+    assert len(ahead._ahead) == pq.read_metadata(paths[0]).num_row_groups
+    assert ahead.fetch(*where).equals(TokenStore().fetch(*where))
+    assert ahead._ahead == {}  # handed over to the cache
+    ahead.close()
