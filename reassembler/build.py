@@ -14,7 +14,7 @@ import json
 import logging
 import shutil
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
@@ -67,20 +67,12 @@ def new_run_id(ds: str) -> str:
     return f"cli__{ds}__{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
 
 
-def _warehouse(output_dir, settings: Settings, con=None, read_only: bool = False):
-    """The step's warehouse connection: its own, or the one a one-process build keeps open
-    across its steps (`con`; opening and checkpointing it once instead of three times)."""
-    return nullcontext(con) if con is not None else connect(output_dir, settings.duckdb, read_only=read_only)
-
-
-def load_step(
-    input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, lock_wait: float = 0.0, con=None
-) -> LoadSummary:
+def load_step(input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, lock_wait: float = 0.0) -> LoadSummary:
     """Replace the night in the warehouse and split its groups into `settings.shards`
     shards. Under the output lock: first finish any interrupted publish, then clean up,
     then load, then drop per-call rows older than the retention."""
     night = find_night(input_dir, ds)
-    with OutputLock(output_dir, ds, "load", lock_wait), _warehouse(output_dir, settings, con) as con:
+    with OutputLock(output_dir, ds, "load", lock_wait), connect(output_dir, settings.duckdb) as con:
         finished = recover(con, Path(output_dir))
         if finished:
             log.warning("finished the interrupted publish of %s", ", ".join(finished))
@@ -96,11 +88,11 @@ def load_step(
 
 
 def shard_step(
-    input_dir, output_dir, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS, store=None, con=None
+    input_dir, output_dir, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS, store=None
 ) -> ShardResult:
     """`store`: a TokenStore that has read ahead (a one-process build); else a fresh one."""
     night = find_night(input_dir, ds)
-    with _warehouse(output_dir, settings, con, read_only=True) as con, _step_memory():
+    with connect(output_dir, settings.duckdb, read_only=True) as con, _step_memory():
         return run_shard(con, night, shard, settings, run_id, staging_dir(output_dir, ds, run_id), store)
 
 
@@ -112,11 +104,10 @@ def publish_step(
     settings: Settings = DEFAULTS,
     seconds: float | None = None,
     lock_wait: float = 0.0,
-    con=None,
 ) -> NightNumbers:
     staging = staging_dir(output_dir, ds, run_id)
     options = settings.options
-    with OutputLock(output_dir, ds, "publish", lock_wait), _warehouse(output_dir, settings, con) as con:
+    with OutputLock(output_dir, ds, "publish", lock_wait), connect(output_dir, settings.duckdb) as con:
         recover(con, Path(output_dir))
         numbers = verify_staged(con, staging, ds, settings.max_mask_rate)
         publish_staged(
@@ -156,42 +147,38 @@ def build_night(
     with OutputLock(output_dir, ds, "build"):
         started = time.perf_counter()
         run_id = run_id or new_run_id(ds)
-        if settings.workers > 1 and settings.shards > 1:  # worker processes open the warehouse themselves
-            load = load_step(input_dir, output_dir, ds, settings)
-            _run_shards(input_dir, output_dir, ds, run_id, settings)
-            seconds = time.perf_counter() - started
-            numbers = publish_step(input_dir, output_dir, ds, run_id, settings, seconds)
-            return BuildSummary(run_id, load, numbers, time.perf_counter() - started)
-        # one process: the token row groups are decoded while the night loads, and one
-        # warehouse connection serves the three steps
-        _steady_memory()
-        night = find_night(input_dir, ds)
-        store = TokenStore(settings.token_cache_bytes)
-        if settings.token_read_ahead_bytes > 0:
+        store = None
+        if not (settings.workers > 1 and settings.shards > 1) and settings.token_read_ahead_bytes > 0:
+            # the shards run here after the load: their token row groups are decoded meanwhile
+            _steady_memory()
+            night = find_night(input_dir, ds)
+            store = TokenStore(settings.token_cache_bytes)
             store.read_ahead([str(night.path("tokens", rel)) for rel in night.tokens], settings.token_read_ahead_bytes)
         try:
-            with connect(output_dir, settings.duckdb) as con:
-                load = load_step(input_dir, output_dir, ds, settings, con=con)
-                for k in range(settings.shards):
-                    shard_step(input_dir, output_dir, ds, k, run_id, settings, store, con)
-                seconds = time.perf_counter() - started
-                numbers = publish_step(input_dir, output_dir, ds, run_id, settings, seconds, con=con)
+            load = load_step(input_dir, output_dir, ds, settings)
+            _run_shards(input_dir, output_dir, ds, run_id, settings, store)
         finally:
-            store.close()
+            if store is not None:
+                store.close()
+        seconds = time.perf_counter() - started
+        numbers = publish_step(input_dir, output_dir, ds, run_id, settings, seconds)
         return BuildSummary(run_id, load, numbers, time.perf_counter() - started)
 
 
-def _run_shards(input_dir, output_dir, ds: str, run_id: str, settings: Settings) -> None:
-    """Every shard at once, `settings.workers` at a time, in worker processes."""
-    from concurrent.futures import ProcessPoolExecutor
+def _run_shards(input_dir, output_dir, ds: str, run_id: str, settings: Settings, store=None) -> None:
+    if settings.workers > 1 and settings.shards > 1:
+        from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(
-        max_workers=min(settings.workers, settings.shards), mp_context=get_context("fork")
-    ) as pool:
-        for done in [
-            pool.submit(shard_step, input_dir, output_dir, ds, k, run_id, settings) for k in range(settings.shards)
-        ]:
-            done.result()  # re-raises a worker's error
+        with ProcessPoolExecutor(
+            max_workers=min(settings.workers, settings.shards), mp_context=get_context("fork")
+        ) as pool:
+            for done in [
+                pool.submit(shard_step, input_dir, output_dir, ds, k, run_id, settings) for k in range(settings.shards)
+            ]:
+                done.result()  # re-raises a worker's error
+    else:
+        for k in range(settings.shards):
+            shard_step(input_dir, output_dir, ds, k, run_id, settings, store)
 
 
 def report_step(

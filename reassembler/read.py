@@ -36,7 +36,7 @@ from .records import (
 from .settings import MAX_LINE_BYTES
 from .warehouse import run_script, sql
 
-CHUNK_ROWS = 5_000
+CHUNK_ROWS = 500  # rows buffered before an insert: a rollout row carries its whole output's fingerprints
 # NeMo Gym's local capture mode writes TokenEntry records as <rollout_id>.tokens.jsonl beside
 # the lineage files: token arrays, not ledger rows (CONTRACT.md 2).
 NOT_LEDGER_SUFFIX = ".tokens.jsonl"
