@@ -21,7 +21,7 @@ from reassembler.settings import Options, Settings
 from reassembler.token_store import CANONICAL
 
 HEX = "0f" * 32
-DIGESTS = st.sampled_from([HEX, HEX, HEX, HEX.upper(), "xyz", "0" * 63])
+DIGESTS = st.sampled_from([HEX] * 12 + [HEX.upper(), "xyz", "0" * 63])
 
 
 @st.composite
@@ -29,7 +29,7 @@ def call(draw, k: int) -> tuple[dict, list[dict]]:
     """One call's ledger fields and its token rows (none, one or two), each field now and
     then wrong, the token row's fields now and then different from the ledger's."""
     root = draw(st.booleans())
-    prev = draw(st.sampled_from([0, 0, 5, -1])) if root else draw(st.sampled_from([5, 5, 0, -2]))
+    prev = draw(st.sampled_from([0] * 6 + [5, -1])) if root else draw(st.sampled_from([5] * 6 + [0, -2]))
     delta = draw(st.sampled_from([3, 3, 3, 0, 2]))
     ledger = {
         "group_id": "g",
@@ -37,25 +37,25 @@ def call(draw, k: int) -> tuple[dict, list[dict]]:
         "capture_seq": k,
         "model_call_id": f"c{k}",
         "parent_call_id": None if root else f"c{k - 1}",
-        "mode": draw(st.sampled_from(["text", "token_in"] if root else ["token_in", "token_in", "text", None])),
+        "mode": draw(st.sampled_from(["text"] * 6 + ["token_in"] if root else ["token_in"] * 6 + ["text", None])),
         "prev_len": prev,
         "delta_len": delta,
-        "cum_len": draw(st.sampled_from([prev + delta, prev + delta, prev + delta + 1])),
-        "weight_version": draw(st.sampled_from([1, 1, 0, -1])),
-        "schema_version": draw(st.sampled_from([2, 3, 2, 1, None])),
-        "digest_version": draw(st.sampled_from([2, 2, 2, 3, None])),
-        "extras_digest_version": draw(st.sampled_from([1, 1, 1, 2])),
+        "cum_len": draw(st.sampled_from([prev + delta] * 6 + [prev + delta + 1])),
+        "weight_version": draw(st.sampled_from([1] * 6 + [0, -1])),
+        "schema_version": draw(st.sampled_from([2] * 6 + [3, 1, None])),
+        "digest_version": draw(st.sampled_from([2] * 6 + [3, None])),
+        "extras_digest_version": draw(st.sampled_from([1] * 6 + [2])),
         "digest": draw(DIGESTS),
         "extras_digest": draw(DIGESTS),
         "chain_hash": draw(DIGESTS),
         "cumulative_hash": draw(DIGESTS),
         "staging_key": f"r/c{k}",
-        "failure_reason": draw(st.sampled_from([None, None, None, "boom"])),
+        "failure_reason": draw(st.sampled_from([None] * 6 + ["boom"])),
     }
     tokens = []
     for _ in range(draw(st.sampled_from([1, 1, 1, 1, 0, 2]))):
         token = {name: ledger[name] for name in SHARED_FIELDS}
-        if draw(st.integers(0, 5)) == 0:  # one field differs, or a version is null
+        if draw(st.integers(0, 7)) == 0:  # one field differs, or a version is null
             name = draw(st.sampled_from(SHARED_FIELDS + ("schema_version", "digest_version")))
             token[name] = (
                 None
@@ -70,13 +70,16 @@ def call(draw, k: int) -> tuple[dict, list[dict]]:
         mask = [0.0] * zeros + [1.0] * (n - zeros)
         lp = [0.0] * zeros + [-0.5] * (n - zeros)
         ids = list(range(10, 10 + n))
-        fault = draw(st.sampled_from(["", "", "", "id", "mask value", "mask order", "logprob", "logprob under 0"]))
+        faults = ["id", "mask value", "mask order", "last mask 0", "logprob", "logprob under 0"]
+        fault = draw(st.sampled_from([""] * 4 + faults))
         if fault == "id" and n:
             ids[-1] = draw(st.sampled_from([-1, 2**31]))
         elif fault == "mask value" and n:
             mask[0] = 0.5
         elif fault == "mask order" and zeros and n > zeros:
             mask[0], mask[-1] = 1.0, 0.0
+        elif fault == "last mask 0" and n - zeros >= 2:  # one 1 -> 0 step
+            mask[-1] = 0.0
         elif fault == "logprob" and n:
             lp[-1] = float("nan")
         elif fault == "logprob under 0" and zeros:
