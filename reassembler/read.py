@@ -1,7 +1,9 @@
 """Read one night of capture (CONTRACT.md section 2) into the DuckDB warehouse.
 
-- rollouts and ledger JSONL are parsed line by line (records.py) and inserted in chunks;
-  a line that is not JSON, or not the shape of its record, becomes a reject row;
+- rollout JSONL is parsed line by line (records.py); the ledger's files are parsed in
+  columns (ledger_columns.py) on a thread of their own meanwhile, and the files and lines
+  that path cannot take exactly are parsed line by line like the rollouts; a line that is
+  not JSON, or not the shape of its record, becomes a reject row;
 - token Parquet is not copied: each file's schema is checked (a missing column or an
   unsupported type stops the night with exit 2); `token_rows_sql` exposes the scalar
   columns to SQL, and token_store.py reads the lists of the rows a shard needs.
