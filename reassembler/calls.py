@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .gym_fingerprint import VERSION as FINGERPRINT_VERSION
+from .records import HEX64_PATTERN
 
 
 @dataclass(slots=True, eq=False)
@@ -80,7 +81,7 @@ def _evidence(heads: pa.Table) -> list[str | None]:
     fp = heads.column("output_fingerprint")
     usable = pc.and_(
         pc.equal(heads.column("fingerprint_version"), FINGERPRINT_VERSION),
-        pc.match_substring_regex(fp, "^[0-9a-f]{64}$"),
+        pc.match_substring_regex(fp, HEX64_PATTERN),
     )
     return pc.if_else(pc.fill_null(usable, False), fp, pa.nulls(len(fp), pa.string())).to_pylist()
 

@@ -31,15 +31,13 @@ import pyarrow.compute as pc
 from .calls import Call, call_starts, token_row_counts
 from .digests import STAGED_FIELDS, chain_hash, staged_call_digest, staged_digest_of
 from .reasons import Masked, Reason
-from .records import HEX64, SHARED_FIELDS, VERSION_DEFAULTS
+from .records import HEX64, HEX64_PATTERN, LEDGER_DIGESTS, SHARED_FIELDS, VERSION_DEFAULTS
 from .tokens import TokenBatch
 
 VERSION_FIELDS = tuple(VERSION_DEFAULTS)
 SUPPORTED_SCHEMA = (2, 3)
 SUPPORTED_DIGEST = (2,)
 SUPPORTED_EXTRAS = (1,)
-DIGEST_FIELDS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
-HEX64_PATTERN = "^[0-9a-f]{64}$"
 
 
 def _np(column, fill) -> np.ndarray:
@@ -91,7 +89,7 @@ def record_verdicts(heads: pa.Table, toks: pa.Table, counts: np.ndarray, batch: 
         ~_true(pc.equal(mode, "token_in")) | (prev <= 0),
     )
     invalid |= _np(heads.column("weight_version"), -1) < 0
-    for name in DIGEST_FIELDS:
+    for name in LEDGER_DIGESTS:
         invalid |= ~_true(pc.match_substring_regex(heads.column(name), HEX64_PATTERN))
     delta = _np(heads.column("delta_len"), 0)
     lengths = (delta < 1) | (_np(heads.column("cum_len"), -1) != prev + delta)
@@ -300,7 +298,7 @@ def _explain_record(call: Call, tok: dict | None, batch: TokenBatch) -> Masked |
         )
     if call.weight_version < 0:
         return fail(Reason.INVALID_RECORD, f"weight_version {call.weight_version} < 0")
-    for name in DIGEST_FIELDS:
+    for name in LEDGER_DIGESTS:
         if not HEX64.fullmatch(getattr(call, name)):
             return fail(Reason.INVALID_RECORD, f"{name} is not 64 lowercase hex digits")
     if call.delta_len < 1:

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from .errors import InputError
-from .fields import ITEMS, LEDGER, arrow_schema
+from .fields import ITEMS, LEDGER
 from .records import LEDGER_DIGESTS, LEDGER_INTS, VERSION_DEFAULTS, rollout_id_from_path
 
 STRINGS = ("rollout_id", "model_call_id", "parent_call_id", "failure_reason", "mode", "staging_digest")
@@ -55,7 +55,6 @@ JSON_SCHEMA = pa.schema(
         ("fingerprint_version", pa.int64()),
     ]
 )
-LEDGER_SCHEMA = arrow_schema(LEDGER)
 OPEN, CLOSE, NEWLINE, CR = ord("{"), ord("}"), ord("\n"), ord("\r")
 
 

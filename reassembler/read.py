@@ -377,7 +377,7 @@ def _load_rollouts(con, night: NightFiles, rejects: _Inserter, max_line_bytes: i
 
 def _load_ledger(con, night: NightFiles, chunks, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
     """Every ledger line, in capture order (files by path, then lines): a ledger row, or a
-    reject row. `chunks`: the files as ledger_columns.prepared_chunks gives them; the ones
+    reject row. `chunks`: the files as ledger_columns.PreparedChunks gives them; the ones
     (and the lines) it could not take in columns are read here line by line. Returns
     (lines read, rows loaded)."""
     ledger = _Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
@@ -389,12 +389,12 @@ def _load_ledger(con, night: NightFiles, chunks, rejects: _Inserter, max_line_by
 
     number = 0
     for chunk in chunks:
-        columnar = {f.rel for f in chunk.columnar}
+        columnar = {f.rel: f for f in chunk.columnar}
         bases = []  # the number before each file read in columns
         for rel, _ in chunk.files:
             if rel in columnar:
                 bases.append(number)
-                number += next(f.n_lines for f in chunk.columnar if f.rel == rel)
+                number += columnar[rel].n_lines
             else:
                 number = _read_file_lines(night, "ledger", rel, number, parse_ledger_row, add, rejects, max_line_bytes)
         if chunk.columnar:

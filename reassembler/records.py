@@ -20,6 +20,7 @@ from .items import generated_items
 
 LINEAGE_SUFFIX = ".lineage.jsonl"
 HEX64 = re.compile(r"[0-9a-f]{64}")
+HEX64_PATTERN = "^[0-9a-f]{64}$"  # the same, for pyarrow's match_substring_regex
 # NeMo Gym's capture key pattern (rollout_correlation.ROLLOUT_ID_PATTERN).
 GYM_ROLLOUT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # NeMo Gym's CallRecord / StagedCallRecord defaults for version fields its rows leave out.
