@@ -16,16 +16,12 @@ import sys
 from dataclasses import replace
 from datetime import date
 
-# Read by numpy as it loads (a value already set wins): its OpenBLAS starts no thread pool,
-# whose threads spin for a while after start; nothing here multiplies matrices.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-from .build import build_night, gate_step, report_step  # noqa: E402
-from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify  # noqa: E402
-from .explain import explain  # noqa: E402
-from .producer.synth import SynthConfig, synth_night  # noqa: E402
-from .report import report  # noqa: E402
-from .settings import DEFAULTS, MEMORY_LIMIT, DuckDBSettings, Options, Settings, Thresholds  # noqa: E402
+from .build import build_night, gate_step, report_step
+from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
+from .explain import explain
+from .producer.synth import SynthConfig, synth_night
+from .report import report
+from .settings import DEFAULTS, MEMORY_LIMIT, DuckDBSettings, Options, Settings, Thresholds
 
 
 def _ds(value: str) -> str:

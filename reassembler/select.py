@@ -23,6 +23,7 @@ from typing import Literal
 from .calls import Call
 from .gym_fingerprint import PREFIX as AFP_PREFIX
 from .reasons import Masked, Reason
+from .records import HEX64
 
 Item = tuple[str | None, str]  # (id or None, fingerprint)
 ModelItem = tuple[int, bytes | None]  # (index in output, F bytes or None: unfingerprintable)
@@ -63,22 +64,27 @@ def _by_items(generated: list[Item], calls: list[Call]) -> Candidates:
 
 
 def _by_fingerprints(model_items: list[ModelItem], calls: list[Call]) -> Candidates:
-    by_fp: dict[str, list[Call]] = {}
+    # keyed by the 32 digest bytes; a fingerprint that is not lowercase hex can equal no
+    # hexdigest, so it is left out (it matches nothing, as before)
+    by_fp: dict[bytes, list[Call]] = {}
     for call in calls:
-        if not call.is_poison and call.output_fingerprint is not None:
-            by_fp.setdefault(call.output_fingerprint, []).append(call)
+        fp = call.output_fingerprint
+        if not call.is_poison and fp is not None and HEX64.fullmatch(fp):
+            by_fp.setdefault(bytes.fromhex(fp), []).append(call)
+    fields = [field for _, field in model_items]
 
     def at(p: int, taken: set[int]) -> list[tuple[Call, int]]:
         span: dict[int, tuple[Call, int]] = {}
         h = hashlib.sha256(AFP_PREFIX)
-        for k in range(1, len(model_items) - p + 1):
-            field = model_items[p + k - 1][1]
+        for k, field in enumerate(fields[p:], 1):
             if field is None:  # this span and every longer one match nothing
                 break
             h.update(field)
-            for c in by_fp.get(h.copy().hexdigest(), ()):
-                if id(c) not in taken:
-                    span[id(c)] = (c, k)  # the largest k wins
+            found = by_fp.get(h.copy().digest())
+            if found:
+                for c in found:
+                    if id(c) not in taken:
+                        span[id(c)] = (c, k)  # the largest k wins
         return sorted(span.values(), key=lambda cs: cs[0].capture_seq)
 
     return at

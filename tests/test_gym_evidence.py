@@ -164,6 +164,14 @@ def test_an_output_that_no_span_matches_is_unmatched_output(night, build):
     assert audit["detail"].startswith("model-authored item 1 (output item 2)")
 
 
+def test_a_fingerprint_in_upper_case_hex_matches_nothing(night, build):
+    ledger, _ = night.add("gym_g0", chain_calls(), CHAIN_OUTPUT, evidence=GYM)
+    ledger[1]["output_fingerprint"] = ledger[1]["output_fingerprint"].upper()  # the hash is lowercase hex
+    audit = build(night).audit["gym_g0"]
+    assert (audit["reason"], audit["failed_call_id"]) == ("unmatched_output", None)
+    assert audit["detail"].startswith("model-authored item 1 (output item 3)")
+
+
 def test_two_calls_matching_one_span_is_ambiguous_output(night, build):
     calls = chain_calls()
     calls.insert(2, call("c2b", "c1", [201], [23, 24], [TEST]))  # a sibling with the same output
