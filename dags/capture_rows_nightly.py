@@ -198,7 +198,8 @@ def capture_rows_nightly():
         """Wait for the night's input partitions (and the completion marker, if configured)."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from reassembler.read import InputError, find_night
+        from reassembler.errors import InputError
+        from reassembler.night import find_night
 
         try:
             night = find_night(input_dir, night_ds)

@@ -25,8 +25,9 @@ import pyarrow as pa
 from .checkpoints import checkpoint
 from .errors import InputError
 from .lock import OutputLock
+from .night import find_night
 from .publish import NightNumbers, publish_staged, recover, staging_dir, verify_staged
-from .read import LoadSummary, find_night, load_night
+from .read import LoadSummary, load_night
 from .settings import DEFAULTS, Settings
 from .shard import ShardResult, run_shard
 from .token_store import TokenStore
@@ -67,10 +68,13 @@ def new_run_id(ds: str) -> str:
     return f"cli__{ds}__{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
 
 
-def load_step(input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, lock_wait: float = 0.0) -> LoadSummary:
+def load_step(
+    input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, lock_wait: float = 0.0, rollouts=None
+) -> LoadSummary:
     """Replace the night in the warehouse and split its groups into `settings.shards`
     shards. Under the output lock: first finish any interrupted publish, then clean up,
-    then load, then drop per-call rows older than the retention."""
+    then load, then drop per-call rows older than the retention. `rollouts`: the night's
+    rollout lines already being parsed (rollout_lines.InBackground), if any."""
     night = find_night(input_dir, ds)
     with OutputLock(output_dir, ds, "load", lock_wait), connect(output_dir, settings.duckdb) as con:
         finished = recover(con, Path(output_dir))
@@ -79,7 +83,7 @@ def load_step(input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, loc
         shutil.rmtree(Path(output_dir) / "_staging" / ds, ignore_errors=True)  # earlier failed runs
         clear_dead_spill_folders(output_dir, settings.duckdb)
         with _step_memory():
-            summary = load_night(con, night, settings.allow_empty, settings.max_line_bytes)
+            summary = load_night(con, night, settings.allow_empty, settings.max_line_bytes, rollouts)
         con.execute(sql("plan_shards"), {"ds": ds, "shards": settings.shards})
         apply_retention(con, ds, settings.retention_nights)
         checkpoint("loaded")
@@ -138,12 +142,13 @@ class BuildSummary:
 
 
 def build_night(
-    input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, run_id: str | None = None
+    input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, run_id: str | None = None, rollouts=None
 ) -> BuildSummary:
     """Load, reassemble every shard, publish. `settings.workers` > 1 runs that many shards at
     once in worker processes (each opens the warehouse read-only), as Airflow's mapped tasks
     do. The output lock is held throughout: a second build of the same output fails at once
-    (OutputBusy) and touches nothing."""
+    (OutputBusy) and touches nothing. `rollouts`: the night's rollout lines already being
+    parsed (the command starts that before it imports this module; rollout_lines.py)."""
     with OutputLock(output_dir, ds, "build"):
         started = time.perf_counter()
         run_id = run_id or new_run_id(ds)
@@ -155,7 +160,7 @@ def build_night(
             store = TokenStore(settings.token_cache_bytes)
             store.read_ahead([str(night.path("tokens", rel)) for rel in night.tokens], settings.token_read_ahead_bytes)
         try:
-            load = load_step(input_dir, output_dir, ds, settings)
+            load = load_step(input_dir, output_dir, ds, settings, rollouts=rollouts)
             _run_shards(input_dir, output_dir, ds, run_id, settings, store)
         finally:
             if store is not None:

@@ -16,12 +16,13 @@ import sys
 from dataclasses import replace
 from datetime import date
 
-from .build import build_night, gate_step, report_step
 from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
-from .explain import explain
-from .producer.synth import SynthConfig, synth_night
-from .report import report
+from .producer.config import SynthConfig
 from .settings import DEFAULTS, MEMORY_LIMIT, DuckDBSettings, Options, Settings, Thresholds
+
+# The commands' modules (DuckDB, pyarrow: ~0.4 s) are imported by `run` when a command needs
+# them; a build first starts parsing its rollout lines in a child process, which runs while
+# this one imports them (rollout_lines.py).
 
 
 def _ds(value: str) -> str:
@@ -215,7 +216,18 @@ def settings_from(args) -> Settings:
 
 def run(args) -> int:
     if args.command == "build":
-        s = build_night(args.input, args.output, args.ds, settings_from(args))
+        from . import rollout_lines
+        from .night import find_night
+
+        settings = settings_from(args)
+        early = rollout_lines.start(find_night(args.input, args.ds), settings.max_line_bytes)
+        try:
+            from .build import build_night
+
+            s = build_night(args.input, args.output, args.ds, settings, rollouts=early)
+        finally:
+            if early is not None:
+                early.close()
         n = s.numbers
         print(
             f"built ds={args.ds} in {s.seconds:.1f}s: {n.audit_rows} rollouts, {n.ok_rollouts} ok, "
@@ -231,6 +243,8 @@ def run(args) -> int:
     elif args.command == "synth":
         if args.min_calls > args.max_calls or args.min_calls < 5:
             raise InputError("synth: --min-calls must be >= 5 and <= --max-calls")
+        from .producer.synth import synth_night
+
         d = SynthConfig()
         cfg = SynthConfig(
             rollouts=args.rollouts,
@@ -252,17 +266,25 @@ def run(args) -> int:
         )
         print(f"input: {args.output}  expected outcomes: {args.output}/_expected/ds={args.ds}/outcomes.jsonl")
     elif args.command == "explain":
+        from .explain import explain
+
         replay = explain(args.output, args.ds, args.rollout_id)
         print(json.dumps(replay.to_dict(), indent=2) if args.json else replay.text())
     elif args.command == "report" and args.html:
+        from .build import report_step
+
         by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
         page = report_step(args.output, args.ds, nights=args.nights, by=by)
         if page is None:
             raise InputError(f"{args.output}: no published night{' ' + args.ds if args.ds else ''} in the warehouse")
         print(f"report: {page}\nindex:  {page.parent.parent / 'index.html'}")
     elif args.command == "report":
+        from .report import report
+
         print(report(args.output))
     elif args.command == "gate":
+        from .build import gate_step
+
         thresholds = Thresholds(args.max_mask_rate, args.max_reason_rate, args.max_mask_rate_rise, args.max_rejects)
         breaches = gate_step(args.output, args.ds, None, thresholds)
         if breaches:

@@ -7,8 +7,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .errors import InputError
 from .fields import CALL, select_list
-from .read import InputError, find_night
+from .night import find_night
 from .reasons import DESCRIPTIONS
 from .select import select_calls
 from .settings import Options

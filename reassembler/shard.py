@@ -27,7 +27,8 @@ from .advantage import assign_advantages
 from .calls import calls_from_heads
 from .checks import BatchChecks
 from .fields import CALL, select_list
-from .read import NightFiles, token_rows_sql
+from .night import NightFiles
+from .read import token_rows_sql
 from .rollout import Outcome, reassemble_rollout
 from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, rows_table
 from .settings import Options, Settings

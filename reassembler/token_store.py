@@ -21,10 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .read import LOGPROB_NAMES, InputError
+from .errors import InputError
 from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS
 from .settings import DEFAULTS
 
+LOGPROB_NAMES = ("generation_logprobs_delta", "generation_log_probs_delta")  # the contract's, then Gym's
 IDS = pa.list_(pa.int64())
 FLOATS = pa.list_(pa.float32())
 STRINGS, INTS, DIGESTS = LINEAGE_FIELDS, LEDGER_INTS, LEDGER_DIGESTS

@@ -6,7 +6,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reassembler.read as read
+import reassembler.json_lines as json_lines
 from reassembler.gym_fingerprint import model_items
 from reassembler.items import canonical_json, fingerprint, generated_items, is_generated
 
@@ -63,12 +63,12 @@ _items = st.lists(
 def test_fingerprints_of_lines_read_with_marked_floats_equal_the_reference(output):
     line = json.dumps({"output": output})  # what a rollout line holds
     plain = json.loads(line)["output"]
-    marked = read._ROLLOUT_DECODER.decode(line)["output"]
+    marked = json_lines.ROLLOUT_DECODER.decode(line)["output"]
     assert generated_items(marked, floats_marked=True) == generated_items(plain)
     assert model_items(marked) == model_items(plain)
 
 
 def test_a_float_or_a_big_integer_goes_to_json():
-    marked = read._ROLLOUT_DECODER.decode('{"a": 1e16, "b": [0.1, NaN], "c": 18446744073709551616}')
+    marked = json_lines.ROLLOUT_DECODER.decode('{"a": 1e16, "b": [0.1, NaN], "c": 18446744073709551616}')
     assert canonical_json(marked, floats_marked=True) == b'{"a":1e+16,"b":[0.1,NaN],"c":18446744073709551616}'
     assert canonical_json({"é": [1, "x"]}, floats_marked=True) == '{"é":[1,"x"]}'.encode()

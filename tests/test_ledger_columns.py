@@ -12,9 +12,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import reassembler.json_lines as json_lines
 import reassembler.read as read
 from nights import DS, worked_example
-from reassembler.read import find_night, load_night
+from reassembler.night import find_night
+from reassembler.read import load_night
 from reassembler.warehouse import connect
 
 ABSENT = object()
@@ -201,8 +203,8 @@ def test_ordinary_lines_are_read_in_columns(tmp_path, night, monkeypatch):
     worked_example(night, "grp_g1", compaction=False)
     inp = night.write()
     per_line: list[str] = []
-    original = read._one_line
-    monkeypatch.setattr(read, "_one_line", lambda source, *a: (per_line.append(source), original(source, *a)))
+    original = json_lines.one_line
+    monkeypatch.setattr(json_lines, "one_line", lambda source, *a: (per_line.append(source), original(source, *a)))
     with connect(tmp_path / "out") as con:
         summary = load_night(con, find_night(inp, DS))
     assert summary.ledger.loaded == summary.n_ledger_rows > 0

@@ -12,8 +12,10 @@ import pytest
 
 from nights import DS, worked_example
 from reassembler.build import build_night
+from reassembler.errors import InputError
+from reassembler.night import find_night
 from reassembler.producer.capture import TOKEN_FILE_VARIANTS, write_jsonl, write_token_file
-from reassembler.read import InputError, find_night, load_night
+from reassembler.read import load_night
 from reassembler.warehouse import connect
 
 

@@ -51,6 +51,7 @@ from .capture import (
     stage_rollout,
     write_token_file,
 )
+from .config import SynthConfig
 
 SHAPES = ("plain", "lineage", "gym")
 
@@ -87,26 +88,6 @@ FAULTS: dict[str, tuple[R | None, R | None, bool]] = {
     "lineage_cycle": (None, R.LINEAGE_CYCLE, True),
     "poisoned": (None, None, True),  # ok under selected; capture_poisoned under strict
 }
-
-
-@dataclass(frozen=True)
-class SynthConfig:
-    rollouts: int = 240
-    group_size: int = 4
-    seed: int = 7
-    fault_rate: float = 0.2
-    min_calls: int = 5
-    max_calls: int = 40
-    compaction_rate: float = 0.3
-    retry_rate: float = 0.05
-    poison_rate: float = 0.05
-    prompt_tokens: tuple[int, int] = (300, 2000)
-    observation_tokens: tuple[int, int] = (20, 1200)
-    generated_tokens: tuple[int, int] = (40, 700)
-    vocab: int = 151_936
-    shape_shares: tuple[float, float, float] = (0.35, 0.15, 0.5)  # plain, lineage, gym
-    rollouts_per_ledger_file: int = 50
-    token_rows_per_file: int = 1000
 
 
 @dataclass

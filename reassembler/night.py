@@ -1,0 +1,82 @@
+"""The input folder of one night (CONTRACT.md section 2): its rollout, ledger and token files,
+in reading order. Lists files only; nothing here opens them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+
+# NeMo Gym's local capture mode writes TokenEntry records as <rollout_id>.tokens.jsonl beside
+# the lineage files: token arrays, not ledger rows (CONTRACT.md 2).
+NOT_LEDGER_SUFFIX = ".tokens.jsonl"
+
+
+@dataclass(frozen=True)
+class NightFiles:
+    root: Path
+    ds: str
+    rollouts: list[str]  # paths relative to their partition folder, in reading order
+    ledger: list[str]
+    tokens: list[str]
+
+    def path(self, kind: str, rel: str) -> Path:
+        return self.root / kind / f"ds={self.ds}" / rel
+
+
+def _list_files(part: Path, suffix: str, recursive: bool, exclude: str | None = None) -> list[str]:
+    """Files ending in `suffix` in a partition folder (and its subfolders when `recursive`),
+    as sorted relative paths. Symbolic links are followed; a dangling link, an unreadable
+    entry or a link loop is an InputError naming it: nothing is skipped silently."""
+    found: list[str] = []
+    seen: set[tuple[int, int]] = set()
+
+    def visit(folder: Path, rel: str) -> None:
+        st = folder.stat()
+        if (st.st_dev, st.st_ino) in seen:
+            raise InputError(f"{folder}: symbolic link loop (this folder is reached twice)")
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            raise InputError(f"{folder}: cannot list the folder ({e.strerror})") from e
+        for entry in entries:
+            name = f"{rel}{entry.name}"
+            try:
+                is_dir, is_file = entry.is_dir(), entry.is_file()
+            except OSError as e:
+                raise InputError(f"{folder / entry.name}: cannot read ({e.strerror})") from e
+            if entry.is_symlink() and not (is_dir or is_file):
+                if entry.name.endswith(suffix) or recursive:
+                    raise InputError(
+                        f"{folder / entry.name}: dangling symbolic link (points to {os.readlink(entry.path)})"
+                    )
+                continue
+            if is_dir:
+                if recursive:
+                    visit(Path(entry.path), name + "/")
+            elif is_file and entry.name.endswith(suffix) and not (exclude and entry.name.endswith(exclude)):
+                if not os.access(entry.path, os.R_OK):
+                    raise InputError(f"{folder / entry.name}: file is not readable")
+                found.append(name)
+
+    visit(part, "")
+    return sorted(found)
+
+
+def find_night(input_dir: str | Path, ds: str) -> NightFiles:
+    root = Path(input_dir)
+    found = {}
+    for kind, suffix, recursive in (
+        ("rollouts", ".jsonl", False),
+        ("ledger", ".jsonl", True),
+        ("tokens", ".parquet", False),
+    ):
+        part = root / kind / f"ds={ds}"
+        if not part.is_dir():
+            raise InputError(f"{part}: input partition folder is missing")
+        found[kind] = _list_files(part, suffix, recursive, NOT_LEDGER_SUFFIX if kind == "ledger" else None)
+    return NightFiles(root, ds, found["rollouts"], found["ledger"], found["tokens"])

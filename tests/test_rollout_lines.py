@@ -1,0 +1,127 @@
+"""Rollout lines parsed by a child process (rollout_lines.py) load exactly what this process
+loads: the same rows, the same reject rows and messages, the same errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from nights import DS, worked_example
+from reassembler import rollout_lines
+from reassembler.cli import main
+from reassembler.errors import InputError
+from reassembler.night import find_night
+from reassembler.read import load_night
+from reassembler.warehouse import connect
+
+EVERY_KIND_OF_LINE = [
+    b"{not json\n",
+    b"\n",  # blank: skipped, not a line of its own
+    b'{"rollout_id": "dup_key", "rollout_id": "again", "group_id": "g", "slot": 0, "output": []}\n',
+    json.dumps({"rollout_id": "grp_g0", "group_id": "grp", "slot": 5, "reward": 1, "output": []}).encode() + b"\n",
+    json.dumps({"group_id": "grp", "slot": 6, "reward": 1, "output": []}).encode() + b"\n",
+    b"[1, 2]\n",
+    b'{"rollout_id": "latin1_\xe9", "group_id": "g", "slot": 0, "output": []}\n',  # not UTF-8
+    b'{"rollout_id": "long", "group_id": "g", "slot": 0, "output": [], "pad": "' + b"x" * 5000 + b'"}\n',
+    json.dumps(
+        {
+            "rollout_id": "floats_and_unicode",
+            "group_id": "grp2",
+            "slot": 0,
+            "reward": 0.25,
+            "metadata": {"note": "é ✓", "t": 1e-7},
+            "output": [
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ñ 0.1"}]},
+                {"type": "function_call", "name": "f", "arguments": '{"x": 1.5, "y": [1, 2]}', "call_id": "c"},
+            ],
+        },
+        ensure_ascii=False,
+    ).encode()
+    + b"\n",
+]
+
+
+@pytest.fixture
+def odd_night(night):
+    worked_example(night, "grp_g0", compaction=True, reward=1.0)
+    worked_example(night, "grp_g1", compaction=False, reward=0.0)
+    inp = night.write()
+    with open(inp / "rollouts" / f"ds={DS}" / "rollouts.jsonl", "ab") as fh:
+        fh.writelines(EVERY_KIND_OF_LINE)
+    with open(inp / "rollouts" / f"ds={DS}" / "z-more.jsonl", "wb") as fh:  # a second file, read after
+        fh.write(json.dumps({"rollout_id": "grp_g0", "group_id": "grp", "slot": 9, "output": []}).encode() + b"\n")
+    return inp
+
+
+def _load(inp, out, background_bytes: int, monkeypatch) -> tuple:
+    monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", background_bytes)
+    started = []
+    real_start = rollout_lines.start
+    monkeypatch.setattr(rollout_lines, "start", lambda *a: started.append(real_start(*a)) or started[-1])
+    with connect(out) as con:
+        summary = load_night(con, find_night(inp, DS), max_line_bytes=4096)
+        rollouts = con.execute("SELECT * EXCLUDE (ds) FROM rollouts ORDER BY rollout_seq").fetchall()
+        rejects = con.execute("SELECT * FROM rejects ORDER BY ALL").fetchall()
+    return summary, rollouts, rejects, [s is not None for s in started]
+
+
+def test_a_child_process_loads_what_this_process_loads(tmp_path, odd_night, monkeypatch):
+    here = _load(odd_night, tmp_path / "here", 1 << 40, monkeypatch)
+    child = _load(odd_night, tmp_path / "child", 0, monkeypatch)
+    assert (here[3], child[3]) == ([False], [True])  # each path taken as meant
+    assert child[:3] == here[:3]
+    summary, rollouts, rejects, _ = child
+    assert [r[1] for r in rollouts] == ["grp_g0", "grp_g1", "floats_and_unicode"]
+    errors = [r[4] for r in rejects if r[1] == "rollouts"]
+    assert len(errors) == 8 and summary.rollouts.read == 11
+    assert any("not valid JSON" in e for e in errors) and any("duplicate key" in e for e in errors)
+    assert any("over the 4,096-byte limit" in e for e in errors) and any("already seen" in e for e in errors)
+
+
+def test_a_file_gone_since_the_listing_is_the_same_one_line_error(tmp_path, odd_night, monkeypatch):
+    night = find_night(odd_night, DS)
+    (odd_night / "rollouts" / f"ds={DS}" / "z-more.jsonl").unlink()
+    messages = []
+    for bytes_ in (1 << 40, 0):
+        monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", bytes_)
+        with connect(tmp_path / f"out{bytes_}") as con, pytest.raises(InputError) as err:
+            load_night(con, night)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1] == "z-more.jsonl: cannot open (No such file or directory)"
+
+
+def test_a_child_that_dies_fails_the_load_and_leaves_no_half_night(tmp_path, odd_night, monkeypatch):
+    with connect(tmp_path / "out") as con:
+        load_night(con, find_night(odd_night, DS))  # a night loaded before
+        before = con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall()
+    monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # exits 1 at once, writes nothing
+    with connect(tmp_path / "out") as con:
+        with pytest.raises(RuntimeError, match="rollout parser process ended with exit code 1"):
+            load_night(con, find_night(odd_night, DS))
+        assert con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall() == before  # the earlier load stands
+
+
+def test_rollouts_parsed_early_from_another_listing_are_parsed_again(tmp_path, odd_night, monkeypatch):
+    monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
+    early = rollout_lines.start(find_night(odd_night, DS), 16 << 20)
+    assert early is not None
+    with open(odd_night / "rollouts" / f"ds={DS}" / "late.jsonl", "w") as fh:  # written after it started
+        fh.write(json.dumps({"rollout_id": "late_g9", "group_id": "late", "slot": 0, "output": []}) + "\n")
+    with connect(tmp_path / "out") as con:
+        load_night(con, find_night(odd_night, DS), background=early)
+        ids = [r for (r,) in con.execute("SELECT rollout_id FROM rollouts ORDER BY rollout_seq").fetchall()]
+    assert ids == ["late_g9", "grp_g0", "grp_g1", "long", "floats_and_unicode"]
+
+
+def test_the_command_builds_the_same_rows_with_the_child(tmp_path, odd_night, monkeypatch):
+    rows = []
+    for name, bytes_ in (("here", 1 << 40), ("child", 0)):
+        monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", bytes_)
+        out = tmp_path / name
+        assert main(["build", "--input", str(odd_night), "--output", str(out), "--ds", DS]) == 0
+        rows.append(pq.read_table(out / "rows" / f"ds={DS}").to_pylist())
+    assert rows[0] == rows[1] and len(rows[0]) == 3
