@@ -130,6 +130,8 @@ def load_night(
         con.execute("BEGIN TRANSACTION")
         try:
             run_script(con, "clear_night", {"ds": ds})
+            con.execute(sql("insert_token_rows", tokens=tokens), {"ds": ds})  # the files' keys, read once
+            tokens = sql("night_token_rows")
             rejects = _Inserter(con, "insert_rejects", REJECT_BATCH, ds)
             # the ledger files are read and parsed on a thread of their own meanwhile
             ledger_files = [(rel, night.path("ledger", rel)) for rel in night.ledger]

@@ -78,6 +78,45 @@ def _records(reader) -> Iterator[dict]:
         yield from batch.to_pylist()
 
 
+SLICE_CALLS = 8192  # calls DuckDB sorts at a time (~2.5 KB each): slices of whole groups
+
+
+def _slices(con, ds: str, shard: int, calls_per_slice: int) -> list[tuple[str | None, str | None]]:
+    """The shard's groups cut into ranges (first, last group_id) of at most
+    `calls_per_slice` ledger rows each (a group larger than that is a slice of its own);
+    [(None, None)], the whole shard, when it holds no group."""
+    slices: list[tuple[str | None, str | None]] = []
+    first = last = None
+    held = 0
+    for group, calls in con.execute(sql("shard_slices"), {"ds": ds, "shard": shard}).fetchall():
+        if first is not None and held + calls > calls_per_slice:
+            slices.append((first, last))
+            first, held = None, 0
+        first = group if first is None else first
+        last, held = group, held + calls
+    if first is not None:
+        slices.append((first, last))
+    return slices or [(None, None)]
+
+
+class _CallSlices:
+    """The shard's call rows (sql/shard_calls.sql, token locations from the night's
+    token_rows), as record batches, one slice of groups after the other: DuckDB sorts a
+    slice at a time, so its sort holds a slice, not the shard."""
+
+    def __init__(self, con, params: dict, slices: list[tuple[str | None, str | None]]):
+        self.con, self.params, self.slices = con, params, slices
+        self.query = sql("shard_calls", tokens=sql("night_token_rows"), call_columns=CALL_COLUMNS)
+        self.schema: pa.Schema | None = None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        for first, last in self.slices:
+            params = dict(self.params, first_group=first, last_group=last)
+            reader = self.con.cursor().sql(self.query, params=params).to_arrow_reader(64)
+            self.schema = reader.schema
+            yield from reader
+
+
 def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens: int):
     """(rollouts, call table) pairs, each holding whole groups, in output order. A unit is
     cut at the first group boundary once it holds `batch_rows` calls or `batch_tokens`
@@ -164,7 +203,10 @@ def reassemble_one(
         return None, [], None
     table = (
         con.cursor()
-        .sql(sql("shard_calls", tokens=token_rows_sql(night), call_columns=CALL_COLUMNS), params=params)
+        .sql(
+            sql("shard_calls", tokens=token_rows_sql(night), call_columns=CALL_COLUMNS),
+            params=dict(params, first_group=None, last_group=None),
+        )
         .to_arrow_table()
     )
     tokens = TokenStore().fetch(table.column("t_file"), table.column("t_row"))
@@ -182,11 +224,7 @@ def run_shard(
     # Both streams run at once on the same database; the small rollouts query starts
     # first so that the calls query's sort can take the rest of the memory limit.
     rollouts = _rollouts(con.cursor(), params)
-    calls = (
-        con.cursor()
-        .sql(sql("shard_calls", tokens=token_rows_sql(night), call_columns=CALL_COLUMNS), params=params)
-        .to_arrow_reader(64)
-    )
+    calls = _CallSlices(con, params, _slices(con, night.ds, shard, SLICE_CALLS))
     units = _units(calls, rollouts, settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
     with _Pipeline(staging, shard, run_id) as pipeline:

@@ -22,7 +22,7 @@ from .errors import InputError, OutputBusy
 from .fields import LEDGER, ROLLOUT, ddl
 from .settings import DuckDBSettings
 
-SCHEMA_VERSION = 2  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
+SCHEMA_VERSION = 3  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
 
 
 def _sql_dir() -> Path:

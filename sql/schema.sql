@@ -12,6 +12,18 @@ CREATE TABLE IF NOT EXISTS ledger (
 {ledger_columns}
 );
 
+-- Where each token row of a night sits (file, 0-based row) and which ledger row asks for it
+-- (staging_key), written by the load from the token files' scalar columns
+-- (sql/token_files.sql): the shards join calls to it instead of reading the files' keys again.
+CREATE TABLE IF NOT EXISTS token_rows (
+    ds              DATE NOT NULL,
+    t_staging_key   VARCHAR,
+    t_rollout_id    VARCHAR,
+    t_model_call_id VARCHAR,
+    t_file          VARCHAR,
+    t_row           BIGINT
+);
+
 -- Input that could not be loaded as a record, one row per line / token row.
 CREATE TABLE IF NOT EXISTS rejects (
     ds            DATE    NOT NULL,

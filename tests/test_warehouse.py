@@ -42,6 +42,25 @@ def test_a_warehouse_of_the_previous_release_opens_and_upgrades(tmp_path):
         assert con.execute("SELECT count(*) FROM schema_version").fetchone()[0] == 1
 
 
+def test_a_warehouse_of_release_2_gets_the_token_rows_table(tmp_path):
+    """Version 2 kept no token rows (the shards read the token files' keys); the migration
+    adds the table, and a night loaded after it fills it."""
+    out = tmp_path / "out"
+    with connect(out) as con:  # a current warehouse taken back to version 2
+        con.execute("DROP TABLE token_rows")
+        con.execute("DELETE FROM schema_version")
+        con.execute("INSERT INTO schema_version VALUES (2, now()::TIMESTAMP)")
+    with connect(out, read_only=True) as con:
+        assert schema_version(con) == 2
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    summary = build_night(n.write(), out, DS)
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert con.execute("SELECT count(*) FROM token_rows").fetchone()[0] == summary.load.tokens.read > 0
+    assert summary.numbers.ok_rollouts == 1
+
+
 def test_a_warehouse_newer_than_this_release_is_refused(tmp_path):
     import pytest
 
@@ -62,6 +81,8 @@ def test_retention_keeps_the_per_call_tables_of_the_newest_nights_only(tmp_path)
         build_night(n.write(), out, ds, Settings(retention_nights=2))
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         per_call = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM ledger").fetchall()}
+        token_nights = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM token_rows").fetchall()}
+        assert token_nights == per_call
         kept = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM audit").fetchall()}
         assert per_call == set(nights[1:]) and kept == set(nights)  # audit and runs are kept for good
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
