@@ -1,8 +1,9 @@
 """Reassemble one shard of a night: stream its calls joined to their token rows, in
 batches of whole groups, and write its rows and audit rows to the run's staging folder.
 
-Memory is bounded by the batch: DuckDB sorts and streams only the small columns of the
-join (sql/shard_calls.sql, through `to_arrow_reader`); a batch is cut at a group boundary
+Memory is bounded by the batch: DuckDB sorts and streams only the ledger columns and each
+call's token-row location (sql/shard_calls.sql, through `to_arrow_reader`), one slice of
+SLICE_CALLS calls' groups at a time (`_CallSlices`); a batch is cut at a group boundary
 once it holds `batch_rows` calls or `batch_tokens` tokens. Each batch then goes through
 four threads in turn (`_Pipeline`): its token rows are read (token_store.py), its calls
 checked and hashed in columns (checks.py), its rollouts reassembled one by one in Python
