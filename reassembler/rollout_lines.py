@@ -97,13 +97,18 @@ class InBackground:
         assert self._proc is not None
         code = self._proc.wait()
         self._proc = None
+        if code != 0:  # killed, or failed before it could say why: nothing it wrote is used
+            self._err.seek(0)
+            said = self._err.read().decode("utf-8", "replace").strip().splitlines()
+            last = said[-1] if said else "no output"
+            raise RuntimeError(f"rollout parser process ended with exit code {code}: {last}")
         self._out.seek(0)
         lines = None
-        while True:
+        while lines is None:
             try:
                 kind, payload = pickle.load(self._out)
-            except EOFError:
-                break
+            except (EOFError, pickle.UnpicklingError) as e:
+                raise RuntimeError(f"rollout parser process left unreadable results ({e})") from None
             if kind == "rows":
                 for row in payload:
                     add(row)
@@ -114,13 +119,8 @@ class InBackground:
                 raise InputError(payload)
             elif kind == "error":
                 raise RuntimeError(f"rollout parser: {payload}")
-            elif kind == "lines":
+            else:  # "lines": the last record
                 lines = payload
-        if code != 0 or lines is None:
-            self._err.seek(0)
-            said = self._err.read().decode("utf-8", "replace").strip().splitlines()
-            last = said[-1] if said else "no output"
-            raise RuntimeError(f"rollout parser process ended with exit code {code}: {last}")
         return lines
 
     def close(self) -> None:

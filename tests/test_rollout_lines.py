@@ -105,6 +105,17 @@ def test_a_child_that_dies_fails_the_load_and_leaves_no_half_night(tmp_path, odd
         assert con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall() == before  # the earlier load stands
 
 
+@pytest.mark.parametrize("output", ["", "not a pickle"])
+def test_a_child_that_leaves_no_readable_results_fails_the_load(tmp_path, odd_night, monkeypatch, output):
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!/bin/sh\nprintf '{output}'\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    with connect(tmp_path / "out") as con, pytest.raises(RuntimeError, match="left unreadable results"):
+        load_night(con, find_night(odd_night, DS))
+
+
 def test_rollouts_parsed_early_from_another_listing_are_parsed_again(tmp_path, odd_night, monkeypatch):
     monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
     early = rollout_lines.start(find_night(odd_night, DS), 16 << 20)
