@@ -9,7 +9,7 @@ as CPU seconds (the whole process, and its main thread alone):
            once, with the rows' writer settings (no dictionary, no statistics on lists)
   speed  = build / floor, by median wall time (goal <= 1.5) and by CPU seconds (goal <= 2.5)
   memory = peak RSS of the one-process build of a ~10M-token night (goal <= 1 GiB) and of a
-           night 4x larger (goal: within 20%)
+           night 4x larger (goal: within 20%), medians of `--rounds` builds each
 
 Also times the capture-quality report over 30 nights of 10,000 rollouts each.
 
@@ -118,9 +118,9 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT MET"
 
 
-def spread(runs: list[dict], key: str) -> str:
+def spread(runs: list[dict], key: str, unit: str = "s", digits: int = 2) -> str:
     values = [r[key] for r in runs]
-    return f"{statistics.median(values):.2f} s (min {min(values):.2f}, max {max(values):.2f})"
+    return f"{statistics.median(values):.{digits}f} {unit} (min {min(values):.{digits}f}, max {max(values):.{digits}f})"
 
 
 def report_seconds(workdir: Path, nights: int = 30, rollouts: int = 10_000, calls: int = 8) -> tuple[float, int]:
@@ -174,7 +174,8 @@ def main() -> None:
         floors.append(floor(root1, work / "floor"))
         builds.append(build(root1, 1, 1, args.memory_limit))
     root4, t4 = night(work, "4x", 4 * args.tokens, seed=2, reuse=args.reuse)
-    b4 = build(root4, 1, 1, args.memory_limit)
+    builds4 = [build(root4, 1, 1, args.memory_limit) for _ in range(args.rounds)]
+    b4 = {k: statistics.median(r[k] for r in builds4) for k in ("wall", "cpu", "rss_mib")}
     bp = build(root1, args.workers, args.workers, args.memory_limit)
 
     med = {k: statistics.median(r[k] for r in builds) for k in ("wall", "cpu", "main_cpu", "rss_mib")}
@@ -191,9 +192,13 @@ def main() -> None:
     print(f"floor 1x  wall {spread(floors, 'wall')}; CPU {spread(floors, 'cpu')}")
     print(
         f"build 1x  wall {spread(builds, 'wall')}; CPU {spread(builds, 'cpu')}; "
-        f"main thread CPU {spread(builds, 'main_cpu')}; {t1['tokens'] / med['wall'] / 1e6:.1f}M tokens/s"
+        f"main thread CPU {spread(builds, 'main_cpu')}; peak RSS {spread(builds, 'rss_mib', 'MiB', 0)}; "
+        f"{t1['tokens'] / med['wall'] / 1e6:.1f}M tokens/s"
     )
-    print(f"build 4x  wall {b4['wall']:.2f} s; CPU {b4['cpu']:.2f} s; {t4['tokens'] / b4['wall'] / 1e6:.1f}M tokens/s")
+    print(
+        f"build 4x  wall {spread(builds4, 'wall')}; CPU {spread(builds4, 'cpu')}; "
+        f"peak RSS {spread(builds4, 'rss_mib', 'MiB', 0)}; {t4['tokens'] / b4['wall'] / 1e6:.1f}M tokens/s"
+    )
     print(
         f"build 1x, {args.workers} shards in {args.workers} worker processes: wall {bp['wall']:.2f} s, "
         f"CPU {bp['cpu']:.2f} s; peak RSS {bp['rss_mib']:.0f} MiB main + {bp['worker_rss_mib']:.0f} MiB per worker"

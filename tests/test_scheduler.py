@@ -83,9 +83,12 @@ def test_a_backfill_of_three_nights_runs_while_a_late_night_waits(tmp_path):
 
     airflow("db", "migrate")
     airflow("pools", "set", "reassembler_warehouse", "4", "warehouse")
+    commands = (["api-server", "--port", str(port)], ["scheduler"], ["dag-processor"])
+    service_logs = [home / f"{cmd[0]}.log" for cmd in commands]  # kept to say why one died
+    log_files = [log.open("w") for log in service_logs]
     services = [
-        subprocess.Popen([AIRFLOW, *cmd], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for cmd in (["api-server", "--port", str(port)], ["scheduler"], ["dag-processor"])
+        subprocess.Popen([AIRFLOW, *cmd], env=env, stdout=subprocess.DEVNULL, stderr=fh)
+        for cmd, fh in zip(commands, log_files)
     ]
     db = home / "airflow.db"
 
@@ -98,7 +101,9 @@ def test_a_backfill_of_three_nights_runs_while_a_late_night_waits(tmp_path):
         while time.monotonic() < deadline:
             if condition():
                 return
-            assert all(p.poll() is None for p in services), "an Airflow service died"
+            dead = [log for p, log in zip(services, service_logs) if p.poll() is not None]
+            if dead:
+                raise AssertionError(f"Airflow's {dead[0].stem} died: {dead[0].read_text()[-1500:]}")
             time.sleep(2)
         raise AssertionError(f"timed out waiting for {what}: {query('SELECT run_id, state FROM dag_run')}")
 
@@ -153,4 +158,6 @@ def test_a_backfill_of_three_nights_runs_while_a_late_night_waits(tmp_path):
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for fh in log_files:
+            fh.close()
     assert date.fromisoformat(late_ds) > date.fromisoformat(nights[-1])
