@@ -11,7 +11,7 @@ chunk at a time, so memory is bounded by a chunk on both sides. A child that can
 falls back to parsing in this process; one that fails re-raises its error here (an
 InputError stays an InputError, with the same message).
 
-Run as a module, this file is that child: it reads its arguments as JSON on stdin.
+`_child` is that child's entry point (see CHILD): it reads its arguments as JSON on stdin.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ from .records import RecordError, parse_rollout
 
 BACKGROUND_BYTES = 1 << 20  # rollout lines of a night above this are parsed by a child process
 CHUNK = 500  # rows per pickled chunk
+# The child: this interpreter, without the working folder on its path (-P: nothing there
+# shadows a module), importing this package as this process does, else from the folder
+# this file was loaded from (appended, so it never shadows anything either).
+CHILD = "import sys; sys.path.append(sys.argv[1]); from reassembler.rollout_lines import _child; _child()"
 
 
 def parse_rollouts(night: NightFiles, max_line_bytes: int, add: Callable[[dict], None], rejects) -> int:
@@ -68,18 +72,15 @@ class InBackground:
         self.night, self.max_line_bytes = night, max_line_bytes
         self._out: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-rollouts-")
         self._err: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-rollouts-")
-        package_root = str(Path(__file__).resolve().parent.parent)  # the child imports this very code
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
         with tempfile.TemporaryFile(prefix="reassembler-rollouts-") as args:  # a file: no pipe to break
             what = {"root": str(night.root), "ds": night.ds, "rollouts": night.rollouts}
             args.write(json.dumps(dict(what, max_line_bytes=max_line_bytes)).encode())
             args.seek(0)
             self._proc: subprocess.Popen | None = subprocess.Popen(
-                [sys.executable, "-m", "reassembler.rollout_lines"],
+                [sys.executable, "-P", "-c", CHILD, str(Path(__file__).resolve().parent.parent)],
                 stdin=args,
                 stdout=self._out,
                 stderr=self._err,
-                env=env,
             )
 
     def parses(self, night: NightFiles, max_line_bytes: int) -> bool:
@@ -190,7 +191,3 @@ def _child() -> None:
             chunks.put("input_error", str(e))
         except Exception as e:  # noqa: BLE001 - said by the parent, which raises it
             chunks.put("error", f"{type(e).__name__}: {e}")
-
-
-if __name__ == "__main__":
-    _child()

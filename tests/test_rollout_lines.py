@@ -81,6 +81,16 @@ def test_a_child_process_loads_what_this_process_loads(tmp_path, odd_night, monk
     assert any("over the 4,096-byte limit" in e for e in errors) and any("already seen" in e for e in errors)
 
 
+def test_the_child_ignores_modules_in_the_working_folder(tmp_path, odd_night, monkeypatch):
+    """A json.py (or reassembler/) in the folder the job runs from shadows nothing in the child."""
+    work = tmp_path / "cwd"
+    (work / "reassembler").mkdir(parents=True)
+    (work / "json.py").write_text("raise ImportError('the working folder was on the path')\n")
+    (work / "reassembler" / "__init__.py").write_text("raise ImportError('the working folder was on the path')\n")
+    monkeypatch.chdir(work)
+    assert _load(odd_night, tmp_path / "out", 0, monkeypatch)[3] == [True]
+
+
 def test_a_file_gone_since_the_listing_is_the_same_one_line_error(tmp_path, odd_night, monkeypatch):
     night = find_night(odd_night, DS)
     (odd_night / "rollouts" / f"ds={DS}" / "z-more.jsonl").unlink()
