@@ -96,27 +96,8 @@ def staged_call_digest(
     cumulative_hash: str,
 ) -> str:
     """Staged-record digest of one call; `*_be` are the big-endian token payloads."""
-    return staged_digest_of(
-        (
-            schema_version,
-            digest_version,
-            extras_digest_version,
-            rollout_id,
-            model_call_id,
-            parent_call_id,
-            mode,
-            prev_len,
-            delta_len,
-            cum_len,
-            weight_version,
-            extras_digest,
-            chain_hash,
-            cumulative_hash,
-        ),
-        ids_be,
-        mask_be,
-        logprobs_be,
-    )
+    given = locals()  # the keyword arguments, passed on in STAGED_FIELDS' order (its one definition)
+    return staged_digest_of(tuple(given[name] for name in STAGED_FIELDS), ids_be, mask_be, logprobs_be)
 
 
 # the ledger fields staged_digest_of takes, in its order (before the three token payloads)
