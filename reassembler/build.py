@@ -27,7 +27,7 @@ from .errors import InputError
 from .lock import OutputLock
 from .night import find_night
 from .publish import NightNumbers, publish_staged, recover, staging_dir, verify_staged
-from .read import LoadSummary, load_night
+from .read import LoadSummary, load_night, prepare_ledger
 from .settings import DEFAULTS, Settings
 from .shard import ShardResult, run_shard
 from .token_store import TokenStore
@@ -76,14 +76,18 @@ def load_step(
     then load, then drop per-call rows older than the retention. `rollouts`: the night's
     rollout lines already being parsed (rollout_lines.InBackground), if any."""
     night = find_night(input_dir, ds)
-    with OutputLock(output_dir, ds, "load", lock_wait), connect(output_dir, settings.duckdb) as con:
+    with (
+        OutputLock(output_dir, ds, "load", lock_wait),
+        prepare_ledger(night, settings.max_line_bytes) as ledger,  # parsed while the warehouse opens
+        connect(output_dir, settings.duckdb) as con,
+    ):
         finished = recover(con, Path(output_dir))
         if finished:
             log.warning("finished the interrupted publish of %s", ", ".join(finished))
         shutil.rmtree(Path(output_dir) / "_staging" / ds, ignore_errors=True)  # earlier failed runs
         clear_dead_spill_folders(output_dir, settings.duckdb)
         with _step_memory():
-            summary = load_night(con, night, settings.allow_empty, settings.max_line_bytes, rollouts)
+            summary = load_night(con, night, settings.allow_empty, settings.max_line_bytes, rollouts, ledger)
         con.execute(sql("plan_shards"), {"ds": ds, "shards": settings.shards})
         apply_retention(con, ds, settings.retention_nights)
         checkpoint("loaded")

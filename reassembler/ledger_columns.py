@@ -244,6 +244,7 @@ class PreparedChunks:
     Iterate once, inside `with`."""
 
     def __init__(self, files: list[tuple[str, Path]], max_line_bytes: int, in_columns: bool = True):
+        self.args = (list(files), max_line_bytes, in_columns)
         self._ahead: queue.Queue = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -268,6 +269,10 @@ class PreparedChunks:
             self._put(None)
         except BaseException as e:  # handed to the caller, raised there
             self._put(e)
+
+    def reads(self, files: list[tuple[str, Path]], max_line_bytes: int, in_columns: bool) -> bool:
+        """Whether this reads exactly these files, with these settings."""
+        return self.args == (list(files), max_line_bytes, in_columns)
 
     def __iter__(self) -> Iterator[Chunk]:
         while (item := self._ahead.get()) is not None:

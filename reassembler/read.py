@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -107,18 +109,31 @@ class LoadSummary:
         ]
 
 
+def _ledger_files(night: NightFiles) -> list[tuple[str, Path]]:
+    return [(rel, night.path("ledger", rel)) for rel in night.ledger]
+
+
+def prepare_ledger(night: NightFiles, max_line_bytes: int = MAX_LINE_BYTES) -> PreparedChunks:
+    """Start reading and parsing the night's ledger files on a thread of their own, for a
+    `load_night` to come (the caller connects to the warehouse meanwhile). Use inside `with`."""
+    return PreparedChunks(_ledger_files(night), max_line_bytes, LEDGER_IN_COLUMNS)
+
+
 def load_night(
     con: duckdb.DuckDBPyConnection,
     night: NightFiles,
     allow_empty: bool = False,
     max_line_bytes: int = MAX_LINE_BYTES,
     background: rollout_lines.InBackground | None = None,
+    ledger: PreparedChunks | None = None,
 ) -> LoadSummary:
     """Replace the night `night.ds` in the warehouse, in one transaction: clear it, load the
     rollout lines, load the ledger lines, record the rows nobody asks for, count. A night
     from which no rollout could be read is refused (InputError) unless `allow_empty`.
     `background`: these rollout lines already being parsed (used only if it parses these
-    very files with these settings); else a big night's start being parsed now."""
+    very files with these settings); else a big night's start being parsed now. `ledger`:
+    the ledger files already being parsed (`prepare_ledger`; used only if it reads these
+    very files with these settings, and left to the caller to close)."""
     ds = night.ds
     if background is not None and not background.parses(night, max_line_bytes):
         background.close()  # the folder changed since it started: parse what is there now
@@ -134,8 +149,11 @@ def load_night(
             tokens = sql("night_token_rows")
             rejects = _Inserter(con, "insert_rejects", REJECT_BATCH, ds)
             # the ledger files are read and parsed on a thread of their own meanwhile
-            ledger_files = [(rel, night.path("ledger", rel)) for rel in night.ledger]
-            with PreparedChunks(ledger_files, max_line_bytes, LEDGER_IN_COLUMNS) as chunks:
+            with (
+                nullcontext(ledger)
+                if ledger is not None and ledger.reads(_ledger_files(night), max_line_bytes, LEDGER_IN_COLUMNS)
+                else prepare_ledger(night, max_line_bytes)
+            ) as chunks:
                 if background is None:
                     rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes)
                 ledger_lines, ledger_loaded = _load_ledger(con, night, chunks, rejects, max_line_bytes)

@@ -17,6 +17,7 @@ import reassembler.read as read
 from nights import DS, worked_example
 from reassembler.night import find_night
 from reassembler.read import load_night
+from reassembler.settings import MAX_LINE_BYTES
 from reassembler.warehouse import connect
 
 ABSENT = object()
@@ -239,3 +240,28 @@ def test_files_the_columns_cannot_take_are_read_line_by_line(tmp_path, night, da
         finally:
             read.LEDGER_IN_COLUMNS = True
     assert results[0] == results[1] and len(results[0][0]) >= len(ledger) - 1
+
+
+def test_a_ledger_prepared_early_is_used_only_for_the_files_it_reads(tmp_path, night, monkeypatch):
+    """load_step starts parsing the ledger before it opens the warehouse (read.prepare_ledger);
+    load_night takes those chunks only when they read the very files it finds, else it
+    parses the folder as it is now."""
+    worked_example(night, "grp_g0", compaction=True)
+    inp = night.write()
+    with connect(tmp_path / "reference") as con:
+        load_night(con, find_night(inp, DS))
+        reference = con.execute("SELECT * EXCLUDE (ds) FROM ledger ORDER BY capture_seq").fetchall()
+    prepare = read.prepare_ledger
+    with prepare(find_night(inp, DS)) as early, connect(tmp_path / "same") as con, monkeypatch.context() as m:
+        m.setattr(read, "prepare_ledger", lambda *a: pytest.fail("parsed the ledger again"))
+        load_night(con, find_night(inp, DS), ledger=early)
+        assert con.execute("SELECT * EXCLUDE (ds) FROM ledger ORDER BY capture_seq").fetchall() == reference
+    with prepare(find_night(inp, DS)) as early:
+        assert early.reads(read._ledger_files(find_night(inp, DS)), MAX_LINE_BYTES, True)
+        extra = inp / "ledger" / f"ds={DS}" / "late.jsonl"  # written after the parse started
+        extra.write_text(json.dumps(_line([("model_call_id", "late_call")])) + "\n")
+        assert not early.reads(read._ledger_files(find_night(inp, DS)), MAX_LINE_BYTES, True)
+        with connect(tmp_path / "changed") as con:
+            summary = load_night(con, find_night(inp, DS), ledger=early)
+            ids = [c for (c,) in con.execute("SELECT model_call_id FROM ledger ORDER BY capture_seq").fetchall()]
+    assert summary.ledger.read == len(reference) + 1 and "late_call" in ids
