@@ -47,11 +47,14 @@ def _per_row(flags: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 def _row_sums(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Each row's sum of `values` (float64), one pass."""
+    """Each row's sum of `values` (float64), one pass. float32 values are summed as float32
+    while every row is shorter than 2**24 values: a sum of 0s and 1s (the only rows whose
+    sum is used) is then exact, and no float64 copy of the whole batch is made."""
     out = np.zeros(len(starts), dtype=np.float64)
     filled = lengths > 0
     if filled.any():
-        out[filled] = np.add.reduceat(values, starts[filled], dtype=np.float64)
+        exact = values.dtype == np.float32 and lengths.max() < 2**24
+        out[filled] = np.add.reduceat(values, starts[filled], dtype=np.float32 if exact else np.float64)
     return out
 
 
@@ -116,6 +119,24 @@ class TokenBatch:
     def drop_hash_buffers(self) -> None:
         """Free the big-endian copies once every hash of the batch is done."""
         self._be = None
+
+    def ids_be_of(self, rows: list[int]) -> list[memoryview]:
+        """The big-endian u64 ids of `rows`, end to end, in as few slices as the batch
+        allows: a row that follows the one before it in the flat array extends its slice
+        (a chain's calls are captured, and so stored, one after the other)."""
+        ib = self.be_buffers()[0]
+        starts, lengths = self.id_starts[rows].tolist(), np.maximum(self.n_ids[rows], 0).tolist()
+        parts: list[memoryview] = []
+        first = end = -1
+        for start, n in zip(starts, lengths):
+            if start != end:
+                if end >= 0:
+                    parts.append(ib[8 * first : 8 * end])
+                first = start
+            end = start + n
+        if end >= 0:
+            parts.append(ib[8 * first : 8 * end])
+        return parts
 
     def be_views(self, row: int) -> tuple[memoryview, memoryview, memoryview]:
         """Big-endian u64 ids, f32 mask and f32 logprobs of one row (for the digests)."""

@@ -47,3 +47,33 @@ def test_gather_joins_rows_end_to_end_and_cuts_training_rows():
     assert offsets.tolist() == [0, 3, 6]
     assert ids.tolist() == [4, 5, 6, 1, 2, 3] and mask.tolist() == [0, 0, 1, 0, 1, 1]
     assert lp.tolist() == [0, 0, -3, 0, -1, -2]
+
+
+def test_a_batch_in_many_chunks_flattens_as_one():
+    """fetch gives a batch as slices of several row groups: flattened, it is the same batch."""
+    ids = [[1, 2, 3], [], None, [5, None], [7], [8, 9]]
+    mask = [[0, 1, 1], [], None, [0, 1], [1], None]
+    lp = [[0, -1, -2], [], None, [0, -1], [-3], [0, 0]]
+    whole = batch(ids, mask, lp)
+    cut = [slice(0, 2), slice(2, 3), slice(3, 6)]
+    chunked = TokenBatch(
+        *(pa.chunked_array([pa.array(v[c], t) for c in cut], t) for v, t in ((ids, IDS), (mask, F32), (lp, F32)))
+    )
+    for name in ("ids", "id_starts", "n_ids", "mask", "n_mask", "lp", "lp_starts", "n_lp", "ones", "zeros"):
+        assert np.array_equal(getattr(chunked, name), getattr(whole, name), equal_nan=True), name
+    assert [whole.token_fault(r) for r in range(6)] == [chunked.token_fault(r) for r in range(6)]
+
+
+def test_ids_of_rows_end_to_end_are_the_rows_bytes_joined():
+    b = batch(ids=[[1, 2], [3], [], None, [4, 5, 6], [7]], mask=[[0, 1]] * 6, lp=[[0, 0]] * 6)
+
+    def joined(rows):
+        return b"".join(bytes(p) for p in b.ids_be_of(rows))
+
+    def one_by_one(rows):
+        return b"".join(bytes(b.be_views(r)[0]) for r in rows)
+
+    for rows in ([0, 1], [0, 1, 2, 3, 4], [4, 0], [1, 5], [5], [], [2, 3], [0, 0]):
+        assert joined(rows) == one_by_one(rows), rows
+    assert len(b.ids_be_of([0, 1, 2, 3, 4])) == 1  # adjacent rows: one slice
+    assert joined([0, 1]) == np.array([1, 2, 3], ">u8").tobytes()
