@@ -19,6 +19,7 @@ to change. Nothing here is a data fault of a rollout: those mask the rollout
 from __future__ import annotations
 
 import errno
+import re
 
 EXIT_OK = 0
 EXIT_AUDIT = 1
@@ -59,6 +60,9 @@ class ResourceExhausted(ReassemblerError):
     exit_code = EXIT_RESOURCES
 
 
+_MEMORY_USED = re.compile(r"\(\d+(\.\d+)? [KMGT]?i?B/\d+(\.\d+)? [KMGT]?i?B used\)")
+
+
 def classify(exc: BaseException, settings=None) -> ReassemblerError | None:
     """Turn an error raised by DuckDB, Arrow or the OS into one of ours, or None."""
     import duckdb
@@ -67,7 +71,10 @@ def classify(exc: BaseException, settings=None) -> ReassemblerError | None:
         return exc
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     limit = getattr(settings, "memory_limit", None)
-    if isinstance(exc, (duckdb.OutOfMemoryException, MemoryError)) or "Out of Memory" in text:
+    # DuckDB's buffer manager says "... (3.6 MiB/3.8 MiB used)" however it words the rest
+    # (a checkpoint: "could not allocate block ...", "failed to pin block ...")
+    out_of_memory = "Out of Memory" in text or _MEMORY_USED.search(text) is not None
+    if isinstance(exc, (duckdb.OutOfMemoryException, MemoryError)) or out_of_memory:
         return ResourceExhausted(
             f"out of memory{f' at memory_limit {limit}' if limit else ''} ({text}); "
             "raise --memory-limit (DAG: duckdb_memory_limit) or use more shards"

@@ -19,7 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from nights import DS, Night, worked_example
+from reassembler.errors import ResourceExhausted, classify
 from reassembler.publish import KINDS
+from reassembler.settings import DuckDBSettings
 
 STEPS = ["journal", "rows_aside", "rows_in", "audit_aside", "audit_in", "warehouse", "manifest"]
 
@@ -398,3 +400,24 @@ def test_a_read_only_output_serves_report_and_explain_and_refuses_a_build(tmp_pa
         assert res.returncode == 2 and "not writable" in one_line_error(res)
     finally:
         subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Out of Memory Error: failed to allocate data of size 32.0 KiB (3.6 MiB/3.8 MiB used)",
+        # a checkpoint that ran out of memory (a one-process build checkpoints beside the shard)
+        "FATAL Error: Failed to create checkpoint because of error: could not allocate block of size 256.0 KiB "
+        "(3.6 MiB/3.8 MiB used)",
+        "FATAL Error: Failed to create checkpoint because of error: failed to pin block of size 256.0 KiB "
+        "(3.7 MiB/3.8 MiB used)",
+    ],
+)
+def test_duckdb_out_of_memory_however_worded_is_exit_4(message):
+    error = classify(duckdb.Error(message), DuckDBSettings(memory_limit="4MB"))
+    assert isinstance(error, ResourceExhausted) and error.exit_code == 4
+    assert str(error).startswith("out of memory at memory_limit 4MB (")
+
+
+def test_other_duckdb_errors_are_not_out_of_memory():
+    assert classify(duckdb.Error("Binder Error: column x (1 used) not found")) is None
