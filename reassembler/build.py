@@ -14,7 +14,7 @@ import json
 import logging
 import shutil
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
@@ -31,7 +31,7 @@ from .read import LoadSummary, load_night, prepare_ledger
 from .settings import DEFAULTS, Settings
 from .shard import ShardResult, run_shard
 from .token_store import TokenStore
-from .warehouse import apply_retention, clear_dead_spill_folders, connect, sql
+from .warehouse import BackgroundCheckpoint, apply_retention, clear_dead_spill_folders, connect, sql
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +69,27 @@ def new_run_id(ds: str) -> str:
 
 
 def load_step(
-    input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, lock_wait: float = 0.0, rollouts=None
+    input_dir,
+    output_dir,
+    ds: str,
+    settings: Settings = DEFAULTS,
+    lock_wait: float = 0.0,
+    rollouts=None,
+    con=None,
+    ledger=None,
 ) -> LoadSummary:
     """Replace the night in the warehouse and split its groups into `settings.shards`
     shards. Under the output lock: first finish any interrupted publish, then clean up,
     then load, then drop per-call rows older than the retention. `rollouts`: the night's
-    rollout lines already being parsed (rollout_lines.InBackground), if any."""
+    rollout lines already being parsed (rollout_lines.InBackground), if any; `ledger`: its
+    ledger files already being parsed (read.prepare_ledger), if any; `con`: the warehouse,
+    open (a one-process build), else the step opens and closes it."""
     night = find_night(input_dir, ds)
     with (
         OutputLock(output_dir, ds, "load", lock_wait),
-        prepare_ledger(night, settings.max_line_bytes) as ledger,  # parsed while the warehouse opens
-        connect(output_dir, settings.duckdb) as con,
+        # the ledger is parsed while the warehouse opens
+        nullcontext(ledger) if ledger is not None else prepare_ledger(night, settings.max_line_bytes) as ledger,
+        nullcontext(con) if con is not None else connect(output_dir, settings.duckdb) as con,
     ):
         finished = recover(con, Path(output_dir))
         if finished:
@@ -96,11 +106,16 @@ def load_step(
 
 
 def shard_step(
-    input_dir, output_dir, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS, store=None
+    input_dir, output_dir, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS, store=None, con=None
 ) -> ShardResult:
-    """`store`: a TokenStore that has read ahead (a one-process build); else a fresh one."""
+    """`store`: a TokenStore that has read ahead (a one-process build); else a fresh one.
+    `con`: the warehouse, open (a one-process build reads through a cursor of it), else
+    the step opens it read-only."""
     night = find_night(input_dir, ds)
-    with connect(output_dir, settings.duckdb, read_only=True) as con, _step_memory():
+    with (
+        con.cursor() if con is not None else connect(output_dir, settings.duckdb, read_only=True) as con,
+        _step_memory(),
+    ):
         return run_shard(con, night, shard, settings, run_id, staging_dir(output_dir, ds, run_id), store)
 
 
@@ -112,10 +127,15 @@ def publish_step(
     settings: Settings = DEFAULTS,
     seconds: float | None = None,
     lock_wait: float = 0.0,
+    con=None,
 ) -> NightNumbers:
+    """`con`: the warehouse, open (a one-process build), else the step opens and closes it."""
     staging = staging_dir(output_dir, ds, run_id)
     options = settings.options
-    with OutputLock(output_dir, ds, "publish", lock_wait), connect(output_dir, settings.duckdb) as con:
+    with (
+        OutputLock(output_dir, ds, "publish", lock_wait),
+        nullcontext(con) if con is not None else connect(output_dir, settings.duckdb) as con,
+    ):
         recover(con, Path(output_dir))
         numbers = verify_staged(con, staging, ds, settings.max_mask_rate)
         publish_staged(
@@ -153,28 +173,46 @@ def build_night(
     do. The output lock is held throughout: a second build of the same output fails at once
     (OutputBusy) and touches nothing. `rollouts`: the night's rollout lines already being
     parsed (the command starts that before it imports this module; rollout_lines.py)."""
+    if settings.workers > 1 and settings.shards > 1:  # worker processes open the warehouse read-only
+        with OutputLock(output_dir, ds, "build"):
+            started = time.perf_counter()
+            run_id = run_id or new_run_id(ds)
+            load = load_step(input_dir, output_dir, ds, settings, rollouts=rollouts)
+            _run_shards(input_dir, output_dir, ds, run_id, settings)
+            numbers = publish_step(input_dir, output_dir, ds, run_id, settings, time.perf_counter() - started)
+            return BuildSummary(run_id, load, numbers, time.perf_counter() - started)
+    # One process: one warehouse connection for the three steps. The shards read the loaded
+    # night through cursors of it while it checkpoints on a thread of its own, and their
+    # token row groups are decoded ahead during the load.
     with OutputLock(output_dir, ds, "build"):
         started = time.perf_counter()
         run_id = run_id or new_run_id(ds)
-        store = None
-        if not (settings.workers > 1 and settings.shards > 1) and settings.token_read_ahead_bytes > 0:
-            # the shards run here after the load: their token row groups are decoded meanwhile
-            _steady_memory()
-            night = find_night(input_dir, ds)
-            store = TokenStore(settings.token_cache_bytes)
+        _steady_memory()
+        night = find_night(input_dir, ds)
+        store = TokenStore(settings.token_cache_bytes)
+        if settings.token_read_ahead_bytes > 0:
             store.read_ahead([str(night.path("tokens", rel)) for rel in night.tokens], settings.token_read_ahead_bytes)
         try:
-            load = load_step(input_dir, output_dir, ds, settings, rollouts=rollouts)
-            _run_shards(input_dir, output_dir, ds, run_id, settings, store)
+            with (
+                prepare_ledger(night, settings.max_line_bytes) as ledger,  # parsed while the warehouse opens
+                connect(output_dir, settings.duckdb) as con,
+            ):
+                load = load_step(input_dir, output_dir, ds, settings, rollouts=rollouts, con=con, ledger=ledger)
+                flush = BackgroundCheckpoint(con)
+                try:
+                    _run_shards(input_dir, output_dir, ds, run_id, settings, store, con)
+                finally:
+                    flush.join()  # before the publish writes, or the connection closes
+                    store.close()  # what was read ahead and not used
+                numbers = publish_step(
+                    input_dir, output_dir, ds, run_id, settings, time.perf_counter() - started, con=con
+                )
         finally:
-            if store is not None:
-                store.close()
-        seconds = time.perf_counter() - started
-        numbers = publish_step(input_dir, output_dir, ds, run_id, settings, seconds)
+            store.close()  # stops the reading ahead when the load failed (closing twice is harmless)
         return BuildSummary(run_id, load, numbers, time.perf_counter() - started)
 
 
-def _run_shards(input_dir, output_dir, ds: str, run_id: str, settings: Settings, store=None) -> None:
+def _run_shards(input_dir, output_dir, ds: str, run_id: str, settings: Settings, store=None, con=None) -> None:
     if settings.workers > 1 and settings.shards > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -187,7 +225,7 @@ def _run_shards(input_dir, output_dir, ds: str, run_id: str, settings: Settings,
                 done.result()  # re-raises a worker's error
     else:
         for k in range(settings.shards):
-            shard_step(input_dir, output_dir, ds, k, run_id, settings, store)
+            shard_step(input_dir, output_dir, ds, k, run_id, settings, store, con)
 
 
 def report_step(

@@ -13,6 +13,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -159,3 +160,33 @@ def migrate(con) -> None:
 def apply_retention(con, ds: str, nights: int) -> None:
     """Keep the per-call tables of the newest `nights` nights (audit and runs are kept for good)."""
     run_script(con, "retention", {"nights": nights})
+
+
+class BackgroundCheckpoint:
+    """DuckDB's CHECKPOINT (the WAL written into the database file) on a cursor of `con`,
+    on a thread of its own, while the caller goes on reading through other cursors: a
+    one-process build checkpoints the night it just loaded while its shards read it, instead
+    of on one core in between. DuckDB runs reads beside a checkpoint. `join()` before the
+    next write; it raises the checkpoint's error, if any (as closing the connection did
+    when it checkpointed: a failed checkpoint fails the build, and DuckDB may have
+    invalidated the database)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection):
+        self._cursor = con.cursor()
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, name="warehouse-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._cursor.execute("CHECKPOINT")
+        except Exception as e:  # noqa: BLE001 - handed to join(), raised there
+            self._error = e
+        finally:
+            self._cursor.close()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error

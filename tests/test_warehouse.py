@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from nights import DS, Night, worked_example
 from reassembler.build import build_night
 from reassembler.settings import Settings
-from reassembler.warehouse import SCHEMA_VERSION, connect, schema_version
+from reassembler.warehouse import SCHEMA_VERSION, BackgroundCheckpoint, connect, schema_version
 
 V1_SCHEMA = Path(__file__).parent / "data" / "warehouse_v1_schema.sql"  # sql/schema.sql of release 1
 
@@ -86,3 +87,48 @@ def test_retention_keeps_the_per_call_tables_of_the_newest_nights_only(tmp_path)
         kept = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM audit").fetchall()}
         assert per_call == set(nights[1:]) and kept == set(nights)  # audit and runs are kept for good
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
+
+
+def _wal(out: Path) -> int:
+    wal = out / "warehouse.duckdb.wal"
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def test_the_checkpoint_after_the_load_runs_beside_reads(tmp_path):
+    """A one-process build checkpoints the loaded night on a thread while its shards read it
+    through other cursors of the same connection (BackgroundCheckpoint)."""
+    out = tmp_path / "out"
+    with connect(out) as con:
+        con.execute("CREATE TABLE t AS SELECT range AS i FROM range(10)")
+        con.execute("CHECKPOINT")
+        con.execute("INSERT INTO t SELECT range + 10 FROM range(100000)")  # lands in the WAL
+        assert _wal(out) > 0
+        reader = con.cursor().sql("SELECT i FROM t ORDER BY i").to_arrow_reader(1000)
+        first = reader.read_next_batch()  # a read in progress
+        flush = BackgroundCheckpoint(con)
+        rest = sum(batch.num_rows for batch in reader)
+        flush.join()
+        assert first.num_rows + rest == 100010
+        assert _wal(out) == 0  # written into the database file
+    with connect(out, read_only=True) as con:
+        assert con.execute("SELECT count(*), sum(i) FROM t").fetchone() == (100010, sum(range(100010)))
+
+
+def test_a_checkpoint_that_fails_fails_when_joined():
+    """As closing the connection did when it checkpointed: the error reaches the build."""
+
+    class Cursor:
+        def execute(self, statement):
+            assert statement == "CHECKPOINT"
+            raise duckdb.IOException("No space left on device")
+
+        def close(self):
+            pass
+
+    class Connection:
+        def cursor(self):
+            return Cursor()
+
+    flush = BackgroundCheckpoint(Connection())
+    with pytest.raises(duckdb.IOException, match="No space left on device"):
+        flush.join()
