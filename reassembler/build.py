@@ -3,8 +3,9 @@ the capture-quality report and gate.
 
 The steps are separate functions because the Airflow DAG runs them as separate tasks
 (the shards in parallel, each opening the warehouse read-only); `build_night` runs them
-one after the other for the command line. Both paths run exactly this code, with one
-`Settings` (settings.py).
+one after the other for the command line, in one process through one warehouse
+connection (or with the shards in worker processes, `--workers`). Both paths run exactly
+this code, with one `Settings` (settings.py).
 """
 
 from __future__ import annotations
