@@ -134,11 +134,12 @@ def parent_index(heads: pa.Table) -> np.ndarray:
 
 class BatchChecks:
     """Verdicts of every call of one batch. `table`: its call rows (sql/shard_calls.sql),
-    `tokens`: their token rows, row for row (token_store.py's canonical columns)."""
+    `tokens`: their token rows, row for row (token_store.py's canonical columns); `batch`:
+    those rows' TokenBatch, when the caller built it already (shard.py's reader thread)."""
 
-    def __init__(self, table: pa.Table, tokens: pa.Table):
+    def __init__(self, table: pa.Table, tokens: pa.Table, batch: TokenBatch | None = None):
         self.table, self.tokens = table, tokens
-        self.batch = TokenBatch(tokens.column("ids"), tokens.column("mask"), tokens.column("logprobs"))
+        self.batch = batch or TokenBatch(tokens.column("ids"), tokens.column("mask"), tokens.column("logprobs"))
         self.starts = call_starts(table)
         self.counts = token_row_counts(table, self.starts)
         take = pa.array(self.starts, pa.int64())

@@ -5,10 +5,11 @@ Memory is bounded by the batch: DuckDB sorts and streams only the ledger columns
 call's token-row location (sql/shard_calls.sql, through `to_arrow_reader`), one slice of
 SLICE_CALLS calls' groups at a time (`_CallSlices`); a batch is cut at a group boundary
 once it holds `batch_rows` calls or `batch_tokens` tokens. Each batch then goes through
-four threads in turn (`_Pipeline`): its token rows are read (token_store.py), its calls
-checked and hashed in columns (checks.py), its rollouts reassembled one by one in Python
-(rollout.py, the main thread) and its rows and audit rows written, while the batches before
-and after it are in the other stages. A few batches are in flight at most.
+four threads in turn (`_Pipeline`): its token rows are read and checked per token
+(token_store.py, tokens.py), its calls checked and hashed in columns (checks.py), its
+rollouts reassembled one by one in Python (rollout.py, the main thread) and its rows and
+audit rows written, while the batches before and after it are in the other stages. A few
+batches are in flight at most.
 """
 
 from __future__ import annotations
@@ -247,7 +248,8 @@ class _Pipeline:
     task at a time each, in order:
 
     - `reader`: reads the token row groups of the batches ahead (pyarrow decodes them on
-      its own threads);
+      its own threads), flattens their token lists, checks them per token and converts
+      them to big-endian for the digests (tokens.TokenBatch);
     - `checks`: computes those batches' verdicts and hashes (checks.BatchChecks: numpy,
       pyarrow and hashlib, which release the GIL on big buffers);
     - `writer`: builds and writes the rows and audit rows of the batches done (it alone
@@ -302,13 +304,17 @@ WRITES_QUEUED = 1  # batches done and not yet written
 
 def _prepared(units, store: TokenStore, pipeline: _Pipeline):
     """(rollouts, call table, checks) per unit, in order: the token rows of the next units
-    are read on the reader thread and their checks computed on the checks thread while the
-    main thread runs the current one."""
+    are read and checked per token on the reader thread and their verdicts and hashes
+    computed on the checks thread while the main thread runs the current one."""
 
     def read(unit) -> Future:
         rollouts, table = unit
         tokens = store.fetch(table.column("t_file"), table.column("t_row"))
-        return pipeline.checks.submit(lambda: (rollouts, table, BatchChecks(table, tokens).hash_all()))
+        # the token lists flattened, checked per token and converted for the digests, here:
+        # the checks thread, the slowest stage, is left the verdicts and the hashes
+        batch = TokenBatch(tokens.column("ids"), tokens.column("mask"), tokens.column("logprobs"))
+        batch.be_buffers()
+        return pipeline.checks.submit(lambda: (rollouts, table, BatchChecks(table, tokens, batch).hash_all()))
 
     ahead: deque[Future] = deque()
     while True:
