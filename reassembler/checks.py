@@ -139,7 +139,9 @@ class BatchChecks:
 
     def __init__(self, table: pa.Table, tokens: pa.Table, batch: TokenBatch | None = None):
         self.table, self.tokens = table, tokens
-        self.batch = batch or TokenBatch(tokens.column("ids"), tokens.column("mask"), tokens.column("logprobs"))
+        if batch is None:
+            batch = TokenBatch(tokens.column("ids"), tokens.column("mask"), tokens.column("logprobs"))
+        self.batch = batch
         self.starts = call_starts(table)
         self.counts = token_row_counts(table, self.starts)
         take = pa.array(self.starts, pa.int64())
