@@ -154,10 +154,13 @@ def load_night(
                 if ledger is not None and ledger.reads(_ledger_files(night), max_line_bytes, LEDGER_IN_COLUMNS)
                 else prepare_ledger(night, max_line_bytes)
             ) as chunks:
-                if background is None:
-                    rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes)
+                # the rollouts first when they are ready (parsed here, or the child is done)
+                # while the ledger's chunks may still be parsing; else the ledger first
+                rollouts_first = background is None or background.done()
+                if rollouts_first:
+                    rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background)
                 ledger_lines, ledger_loaded = _load_ledger(con, night, chunks, rejects, max_line_bytes)
-            if background is not None:
+            if not rollouts_first:
                 rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background)
             rejects.flush()
             if rollouts_loaded == 0 and not allow_empty:

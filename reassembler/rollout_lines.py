@@ -92,6 +92,10 @@ class InBackground:
             max_line_bytes,
         )
 
+    def done(self) -> bool:
+        """Whether the child has ended (its results are ready, or its failure)."""
+        return self._proc is None or self._proc.poll() is not None
+
     def results(self, add: Callable[[dict], None], rejects) -> int:
         """Wait for the child, then hand its rows and reject rows over in order; returns the
         lines read."""

@@ -68,6 +68,21 @@ def _load(inp, out, background_bytes: int, monkeypatch) -> tuple:
     return summary, rollouts, rejects, [s is not None for s in started]
 
 
+@pytest.mark.parametrize("child_done", [True, False])
+def test_the_child_loads_the_same_whether_it_is_done_before_the_ledger_or_after(
+    tmp_path, odd_night, monkeypatch, child_done
+):
+    """load_night inserts the child's rows first when the child is done by then, else the
+    ledger first: the night loaded is the same either way."""
+    here = _load(odd_night, tmp_path / "here", 1 << 40, monkeypatch)
+    monkeypatch.setattr(rollout_lines.InBackground, "done", lambda self: child_done)
+    child = _load(odd_night, tmp_path / "child", 0, monkeypatch)
+    assert child[3] == [True] and child[:3] == here[:3]
+    with connect(tmp_path / "here", read_only=True) as a, connect(tmp_path / "child", read_only=True) as b:
+        query = "SELECT * EXCLUDE (ds) FROM ledger ORDER BY capture_seq"
+        assert a.execute(query).fetchall() == b.execute(query).fetchall()
+
+
 def test_a_child_process_loads_what_this_process_loads(tmp_path, odd_night, monkeypatch):
     here = _load(odd_night, tmp_path / "here", 1 << 40, monkeypatch)
     child = _load(odd_night, tmp_path / "child", 0, monkeypatch)
