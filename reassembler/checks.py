@@ -225,6 +225,10 @@ class BatchChecks:
     def ids_be(self, call: Call) -> memoryview:
         return self.batch.be_views(call.row)[0]
 
+    def joined_ids_be(self, calls: list[Call]) -> list[memoryview]:
+        """The calls' big-endian ids end to end, in as few slices as the batch allows."""
+        return self.batch.ids_be_of([c.row for c in calls])
+
     def record_fault(self, call: Call) -> Masked | None:
         """The first check of this call that fails on its own (off-chain calls)."""
         if call.index not in self._faults:

@@ -78,7 +78,7 @@ def finalize_chain(chain: list[Call], by_id: dict[str, Call], checks, trace: lis
             )
         checks.tokens_and_digest(call)
         checks.chain(call, chain[k - 1] if k > 0 else None)
-    joined = cumulative_hash(checks.batch.ids_be_of([c.row for c in chain]))
+    joined = cumulative_hash(checks.joined_ids_be(chain))
     assert leaf.cumulative_hash is not None  # checked by checks.record
     if joined != leaf.cumulative_hash:
         raise Masked(
