@@ -192,7 +192,9 @@ def build_night(
         night = find_night(input_dir, ds)
         store = TokenStore(settings.token_cache_bytes)
         if settings.token_read_ahead_bytes > 0:
-            store.read_ahead([str(night.path("tokens", rel)) for rel in night.tokens], settings.token_read_ahead_bytes)
+            paths = [str(night.path("tokens", rel)) for rel in night.tokens]
+            # decoded once the rollout child, which the load waits for, is done with its core
+            store.read_ahead(paths, settings.token_read_ahead_bytes, None if rollouts is None else rollouts.done)
         try:
             with (
                 prepare_ledger(night, settings.max_line_bytes) as ledger,  # parsed while the warehouse opens

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -96,13 +97,19 @@ class TokenStore:
                 file = self._files.setdefault(path, file)
         return file
 
-    def read_ahead(self, paths: list[str], budget_bytes: int) -> None:
+    def read_ahead(self, paths: list[str], budget_bytes: int, after: Callable[[], bool] | None = None) -> None:
         """Decode the row groups of `paths`, in order, on a thread of its own until they
         hold `budget_bytes`, for the shard that reads them later: a one-process build
         starts this before loading the night, so that the decoding runs on the core the
-        load leaves idle. A file that fails here is left to the shard, which reports it."""
+        load leaves idle. `after`: start only once it returns True (polled every 10 ms; a
+        one-process build waits for the rollout child, which the load waits for, so that
+        the two do not share the cores). A file that fails here is left to the shard, which
+        reports it."""
 
         def run() -> None:
+            while after is not None and not after():
+                if self._stop.wait(0.01):
+                    return
             held = 0
             for path in paths:
                 try:

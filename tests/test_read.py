@@ -237,3 +237,28 @@ def test_token_rows_read_ahead_are_the_rows_read_on_demand(tmp_path, night):
     assert ahead.fetch(*where).equals(TokenStore().fetch(*where))
     assert ahead._ahead == {}  # handed over to the cache
     ahead.close()
+
+
+def test_reading_ahead_waits_for_what_it_is_told_to(tmp_path, night):
+    """A one-process build starts decoding ahead once the rollout child is done (`after`);
+    closing the store meanwhile ends the wait without reading anything."""
+    import threading
+
+    from reassembler.token_store import TokenStore
+
+    worked_example(night, "grp_g0", compaction=True)
+    files = find_night(night.write(), DS)
+    paths = [str(files.path("tokens", rel)) for rel in files.tokens]
+    go = threading.Event()
+    ahead = TokenStore()
+    ahead.read_ahead(paths, 1 << 30, after=go.is_set)
+    ahead._thread.join(0.2)
+    assert ahead._thread.is_alive() and ahead._ahead == {}  # still waiting
+    go.set()
+    ahead._thread.join(5)
+    assert len(ahead._ahead) == pq.read_metadata(paths[0]).num_row_groups
+    ahead.close()
+    never = TokenStore()
+    never.read_ahead(paths, 1 << 30, after=lambda: False)
+    never.close()  # returns: the wait ends with the store
+    assert not never._thread.is_alive() and never._ahead == {}
