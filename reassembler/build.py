@@ -183,8 +183,8 @@ def build_night(
             numbers = publish_step(input_dir, output_dir, ds, run_id, settings, time.perf_counter() - started)
             return BuildSummary(run_id, load, numbers, time.perf_counter() - started)
     # One process: one warehouse connection for the three steps. The shards read the loaded
-    # night through cursors of it while it checkpoints on a thread of its own, and their
-    # token row groups are decoded ahead during the load.
+    # night through cursors of it while it checkpoints on a thread of its own; their first
+    # token row groups are decoded ahead during the load, once the rollout child is done.
     with OutputLock(output_dir, ds, "build"):
         started = time.perf_counter()
         run_id = run_id or new_run_id(ds)
