@@ -114,9 +114,10 @@ class _CallSlices:
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         for first, last in self.slices:
             params = dict(self.params, first_group=first, last_group=last)
-            reader = self.con.cursor().sql(self.query, params=params).to_arrow_reader(64)
-            self.schema = reader.schema
-            yield from reader
+            with self.con.cursor() as cursor:  # closed with its slice (a one-process build shares the connection)
+                reader = cursor.sql(self.query, params=params).to_arrow_reader(64)
+                self.schema = reader.schema
+                yield from reader
 
 
 def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens: int):
