@@ -197,7 +197,10 @@ def main() -> None:
     for name, root in (("1x", root1), ("4x", root4)):
         agree, total = outcomes_match(root)
         print(f"night {name}: {agree}/{total} audit rows match the outcomes synth recorded")
-    print(f"floor 1x  wall {spread(floors, 'wall')}; CPU {spread(floors, 'cpu')}")
+    print(
+        f"floor 1x  wall {spread(floors, 'wall')}; CPU {spread(floors, 'cpu')}; "
+        f"main thread CPU {spread(floors, 'main_cpu')}"
+    )
     print(
         f"build 1x  wall {spread(builds, 'wall')}; CPU {spread(builds, 'cpu')}; "
         f"main thread CPU {spread(builds, 'main_cpu')}; peak RSS {spread(builds, 'rss_mib', 'MiB', 0)}; "
