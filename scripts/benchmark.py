@@ -231,8 +231,9 @@ def main() -> None:
     )
     f4 = {k: statistics.median(r[k] for r in floors4) for k in ("wall", "cpu")}
     print(
-        f"speed ratio  build / floor at 4x        = {b4['wall'] / f4['wall']:.2f} wall, {b4['cpu'] / f4['cpu']:.2f} CPU  "
-        "(for information: how the ratio moves on a bigger night; the goals are set at 1x)"
+        f"speed ratio  build / floor at 4x        = {b4['wall'] / f4['wall']:.2f} wall, "
+        f"{b4['cpu'] / f4['cpu']:.2f} CPU  (for information: how the ratio moves on a bigger night; "
+        "the goals are set at 1x)"
     )
     print(f"speed ratio  {args.workers} workers / floor, wall   = {bp['wall'] / fmed['wall']:.2f}")
     print(f"memory       peak RSS 1x               = {memory:.0f} MiB (goal <= 1024)  {_met(memory <= 1024)}")
