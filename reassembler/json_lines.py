@@ -11,6 +11,7 @@ rollout_lines.py may do this in a process of its own).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
@@ -20,6 +21,47 @@ from .records import RecordError, rollout_id_from_path
 from .settings import MAX_LINE_BYTES
 
 RAW_CHARS = 300
+
+
+@dataclass(frozen=True)
+class LineRange:
+    """Part of a file, cut between lines: bytes [start, end), whose first line is `first_line`."""
+
+    start: int
+    end: int
+    first_line: int
+
+
+def line_ranges(path: Path, cuts: list[int]) -> list[LineRange]:
+    """The file cut into ranges that start near the byte offsets `cuts` (ascending): each
+    cut moves to just after the first newline at or after it (a file with no newline there
+    is not cut). Reads the file up to its last cut once, and that span again to count lines."""
+    size = path.stat().st_size
+    ranges: list[LineRange] = []
+    start, first_line = 0, 1
+    with open(path, "rb") as fh:
+        for target in cuts:
+            if target <= start or target >= size:
+                continue
+            fh.seek(target - 1)  # a newline just before `target` makes it a line's first byte
+            cut, at = None, target - 1
+            while block := fh.read(1 << 16):
+                found = block.find(b"\n")
+                if found >= 0:
+                    cut = at + found + 1
+                    break
+                at += len(block)
+            if cut is None or cut >= size:
+                break
+            fh.seek(start)
+            newlines, left = 0, cut - start
+            while left > 0:
+                block = fh.read(min(1 << 20, left))
+                newlines, left = newlines + block.count(b"\n"), left - len(block)
+            ranges.append(LineRange(start, cut, first_line))
+            start, first_line = cut, first_line + newlines
+    ranges.append(LineRange(start, size, first_line))
+    return ranges
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
@@ -40,16 +82,20 @@ ROLLOUT_DECODER = json.JSONDecoder(
 )
 
 
-def json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES, decoder=DECODER):
+def json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES, decoder=DECODER, lines: LineRange | None = None):
     """(line number, raw bytes, decoded value or the error) of each non-blank line. A line
-    longer than `max_bytes` is not decoded: it becomes a reject with its size."""
+    longer than `max_bytes` is not decoded: it becomes a reject with its size. `lines`: only
+    the lines from byte `start` (a line's first byte, numbered `first_line`) up to byte `end`."""
     try:
         fh = open(path, "rb")
     except OSError as e:
         raise InputError(f"{rel}: cannot open ({e.strerror})") from e
     with fh:
-        number = 0
-        while True:
+        number, end = 0, None
+        if lines is not None:
+            fh.seek(lines.start)
+            number, end = lines.first_line - 1, lines.end
+        while end is None or fh.tell() < end:
             raw = fh.readline(max_bytes + 1)
             if not raw:
                 return
@@ -124,10 +170,13 @@ def read_lines(night: NightFiles, source: str, parse, add, rejects, max_line_byt
     return number
 
 
-def read_file_lines(night: NightFiles, source: str, rel: str, number: int, parse, add, rejects, max_line_bytes) -> int:
-    """`read_lines` for one file, whose first line is number + 1; returns the last number."""
+def read_file_lines(
+    night: NightFiles, source: str, rel: str, number: int, parse, add, rejects, max_line_bytes, lines=None
+) -> int:
+    """`read_lines` for one file (`lines`: a LineRange of it), whose first line read is
+    number + 1; returns the last number."""
     decoder = ROLLOUT_DECODER if source == "rollouts" else DECODER
-    for line, raw, value in json_lines(night.path(source, rel), rel, max_line_bytes, decoder):
+    for line, raw, value in json_lines(night.path(source, rel), rel, max_line_bytes, decoder, lines):
         number += 1
         one_line(source, rel, line, raw, value, number, parse, add, rejects)
     return number

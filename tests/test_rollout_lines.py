@@ -13,6 +13,7 @@ from nights import DS, worked_example
 from reassembler import rollout_lines
 from reassembler.cli import main
 from reassembler.errors import InputError
+from reassembler.json_lines import json_lines
 from reassembler.night import find_night
 from reassembler.read import load_night
 from reassembler.warehouse import connect
@@ -161,3 +162,64 @@ def test_the_command_builds_the_same_rows_with_the_child(tmp_path, odd_night, mo
         assert main(["build", "--input", str(odd_night), "--output", str(out), "--ds", DS]) == 0
         rows.append(pq.read_table(out / "rows" / f"ds={DS}").to_pylist())
     assert rows[0] == rows[1] and len(rows[0]) == 3
+
+
+class _Collected:
+    """Rows and reject rows in the order they are handed over."""
+
+    def __init__(self):
+        self.rows, self.rejects = [], []
+
+    def add(self, reject: dict) -> None:
+        self.rejects.append(reject)
+
+
+def _parsed_here(night) -> tuple[int, list, list]:
+    got = _Collected()
+    lines = rollout_lines.parse_rollouts(night, 4096, got.rows.append, got)
+    return lines, got.rows, got.rejects
+
+
+def test_the_rollout_lines_cut_into_parts_hold_every_line_once(odd_night):
+    """Whatever the number of parts, they hold every line once, in reading order, cut
+    between lines (a repeated id, a long line, a blank line fall wherever the cuts do)."""
+    night = find_night(odd_night, DS)
+
+    def lines_of(rel, lines=None) -> list:
+        return [(rel, line, raw) for line, raw, _ in json_lines(night.path("rollouts", rel), rel, 4096, lines=lines)]
+
+    whole = [x for rel in night.rollouts for x in lines_of(rel)]
+    for parts in range(2, 12):
+        split = rollout_lines.split(night, parts)
+        assert 1 < len(split) <= parts
+        assert [x for part in split for rel, lines in part for x in lines_of(rel, lines)] == whole, parts
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5, 8])
+def test_children_over_parts_hand_over_what_this_process_parses(odd_night, parts):
+    """The same rows (numbered across parts), the same reject rows in the same order, the
+    same count of lines, whichever part a repeated rollout_id falls in."""
+    night = find_night(odd_night, DS)
+    here = _parsed_here(night)
+    background = rollout_lines.InBackground(night, 4096, rollout_lines.split(night, parts))
+    try:
+        got = _Collected()
+        lines = background.results(got.rows.append, got)
+    finally:
+        background.close()
+    assert (lines, got.rows, got.rejects) == here
+    assert sum("already seen" in r["error"] for r in got.rejects) == 2  # grp_g0 twice more
+
+
+def test_a_big_night_is_parsed_by_several_children_and_loads_the_same(tmp_path, odd_night, monkeypatch):
+    here = _load(odd_night, tmp_path / "here", 1 << 40, monkeypatch)
+    monkeypatch.setattr(rollout_lines, "PART_BYTES", 1)
+    monkeypatch.setattr(rollout_lines.os, "cpu_count", lambda: 3)
+    children = []
+    real = rollout_lines.InBackground.__init__
+    monkeypatch.setattr(
+        rollout_lines.InBackground, "__init__", lambda self, *a: real(self, *a) or children.append(len(self._children))
+    )
+    parts = _load(odd_night, tmp_path / "parts", 0, monkeypatch)
+    assert len(children) == 1 and children[0] > 1 and parts[3] == [True]
+    assert parts[:3] == here[:3]
