@@ -81,9 +81,6 @@ def run_script(con, name: str, params: dict | None = None, **fragments: str) -> 
             con.execute(body, used)
 
 
-CHECKPOINT_THRESHOLD = "1TB"
-
-
 def connect(
     output_dir: str | Path,
     settings: DuckDBSettings = DuckDBSettings(),
@@ -112,11 +109,6 @@ def connect(
         "threads": settings.threads,
         "temp_directory": str(temp),
         "preserve_insertion_order": False,
-        # no automatic checkpoint when a write commits: past 16 MiB of WAL (a night ~2x the
-        # benchmark's) DuckDB checkpointed at the first write after the load, 0.43 s on the
-        # critical path of the 4x night; the one-process build checkpoints beside its shards
-        # (BackgroundCheckpoint), and every writer when it closes
-        "checkpoint_threshold": CHECKPOINT_THRESHOLD,
     }
     deadline = time.monotonic() + settings.lock_wait_seconds
     while True:

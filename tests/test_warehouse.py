@@ -132,24 +132,3 @@ def test_a_checkpoint_that_fails_fails_when_joined():
     flush = BackgroundCheckpoint(Connection())
     with pytest.raises(duckdb.IOException, match="No space left on device"):
         flush.join()
-
-
-def test_a_big_load_is_not_checkpointed_by_the_next_small_write(tmp_path):
-    """Past DuckDB's default 16 MiB of WAL, the first write after a big load checkpointed it
-    then and there (0.4 s on the 4x night, before its shards could start); the warehouse
-    leaves that to BackgroundCheckpoint, beside the shards, and to closing."""
-    out = tmp_path / "out"
-    with connect(out) as con:
-        con.execute("CREATE TABLE t (i BIGINT, s VARCHAR)")
-        con.execute("CHECKPOINT")
-        # under a row group of rows: into the WAL, as the load's inserts go
-        con.execute("INSERT INTO t SELECT range, repeat(md5(range::VARCHAR), 6) FROM range(100000)")
-        loaded = _wal(out)
-        assert loaded > 16 << 20
-        con.execute("INSERT INTO t VALUES (-1, 'a small write')")  # as plan_shards after the load
-        assert _wal(out) >= loaded
-        flush = BackgroundCheckpoint(con)
-        flush.join()
-        assert _wal(out) == 0
-    with connect(out, read_only=True) as con:
-        assert con.execute("SELECT count(*) FROM t").fetchone() == (100001,)
