@@ -193,7 +193,7 @@ def build_night(
         store = TokenStore(settings.token_cache_bytes)
         if settings.token_read_ahead_bytes > 0:
             paths = [str(night.path("tokens", rel)) for rel in night.tokens]
-            # decoded once the rollout child, which the load waits for, is done with its core
+            # decoded once the rollout children, which the load waits for, are done with their cores
             store.read_ahead(paths, settings.token_read_ahead_bytes, None if rollouts is None else rollouts.done)
         try:
             with (
