@@ -187,7 +187,7 @@ class InBackground:
             raise
 
     def parses(self, night: NightFiles, max_line_bytes: int) -> bool:
-        """Whether this child parses exactly these files, with this line limit."""
+        """Whether these children parse exactly these files, with this line limit."""
         return (self.night.root, self.night.ds, self.night.rollouts, self.max_line_bytes) == (
             night.root,
             night.ds,
