@@ -223,3 +223,32 @@ def test_a_big_night_is_parsed_by_several_children_and_loads_the_same(tmp_path, 
     parts = _load(odd_night, tmp_path / "parts", 0, monkeypatch)
     assert len(children) == 1 and children[0] > 1 and parts[3] == [True]
     assert parts[:3] == here[:3]
+
+
+def _several_children(monkeypatch) -> None:
+    monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
+    monkeypatch.setattr(rollout_lines, "PART_BYTES", 1)
+    monkeypatch.setattr(rollout_lines.os, "cpu_count", lambda: 3)
+
+
+def test_several_children_that_die_fail_the_load_and_leave_the_night_before(tmp_path, odd_night, monkeypatch):
+    with connect(tmp_path / "out") as con:
+        load_night(con, find_night(odd_night, DS))
+        before = con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall()
+    _several_children(monkeypatch)
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    with connect(tmp_path / "out") as con:
+        with pytest.raises(RuntimeError, match="rollout parser process ended with exit code 1"):
+            load_night(con, find_night(odd_night, DS))
+        assert con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall() == before
+
+
+def test_a_file_gone_after_the_night_was_split_is_the_same_one_line_error(tmp_path, odd_night, monkeypatch):
+    night = find_night(odd_night, DS)
+    _several_children(monkeypatch)
+    early = rollout_lines.start(night, 4096)
+    assert early is not None and len(early._children) > 1
+    (odd_night / "rollouts" / f"ds={DS}" / "z-more.jsonl").unlink()
+    with connect(tmp_path / "out") as con, pytest.raises(InputError) as err:
+        load_night(con, night, background=early, max_line_bytes=4096)
+    assert str(err.value) == "z-more.jsonl: cannot open (No such file or directory)"
