@@ -1,0 +1,56 @@
+"""scripts/benchmark.py's comparison with an earlier revision (the throughput goal): the
+revision is taken from git history, writes its own night, and both builds run on it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
+assert spec is not None and spec.loader is not None
+benchmark = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(benchmark)
+
+
+def _in_history(rev: str) -> bool:
+    done = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{rev}^{{commit}}"], capture_output=True)
+    return done.returncode == 0
+
+
+def test_a_revision_not_in_the_history_is_skipped(tmp_path):
+    assert benchmark.against(tmp_path, "0" * 40, 1e5, 1, reuse=False) is None
+    assert not (tmp_path / f"rev-{'0' * 40}-night").exists()
+
+
+@pytest.mark.skipif(not _in_history(benchmark.AGAINST), reason="a clone without that revision (shallow)")
+def test_both_builds_run_on_the_revisions_own_night(tmp_path):
+    vs = benchmark.against(tmp_path, benchmark.AGAINST, 2e5, 1, reuse=False)
+    assert vs is not None
+    night = tmp_path / f"rev-{benchmark.AGAINST}-night"
+    files = sorted((night / "input" / "tokens" / f"ds={benchmark.DS}").glob("*.parquet"))
+    assert files and vs["tokens"] == sum(benchmark._tokens(f) for f in files) > 0
+    # each build ran from its own source: that revision's warehouse has no column this
+    # checkout added since (the rollouts' NeMo Gym fingerprint input)
+    for output, has_model_items in (("output-rev", False), ("output", True)):
+        with duckdb.connect(str(night / output / "warehouse.duckdb"), read_only=True) as con:
+            columns = {
+                name
+                for (name,) in con.execute(
+                    "SELECT column_name FROM duckdb_columns() WHERE table_name = 'rollouts'"
+                ).fetchall()
+            }
+        assert ("model_items" in columns) == has_model_items
+    # both builds published every rollout of that night
+    outcomes = night / "input" / "_expected" / f"ds={benchmark.DS}" / "outcomes.jsonl"
+    expected = {json.loads(line)["rollout_id"] for line in outcomes.read_text().splitlines()}
+    for output in ("output-rev", "output"):
+        audit = pq.read_table(night / output / "audit" / f"ds={benchmark.DS}", columns=["rollout_id"])
+        assert set(audit.column("rollout_id").to_pylist()) == expected
+    assert len(vs["ratios"]) == 1 and vs["theirs"] > 0 and vs["ours"] > 0
