@@ -177,9 +177,11 @@ def against(workdir: Path, rev: str, tokens: float, rounds: int, reuse: bool) ->
             tar.extractall(tree, filter="data")
     root = workdir / f"rev-{rev}-night"
     rollouts = str(max(8, int(tokens / TOKENS_PER_ROLLOUT)))
-    if not (reuse and (root / "input" / "tokens").is_dir()):
+    written = root / "rollouts.txt"  # the size of the night there, for --reuse
+    if not (reuse and written.exists() and written.read_text() == rollouts):
         shutil.rmtree(root, ignore_errors=True)
         _command(tree, "synth", "--output", str(root / "input"), "--ds", DS, "--rollouts", rollouts, "--seed", "1")
+        written.write_text(rollouts)
     files = sorted((root / "input" / "tokens" / f"ds={DS}").glob("*.parquet"))
     n_tokens = sum(_tokens(f) for f in files)
     theirs, ours = [], []
@@ -260,7 +262,6 @@ def main() -> None:
         builds4.append(build(root4, 1, 1, args.memory_limit))
     b4 = {k: statistics.median(r[k] for r in builds4) for k in ("wall", "cpu", "rss_mib")}
     bp = build(root1, args.workers, args.workers, args.memory_limit)
-    vs = against(work, args.against, args.tokens, args.rounds, args.reuse) if args.against else None
 
     med = {k: statistics.median(r[k] for r in builds) for k in ("wall", "cpu", "main_cpu", "rss_mib")}
     fmed = {k: statistics.median(r[k] for r in floors) for k in ("wall", "cpu")}
@@ -313,17 +314,26 @@ def main() -> None:
         f"throughput   one process               = {rate:.1f}M tokens/s (2x the 4.8 of 2026-11-29 is 9.6, on that "
         "day's machine; see the next line)"
     )
+    try:
+        vs = against(work, args.against, args.tokens, args.rounds, args.reuse) if args.against else None
+    except RuntimeError as e:  # the other revision failed: the figures above stand
+        print(f"throughput   vs {args.against}: failed ({e})")
+    else:
+        _print_against(args.against, vs)
+    report_main(work)
+
+
+def _print_against(rev: str, vs: dict | None) -> None:
     if vs is None:
-        print(f"throughput   vs {args.against or 'an earlier revision'}: skipped (not asked, or not in this history)")
+        print(f"throughput   vs {rev or 'an earlier revision'}: skipped (not asked, or not in this history)")
     else:
         up = vs["theirs"] / vs["ours"]
         print(
-            f"throughput   vs {args.against}, same night and machine = x{up:.2f} "
+            f"throughput   vs {rev}, same night and machine = x{up:.2f} "
             f"({vs['tokens'] / vs['ours'] / 1e6:.1f}M against {vs['tokens'] / vs['theirs'] / 1e6:.1f}M tokens/s; "
             f"per round x{statistics.median(vs['ratios']):.2f}, min {vs['ratios'][0]:.2f}, max {vs['ratios'][-1]:.2f}) "
             f"(goal >= 2)  {_met(up >= 2)}"
         )
-    report_main(work)
 
 
 if __name__ == "__main__":

@@ -54,3 +54,9 @@ def test_both_builds_run_on_the_revisions_own_night(tmp_path):
         audit = pq.read_table(night / output / "audit" / f"ds={benchmark.DS}", columns=["rollout_id"])
         assert set(audit.column("rollout_id").to_pylist()) == expected
     assert len(vs["ratios"]) == 1 and vs["theirs"] > 0 and vs["ours"] > 0
+    # --reuse keeps a night of the same size, and writes it again for another size
+    written = files[0].stat().st_mtime_ns
+    benchmark.against(tmp_path, benchmark.AGAINST, 2e5, 1, reuse=True)
+    assert files[0].stat().st_mtime_ns == written
+    benchmark.against(tmp_path, benchmark.AGAINST, 3e5, 1, reuse=True)
+    assert (night / "rollouts.txt").read_text() == "12"
