@@ -166,15 +166,19 @@ def against(workdir: Path, rev: str, tokens: float, rounds: int, reuse: bool) ->
     history does not hold `rev`."""
     workdir = workdir.resolve()  # the commands run in other folders
     tree = workdir / f"rev-{rev}"
-    if not (tree / "reassembler").is_dir():
+    if not (tree / "reassembler" / "cli.py").is_file():
         try:
             archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True)
         except OSError:  # no git here
             return None
         if archive.returncode != 0:  # not in this history (a shallow clone, an export)
             return None
+        partial = tree.with_name(tree.name + ".partial")  # renamed once whole: an interrupted run leaves no half tree
+        shutil.rmtree(partial, ignore_errors=True)
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(tree, filter="data")
+            tar.extractall(partial, filter="data")
+        shutil.rmtree(tree, ignore_errors=True)
+        partial.rename(tree)
     root = workdir / f"rev-{rev}-night"
     rollouts = str(max(8, int(tokens / TOKENS_PER_ROLLOUT)))
     written = root / "rollouts.txt"  # the size of the night there, for --reuse
