@@ -16,7 +16,7 @@ nothing heavy: the DAG file reads the defaults when it is parsed.
 | max_line_bytes | 16 MiB | longest JSON line read |
 | batch_rows / batch_tokens | 16,384 calls / 1,000,000 tokens | one batch of a shard |
 | token_cache_bytes | 64 MiB | decoded token row groups kept |
-| token_read_ahead_bytes | 128 MiB | decoded during the load, once the rollout children end (one process; 0: off) |
+| token_read_ahead_bytes | 128 MiB | decoded ahead in the load; then 1/4 of it beside the shard (one process; 0: off) |
 | retention_nights | 30 | nights of per-call tables kept in the warehouse |
 | Thresholds | mask rate 0.2, one reason 0.1, rise 0.05, rejects 0 | the quality gate's alerts |
 """

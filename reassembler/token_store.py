@@ -83,8 +83,16 @@ class TokenStore:
         self._files: dict[str, _File] = {}
         self._cache: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
         self._cached = 0
-        self._lock = threading.Lock()  # _files and _ahead, shared with the read-ahead thread
+        # _files and the read-ahead state, shared with the read-ahead thread: the row groups
+        # decoded and not yet taken (`_ahead`, `_held` bytes), the one being decoded
+        # (`_reading`), the ones the shard read itself (`_taken`)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._ahead: dict[tuple[str, int], pa.Table] = {}
+        self._held = 0
+        self._budget = 0
+        self._reading: tuple[str, int] | None = None
+        self._taken: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -98,42 +106,83 @@ class TokenStore:
         return file
 
     def read_ahead(self, paths: list[str], budget_bytes: int, after: Callable[[], bool] | None = None) -> None:
-        """Decode the row groups of `paths`, in order, on a thread of its own until they
-        hold `budget_bytes`, for the shard that reads them later: a one-process build
-        starts this before loading the night, so that the decoding runs on the core the
-        load leaves idle. `after`: start only once it returns True (polled every 10 ms; a
-        one-process build waits for the rollout child, which the load waits for, so that
-        the two do not share the cores). A file that fails here is left to the shard, which
-        reports it."""
+        """Decode the row groups of `paths`, in order, on a thread of its own, for the shard
+        that reads them later, holding at most `budget_bytes` of them not yet taken: as the
+        shard takes them, the thread decodes the next ones. A one-process build starts this
+        before loading the night, so that the decoding runs on the core the load leaves
+        idle, then beside the shard's threads. `after`: start only once it returns True
+        (polled every 10 ms; a one-process build waits for the rollout child, which the
+        load waits for, so that the two do not share the cores). A row group the shard read
+        itself is skipped; a file that fails here is left to the shard, which reports it."""
+
+        self._budget = budget_bytes
 
         def run() -> None:
             while after is not None and not after():
                 if self._stop.wait(0.01):
                     return
-            held = 0
             for path in paths:
                 try:
                     file = self._file(path)
                     for group in range(file.metadata.num_row_groups):
-                        if self._stop.is_set() or held >= budget_bytes:
-                            return
-                        table = file.read(group)
-                        with self._lock:
-                            self._ahead[(path, group)] = table
-                        held += table.nbytes
+                        key = (path, group)
+                        with self._changed:
+                            while self._held >= self._budget and not self._stop.is_set():
+                                self._changed.wait()
+                            if self._stop.is_set():
+                                return
+                            if key in self._taken:
+                                continue
+                            self._reading = key
+                        try:
+                            table = file.read(group)
+                        except Exception:
+                            with self._changed:
+                                self._reading = None
+                                self._changed.notify_all()
+                            raise
+                        with self._changed:  # handed over in the same step: a waiting shard finds it
+                            self._reading = None
+                            self._ahead[key] = table
+                            self._held += table.nbytes
+                            self._changed.notify_all()
                 except Exception:  # noqa: BLE001 - the shard reads this file again and says what is wrong
                     continue
 
         self._thread = threading.Thread(target=run, name="tokens-ahead", daemon=True)
         self._thread.start()
 
+    def keep_ahead(self, budget_bytes: int) -> None:
+        """From now on hold at most `budget_bytes` read ahead and not yet taken (the shard
+        has started: what it needs next, not the whole budget of the load)."""
+        with self._changed:
+            self._budget = budget_bytes
+            self._changed.notify_all()
+
     def close(self) -> None:
         """Stop reading ahead and drop what was read ahead and not used."""
-        self._stop.set()
+        with self._changed:
+            self._stop.set()
+            self._changed.notify_all()
         if self._thread is not None:
             self._thread.join()
         with self._lock:
             self._ahead.clear()
+            self._held = 0
+
+    def _take_ahead(self, key: tuple[str, int]) -> pa.Table | None:
+        """The row group if it was read ahead (waiting for it while it is being decoded);
+        else None, and the read-ahead will not decode it."""
+        with self._changed:
+            while self._reading == key:
+                self._changed.wait()
+            table = self._ahead.pop(key, None)
+            if table is not None:
+                self._held -= table.nbytes
+                self._changed.notify_all()
+            else:
+                self._taken.add(key)
+            return table
 
     def _group(self, file: _File, group: int) -> pa.Table:
         key = (file.path, group)
@@ -141,8 +190,7 @@ class TokenStore:
         if table is not None:
             self._cache.move_to_end(key)
             return table
-        with self._lock:
-            table = self._ahead.pop(key, None)
+        table = self._take_ahead(key)
         if table is None:
             table = file.read(group)
         self._cache[key] = table

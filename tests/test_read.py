@@ -239,6 +239,90 @@ def test_token_rows_read_ahead_are_the_rows_read_on_demand(tmp_path, night):
     ahead.close()
 
 
+def _one_row_per_group(night) -> tuple[list[str], int]:
+    """The night's token file written again with one row per row group."""
+    files = find_night(night.write(), DS)
+    path = str(files.path("tokens", files.tokens[0]))
+    table = pq.read_table(path)
+    pq.write_table(table, path, row_group_size=1)
+    return [path], table.num_rows
+
+
+def test_reading_ahead_holds_at_most_its_budget_and_follows_the_shard(monkeypatch, night):
+    """The read-ahead holds at most its budget of row groups not yet taken (here: one) and
+    decodes the next as the shard takes one; a row group the shard read itself (here the
+    last, asked for first) is not decoded again. Every row group is decoded exactly once
+    and the rows are those read on demand."""
+    import threading
+    import time
+
+    from reassembler import token_store
+    from reassembler.token_store import TokenStore
+
+    worked_example(night, "grp_g0", compaction=True)
+    worked_example(night, "grp_g1", compaction=False)
+    paths, n = _one_row_per_group(night)
+    assert n >= 4
+    decoded: list[tuple[int, str]] = []  # (row group, the thread that decoded it)
+    read = token_store._File.read
+
+    def counted(self, group: int):
+        decoded.append((group, threading.current_thread().name))
+        return read(self, group)
+
+    monkeypatch.setattr(token_store._File, "read", counted)
+
+    def row(k: int):
+        return pa.chunked_array([pa.array(paths)]), pa.chunked_array([pa.array([k])])
+
+    ahead = TokenStore(cache_bytes=0)
+    last = ahead.fetch(*row(n - 1))  # before the read-ahead starts: read on demand
+    go = threading.Event()
+    ahead.read_ahead(paths, budget_bytes=1, after=go.is_set)
+    go.set()
+    rows = []
+    for k in range(n - 1):
+        deadline = time.monotonic() + 5
+        while (paths[0], k) not in ahead._ahead and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.02)  # it would decode more now if the budget let it
+        assert list(ahead._ahead) == [(paths[0], k)]
+        rows.append(ahead.fetch(*row(k)))
+    rows.append(last)
+    ahead._thread.join(5)
+    assert not ahead._thread.is_alive() and ahead._ahead == {} and ahead._held == 0
+    # each row group once: the last by the shard, every other one ahead of it
+    assert sorted(decoded) == [(k, "tokens-ahead") for k in range(n - 1)] + [(n - 1, "MainThread")]
+    plain = TokenStore()
+    assert pa.concat_tables(rows).equals(pa.concat_tables([plain.fetch(*row(k)) for k in range(n)]))
+    ahead.close()
+
+
+def test_keep_ahead_changes_what_the_read_ahead_holds(night):
+    """The build lowers the read-ahead's budget once the shard starts (keep_ahead): below
+    what it holds, it decodes nothing more until the shard has taken enough; raised, it
+    goes on."""
+    import time
+
+    from reassembler.token_store import TokenStore
+
+    worked_example(night, "grp_g0", compaction=True)
+    paths, n = _one_row_per_group(night)
+    ahead = TokenStore(cache_bytes=0)
+    ahead.read_ahead(paths, budget_bytes=1)
+    deadline = time.monotonic() + 5
+    while not ahead._ahead and time.monotonic() < deadline:
+        time.sleep(0.005)
+    ahead.keep_ahead(0)
+    ahead.fetch(pa.chunked_array([pa.array(paths)]), pa.chunked_array([pa.array([0])]))
+    time.sleep(0.1)
+    assert ahead._ahead == {} and ahead._thread.is_alive()  # waiting: nothing held, nothing read
+    ahead.keep_ahead(1 << 30)
+    ahead._thread.join(5)
+    assert sorted(group for _, group in ahead._ahead) == list(range(1, n))
+    ahead.close()
+
+
 def test_reading_ahead_waits_for_what_it_is_told_to(tmp_path, night):
     """A one-process build starts decoding ahead once the rollout child is done (`after`);
     closing the store meanwhile ends the wait without reading anything."""
