@@ -80,7 +80,7 @@ def _by_fingerprints(model_items: list[ModelItem], calls: list[Call]) -> Candida
             if field is None:  # this span and every longer one match nothing
                 break
             h.update(field)
-            found = by_fp.get(h.copy().digest())
+            found = by_fp.get(h.digest())  # digest() leaves h as it is
             if found:
                 for c in found:
                     if id(c) not in taken:
