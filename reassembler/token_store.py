@@ -9,7 +9,10 @@ overflow to +-inf). Rows come back in the order asked.
 
 Decoded row groups are kept in a small LRU cache bounded in bytes. Token files written
 roughly in rollout order (as capture writes them) are read about once; a shuffled night is
-still correct and bounded in memory, only slower (row groups are read again).
+still correct and bounded in memory, only slower (row groups are read again). A one-process
+build also decodes row groups ahead of the shard on a thread of its own (`read_ahead`),
+within a budget of bytes decoded and not yet taken: each row group the shard takes makes
+room for the next, and the row groups the shard read itself are skipped.
 """
 
 from __future__ import annotations
