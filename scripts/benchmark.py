@@ -38,7 +38,9 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -47,6 +49,7 @@ from reassembler.producer.synth import SynthConfig, read_expected, synth_night
 from reassembler.settings import DuckDBSettings
 
 DS = "2026-11-28"
+T = TypeVar("T")
 TOKENS_PER_ROLLOUT = 24_000  # SynthConfig defaults: ~24k tokens per rollout on average
 
 # each measured run is a fresh process that prints wall time, CPU seconds and peak RSS
@@ -93,6 +96,22 @@ def run(body: str, *args: str) -> dict:
 
 def build(root: Path, shards: int, workers: int, memory_limit: str) -> dict:
     return run(BUILD, root / "input", root / "output", DS, shards, workers, memory_limit)
+
+
+def interleaved(rounds: int, first: Callable[[], T], second: Callable[[], T]) -> tuple[list[T], list[T]]:
+    """`rounds` runs of each, interleaved so that the machine's noise hits both alike, and in
+    alternate order from round to round (first-second, second-first, ...), so that neither
+    always runs right after the other."""
+    a: list[T] = []
+    b: list[T] = []
+    for k in range(rounds):
+        if k % 2 == 0:
+            a.append(first())
+            b.append(second())
+        else:
+            b.append(second())
+            a.append(first())
+    return a, b
 
 
 def floor(root: Path, scratch: Path) -> dict:
@@ -188,11 +207,12 @@ def against(workdir: Path, rev: str, tokens: float, rounds: int, reuse: bool) ->
         written.write_text(rollouts)
     files = sorted((root / "input" / "tokens" / f"ds={DS}").glob("*.parquet"))
     n_tokens = sum(_tokens(f) for f in files)
-    theirs, ours = [], []
-    for _ in range(rounds):
-        build = ("build", "--input", str(root / "input"), "--ds", DS)
-        theirs.append(_command(tree, *build, "--output", str(root / "output-rev")))
-        ours.append(_command(None, *build, "--output", str(root / "output")))
+    build = ("build", "--input", str(root / "input"), "--ds", DS)
+    theirs, ours = interleaved(
+        rounds,
+        lambda: _command(tree, *build, "--output", str(root / "output-rev")),
+        lambda: _command(None, *build, "--output", str(root / "output")),
+    )
     return {
         "theirs": statistics.median(theirs),
         "ours": statistics.median(ours),
@@ -255,15 +275,13 @@ def main() -> None:
         return report_main(work)
 
     root1, t1 = night(work, "1x", args.tokens, seed=1, reuse=args.reuse)
-    floors, builds = [], []
-    for _ in range(args.rounds):  # interleaved, so that the machine's noise hits both alike
-        floors.append(floor(root1, work / "floor"))
-        builds.append(build(root1, 1, 1, args.memory_limit))
+    floors, builds = interleaved(
+        args.rounds, lambda: floor(root1, work / "floor"), lambda: build(root1, 1, 1, args.memory_limit)
+    )
     root4, t4 = night(work, "4x", 4 * args.tokens, seed=2, reuse=args.reuse)
-    floors4, builds4 = [], []
-    for _ in range(args.rounds):
-        floors4.append(floor(root4, work / "floor"))
-        builds4.append(build(root4, 1, 1, args.memory_limit))
+    floors4, builds4 = interleaved(
+        args.rounds, lambda: floor(root4, work / "floor"), lambda: build(root4, 1, 1, args.memory_limit)
+    )
     b4 = {k: statistics.median(r[k] for r in builds4) for k in ("wall", "cpu", "rss_mib")}
     bp = build(root1, args.workers, args.workers, args.memory_limit)
 

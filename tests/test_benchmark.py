@@ -60,3 +60,20 @@ def test_both_builds_run_on_the_revisions_own_night(tmp_path):
     assert files[0].stat().st_mtime_ns == written
     benchmark.against(tmp_path, benchmark.AGAINST, 3e5, 1, reuse=True)
     assert (night / "rollouts.txt").read_text() == "12"
+
+
+def test_interleaved_runs_alternate_which_goes_first():
+    """Each round runs both, back to back, the first one first in even rounds and second in
+    odd ones; the results come back per side, in round order."""
+    log: list[str] = []
+
+    def run(name: str):
+        def one() -> str:
+            log.append(name)
+            return f"{name}{sum(n == name for n in log)}"
+
+        return one
+
+    floors, builds = benchmark.interleaved(3, run("floor"), run("build"))
+    assert log == ["floor", "build", "build", "floor", "floor", "build"]
+    assert floors == ["floor1", "floor2", "floor3"] and builds == ["build1", "build2", "build3"]
