@@ -139,17 +139,17 @@ class TokenStore:
                             self._reading = key
                         try:
                             table = file.read(group)
-                        except Exception:
-                            with self._changed:
-                                self._reading = None
-                                self._changed.notify_all()
-                            raise
+                        except Exception:  # noqa: BLE001 - the shard reads this file again and says what is wrong
+                            table = None
                         with self._changed:  # handed over in the same step: a waiting shard finds it
                             self._reading = None
-                            self._ahead[key] = table
-                            self._held += table.nbytes
+                            if table is not None:
+                                self._ahead[key] = table
+                                self._held += table.nbytes
                             self._changed.notify_all()
-                except Exception:  # noqa: BLE001 - the shard reads this file again and says what is wrong
+                        if table is None:
+                            break  # on to the next file
+                except Exception:  # noqa: BLE001 - a file that cannot be opened: the shard says what is wrong
                     continue
 
         self._thread = threading.Thread(target=run, name="tokens-ahead", daemon=True)
