@@ -15,7 +15,13 @@ the same reject row one child would have written. A child that cannot start fall
 parsing in this process; one that fails re-raises its error here (an InputError stays an
 InputError, with the same message).
 
-`_child` is that child's entry point (see CHILD): it reads its arguments as JSON on stdin.
+A child is forked (`_Forked`) when this process may fork safely: one thread and no native
+library that starts threads of its own loaded yet, which is the `reassembler build`
+command at its start (cli.py starts the children before it imports pyarrow and DuckDB).
+The fork starts at once with this package already imported; a new interpreter (`CHILD`)
+spent ~0.13 CPU-s starting up and importing it, ~4% of the benchmark's build. Anywhere
+else (the Airflow tasks, tests) the child is a new interpreter: `_child` is its entry
+point, and it reads its arguments as JSON on stdin.
 """
 
 from __future__ import annotations
@@ -23,9 +29,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import traceback
 from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
@@ -112,12 +121,16 @@ class _Child:
         self.part = part
         self._out: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-rollouts-")
         self._err: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-rollouts-")
+        self._proc: subprocess.Popen | _Forked | None
+        if _can_fork():
+            self._proc = _Forked(lambda: _parse_to(self._out.fileno(), night, max_line_bytes, part), self._err)
+            return
         ranges = None if part is None else [[rel, r.start, r.end, r.first_line] for rel, r in part]
         with tempfile.TemporaryFile(prefix="reassembler-rollouts-") as args:  # a file: no pipe to break
             what = {"root": str(night.root), "ds": night.ds, "rollouts": night.rollouts, "ranges": ranges}
             args.write(json.dumps(dict(what, max_line_bytes=max_line_bytes)).encode())
             args.seek(0)
-            self._proc: subprocess.Popen | None = subprocess.Popen(
+            self._proc = subprocess.Popen(
                 [sys.executable, "-P", "-c", CHILD, str(Path(__file__).resolve().parent.parent)],
                 stdin=args,
                 stdout=self._out,
@@ -247,7 +260,7 @@ def start(night: NightFiles, max_line_bytes: int) -> InBackground | None:
     than BACKGROUND_BYTES of lines, one more for each PART_BYTES beyond, at most one per
     core (and MAX_PARTS)."""
     size = rollout_bytes(night)
-    if not sys.executable or size <= BACKGROUND_BYTES:
+    if size <= BACKGROUND_BYTES or not (_can_fork() or sys.executable):
         return None
     parts = None
     count = min(MAX_PARTS, os.cpu_count() or 1, size // PART_BYTES)
@@ -298,16 +311,75 @@ class _Chunks:
             self.rejects = []
 
 
+def _parse_to(fd: int, night: NightFiles, max_line_bytes: int, part: Part | None) -> None:
+    """The child's work: `parse_rollouts` pickled in chunks to file descriptor `fd`."""
+    with os.fdopen(fd, "wb", closefd=False) as out:
+        chunks = _Chunks(out)
+        try:
+            chunks.put("lines", parse_rollouts(night, max_line_bytes, chunks.add_row, chunks, part))
+        except InputError as e:
+            chunks.put("input_error", str(e))
+        except Exception as e:  # noqa: BLE001 - said by the parent, which raises it
+            chunks.put("error", f"{type(e).__name__}: {e}")
+
+
+def _can_fork() -> bool:
+    """Whether this process may fork its child: a POSIX process with one thread and no
+    native library that starts threads of its own loaded yet (the command, at its start)."""
+    return (
+        hasattr(os, "fork")
+        and threading.active_count() == 1
+        and not any(name in sys.modules for name in ("numpy", "pyarrow", "duckdb"))
+    )
+
+
+class _Forked:
+    """A child forked from this process, with the part of Popen's interface used here."""
+
+    def __init__(self, work: Callable[[], None], err: IO[bytes]):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: do the work, never return into the parent's code
+            code = 1
+            try:
+                # what a spawned child has: nothing on stdin and stdout, stderr to `err` (a
+                # pipe the command's caller reads is not held open by the child either)
+                null = os.open(os.devnull, os.O_RDWR)
+                os.dup2(null, 0)
+                os.dup2(null, 1)
+                os.dup2(err.fileno(), 2)
+                work()
+                code = 0
+            except BaseException:  # noqa: BLE001 - said on stderr (fd 2), which the parent reads
+                with os.fdopen(2, "w", closefd=False) as stderr:
+                    traceback.print_exc(file=stderr)
+            finally:
+                os._exit(code)
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:  # not reaped yet: the pid is still this child's
+            os.kill(self.pid, signal.SIGKILL)
+
+
 def _child() -> None:
     args = json.loads(sys.stdin.read())
     night = NightFiles(Path(args["root"]), args["ds"], args["rollouts"], [], [])
     ranges = args.get("ranges")
     part = None if ranges is None else [(rel, LineRange(a, b, first)) for rel, a, b, first in ranges]
-    with os.fdopen(sys.stdout.fileno(), "wb", closefd=False) as out:
-        chunks = _Chunks(out)
-        try:
-            chunks.put("lines", parse_rollouts(night, args["max_line_bytes"], chunks.add_row, chunks, part))
-        except InputError as e:
-            chunks.put("input_error", str(e))
-        except Exception as e:  # noqa: BLE001 - said by the parent, which raises it
-            chunks.put("error", f"{type(e).__name__}: {e}")
+    _parse_to(sys.stdout.fileno(), night, args["max_line_bytes"], part)

@@ -4,7 +4,10 @@ loads: the same rows, the same reject rows and messages, the same errors."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -57,6 +60,14 @@ def odd_night(night):
     return inp
 
 
+@pytest.fixture(params=["spawned", "forked"])
+def child_kind(request, monkeypatch) -> str:
+    """Children as a new interpreter, or forked from this process (what the command does at
+    its start; forced here, where pyarrow is loaded: the child only parses in Python)."""
+    monkeypatch.setattr(rollout_lines, "_can_fork", lambda: request.param == "forked")
+    return request.param
+
+
 def _load(inp, out, background_bytes: int, monkeypatch) -> tuple:
     monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", background_bytes)
     started = []
@@ -84,7 +95,7 @@ def test_the_child_loads_the_same_whether_it_is_done_before_the_ledger_or_after(
         assert a.execute(query).fetchall() == b.execute(query).fetchall()
 
 
-def test_a_child_process_loads_what_this_process_loads(tmp_path, odd_night, monkeypatch):
+def test_a_child_process_loads_what_this_process_loads(tmp_path, odd_night, monkeypatch, child_kind):
     here = _load(odd_night, tmp_path / "here", 1 << 40, monkeypatch)
     child = _load(odd_night, tmp_path / "child", 0, monkeypatch)
     assert (here[3], child[3]) == ([False], [True])  # each path taken as meant
@@ -196,7 +207,7 @@ def test_the_rollout_lines_cut_into_parts_hold_every_line_once(odd_night):
 
 
 @pytest.mark.parametrize("parts", [2, 3, 5, 8])
-def test_children_over_parts_hand_over_what_this_process_parses(odd_night, parts):
+def test_children_over_parts_hand_over_what_this_process_parses(odd_night, parts, child_kind):
     """The same rows (numbered across parts), the same reject rows in the same order, the
     same count of lines, whichever part a repeated rollout_id falls in."""
     night = find_night(odd_night, DS)
@@ -211,7 +222,7 @@ def test_children_over_parts_hand_over_what_this_process_parses(odd_night, parts
     assert sum("already seen" in r["error"] for r in got.rejects) == 2  # grp_g0 twice more
 
 
-def test_a_big_night_is_parsed_by_several_children_and_loads_the_same(tmp_path, odd_night, monkeypatch):
+def test_a_big_night_is_parsed_by_several_children_and_loads_the_same(tmp_path, odd_night, monkeypatch, child_kind):
     here = _load(odd_night, tmp_path / "here", 1 << 40, monkeypatch)
     monkeypatch.setattr(rollout_lines, "PART_BYTES", 1)
     monkeypatch.setattr(rollout_lines.os, "cpu_count", lambda: 3)
@@ -243,7 +254,7 @@ def test_several_children_that_die_fail_the_load_and_leave_the_night_before(tmp_
         assert con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall() == before
 
 
-def test_a_file_gone_after_the_night_was_split_is_the_same_one_line_error(tmp_path, odd_night, monkeypatch):
+def test_a_file_gone_after_the_night_was_split_is_the_same_one_line_error(tmp_path, odd_night, monkeypatch, child_kind):
     night = find_night(odd_night, DS)
     _several_children(monkeypatch)
     early = rollout_lines.start(night, 4096)
@@ -252,3 +263,76 @@ def test_a_file_gone_after_the_night_was_split_is_the_same_one_line_error(tmp_pa
     with connect(tmp_path / "out") as con, pytest.raises(InputError) as err:
         load_night(con, night, background=early, max_line_bytes=4096)
     assert str(err.value) == "z-more.jsonl: cannot open (No such file or directory)"
+
+
+def test_only_a_process_with_no_thread_and_no_native_library_forks():
+    """This test process has pyarrow and DuckDB loaded: it spawns. A process that has imported
+    only what the command imports before it starts the children forks."""
+    assert not rollout_lines._can_fork()
+    probe = "import reassembler.cli, reassembler.rollout_lines as r, reassembler.night; print(r._can_fork())"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "True\n"
+
+
+@pytest.mark.parametrize(
+    "dies, said",
+    [
+        (lambda: os._exit(3), "exit code 3: no output"),
+        (lambda: (_ for _ in ()).throw(KeyboardInterrupt), "exit code 1: KeyboardInterrupt"),
+    ],
+)
+def test_a_forked_child_that_dies_fails_the_load_and_says_how(tmp_path, odd_night, monkeypatch, dies, said):
+    with connect(tmp_path / "out") as con:
+        load_night(con, find_night(odd_night, DS))
+        before = con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall()
+    monkeypatch.setattr(rollout_lines, "_can_fork", lambda: True)
+    monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
+    monkeypatch.setattr(rollout_lines, "_parse_to", lambda *a: dies())
+    with connect(tmp_path / "out") as con:
+        with pytest.raises(RuntimeError, match=f"rollout parser process ended with {said}"):
+            load_night(con, find_night(odd_night, DS))
+        assert con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall() == before
+
+
+def test_closing_stops_a_forked_child_that_is_still_parsing(odd_night, monkeypatch):
+    monkeypatch.setattr(rollout_lines, "_can_fork", lambda: True)
+    monkeypatch.setattr(rollout_lines, "_parse_to", lambda *a: time.sleep(60))
+    background = rollout_lines.InBackground(find_night(odd_night, DS), 4096)
+    (child,) = background._children
+    pid = child._proc.pid
+    assert not background.done()
+    started = time.monotonic()
+    background.close()
+    assert time.monotonic() - started < 10
+    with pytest.raises(ChildProcessError):  # killed and reaped: no zombie left behind
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_the_command_forks_its_child_and_builds_the_same_rows(tmp_path, odd_night):
+    """`reassembler build` as a user runs it, in a process of its own: the child is forked
+    (counted), and the rows are those of a build that parses in this process."""
+    here = tmp_path / "here"
+    assert main(["build", "--input", str(odd_night), "--output", str(here), "--ds", DS]) == 0
+    forked = tmp_path / "forked"
+    script = (
+        "import sys, reassembler.rollout_lines as r\n"
+        "r.BACKGROUND_BYTES = 0\n"
+        "made = []\n"
+        "class Counted(r._Forked):\n"
+        "    def __init__(self, *a):\n"
+        "        made.append(1)\n"
+        "        super().__init__(*a)\n"
+        "r._Forked = Counted\n"
+        "from reassembler.cli import entry\n"
+        "rc = entry(sys.argv[1:])\n"
+        "print('forked', len(made))\n"
+        "sys.exit(rc)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, "build", "--input", str(odd_night), "--output", str(forked), "--ds", DS],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "forked 1"
+    rows = [pq.read_table(out / "rows" / f"ds={DS}").to_pylist() for out in (here, forked)]
+    assert rows[0] == rows[1] and len(rows[0]) == 3
