@@ -273,11 +273,15 @@ def test_only_a_process_with_no_thread_and_no_native_library_forks():
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "True\n"
 
 
+def _interrupted() -> None:
+    raise KeyboardInterrupt
+
+
 @pytest.mark.parametrize(
     "dies, said",
     [
         (lambda: os._exit(3), "exit code 3: no output"),
-        (lambda: (_ for _ in ()).throw(KeyboardInterrupt), "exit code 1: KeyboardInterrupt"),
+        (_interrupted, "exit code 1: KeyboardInterrupt"),
     ],
 )
 def test_a_forked_child_that_dies_fails_the_load_and_says_how(tmp_path, odd_night, monkeypatch, dies, said):
