@@ -27,12 +27,12 @@ from .checkpoints import checkpoint
 from .errors import InputError
 from .lock import OutputLock
 from .night import find_night
-from .publish import NightNumbers, publish_staged, recover, staging_dir, verify_staged
+from .publish import NightNumbers, publish_staged, published_numbers, recover, staging_dir, verify_staged
 from .read import LoadSummary, load_night, prepare_ledger
 from .settings import DEFAULTS, Settings
 from .shard import ShardResult, run_shard
 from .token_store import TokenStore
-from .warehouse import BackgroundCheckpoint, apply_retention, clear_dead_spill_folders, connect, sql
+from .warehouse import BackgroundCheckpoint, apply_retention, clear_dead_spill_folders, connect, run_script, sql
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,12 @@ def load_step(
     rollouts=None,
     con=None,
     ledger=None,
+    run_id: str | None = None,
 ) -> LoadSummary:
     """Replace the night in the warehouse and split its groups into `settings.shards`
     shards. Under the output lock: first finish any interrupted publish, then clean up,
-    then load, then drop per-call rows older than the retention. `rollouts`: the night's
+    then load, record the load (`run_id`: the run that will publish it), then drop the
+    per-call rows outside the retention (never this night's). `rollouts`: the night's
     rollout lines already being parsed (rollout_lines.InBackground), if any; `ledger`: its
     ledger files already being parsed (read.prepare_ledger), if any; `con`: the warehouse,
     open (a one-process build), else the step opens and closes it."""
@@ -101,9 +103,20 @@ def load_step(
         shutil.rmtree(Path(output_dir) / "_staging" / ds, ignore_errors=True)  # earlier failed runs
         clear_dead_spill_folders(output_dir, settings.duckdb)
         with _step_memory():
-            summary = load_night(con, night, settings.allow_empty, settings.max_line_bytes, rollouts, ledger)
+            summary = load_night(
+                con,
+                night,
+                settings.allow_empty,
+                settings.max_line_bytes,
+                rollouts,
+                ledger,
+                settings.max_row_group_bytes,
+            )
+        con.execute("BEGIN TRANSACTION")
+        run_script(con, "record_load", {"ds": ds, "run_id": run_id, "n_rollouts": summary.rollouts.loaded})
         con.execute(sql("plan_shards"), {"ds": ds, "shards": settings.shards})
         apply_retention(con, ds, settings.retention_nights)
+        con.execute("COMMIT")
         checkpoint("loaded")
     log.info("loaded ds=%s: %s", ds, "; ".join(summary.lines()))
     return summary
@@ -141,7 +154,11 @@ def publish_step(
         nullcontext(con) if con is not None else connect(output_dir, settings.duckdb) as con,
     ):
         recover(con, Path(output_dir))
-        numbers = verify_staged(con, staging, ds, settings.max_mask_rate)
+        published = None if staging.exists() else published_numbers(Path(output_dir), ds, run_id)
+        if published is not None:  # a retry of this run's publish, which a recovery finished
+            log.info("ds=%s was already published by this run (%s)", ds, run_id)
+            return published
+        numbers = verify_staged(con, staging, ds, settings.max_mask_rate, run_id, settings.allow_empty)
         publish_staged(
             con,
             Path(output_dir),
@@ -181,7 +198,7 @@ def build_night(
         with OutputLock(output_dir, ds, "build"):
             started = time.perf_counter()
             run_id = run_id or new_run_id(ds)
-            load = load_step(input_dir, output_dir, ds, settings, rollouts=rollouts)
+            load = load_step(input_dir, output_dir, ds, settings, rollouts=rollouts, run_id=run_id)
             _run_shards(input_dir, output_dir, ds, run_id, settings)
             numbers = publish_step(input_dir, output_dir, ds, run_id, settings, time.perf_counter() - started)
             return BuildSummary(run_id, load, numbers, time.perf_counter() - started)
@@ -193,7 +210,7 @@ def build_night(
         run_id = run_id or new_run_id(ds)
         _steady_memory()
         night = find_night(input_dir, ds)
-        store = TokenStore(settings.token_cache_bytes)
+        store = TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes)
         if settings.token_read_ahead_bytes > 0:
             paths = [str(night.path("tokens", rel)) for rel in night.tokens]
             # decoded once the rollout children, which the load waits for, are done with their cores
@@ -203,7 +220,9 @@ def build_night(
                 prepare_ledger(night, settings.max_line_bytes) as ledger,  # parsed while the warehouse opens
                 connect(output_dir, settings.duckdb) as con,
             ):
-                load = load_step(input_dir, output_dir, ds, settings, rollouts=rollouts, con=con, ledger=ledger)
+                load = load_step(
+                    input_dir, output_dir, ds, settings, rollouts=rollouts, con=con, ledger=ledger, run_id=run_id
+                )
                 flush = BackgroundCheckpoint(con)
                 # from here on the read-ahead decodes the next row groups as the shard takes them
                 store.keep_ahead(settings.token_read_ahead_bytes // SHARD_READ_AHEAD_SHARE)

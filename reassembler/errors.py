@@ -61,15 +61,41 @@ class ResourceExhausted(ReassemblerError):
 
 
 _MEMORY_USED = re.compile(r"\(\d+(\.\d+)? [KMGT]?i?B/\d+(\.\d+)? [KMGT]?i?B used\)")
+# what DuckDB says of a database file that is cut short or whose blocks fail their checksum
+_DAMAGED = re.compile(
+    r"Corrupt database file|Could not read enough bytes|checksum .* does not match|not a valid DuckDB database"
+    r"|database file .* is (corrupt|truncated)|Failed to read database header|block at location \d+",
+    re.IGNORECASE,
+)
+_FILE_IN_MESSAGE = re.compile(r'file "([^"]+)"')
 
 
-def classify(exc: BaseException, settings=None) -> ReassemblerError | None:
-    """Turn an error raised by DuckDB, Arrow or the OS into one of ours, or None."""
+def damaged_warehouse(text: str, warehouse=None) -> InputError:
+    """The one line for a warehouse file DuckDB cannot read back: which file, and how to go on."""
+    named = _FILE_IN_MESSAGE.search(text)
+    path = named.group(1) if named else (warehouse or "<output>/warehouse.duckdb")
+    return InputError(
+        f"{path}: the warehouse file is damaged ({text}); the published partitions were not touched. "
+        "Move the file aside (keep it to inspect) and run the build again: it starts a new warehouse, "
+        "and the audit/ partitions keep the earlier nights' record"
+    )
+
+
+def classify(exc: BaseException, settings=None, warehouse=None) -> ReassemblerError | None:
+    """Turn an error raised by DuckDB, Arrow or the OS into one of ours, or None.
+    `warehouse`: the path of the warehouse file, for the message when it is damaged."""
     import duckdb
 
     if isinstance(exc, ReassemblerError):
         return exc
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    named = _FILE_IN_MESSAGE.search(text)
+    if (
+        isinstance(exc, duckdb.Error)
+        and _DAMAGED.search(text)
+        and (named is None or named.group(1).endswith((".duckdb", ".duckdb.wal")))
+    ):
+        return damaged_warehouse(text, warehouse)
     limit = getattr(settings, "memory_limit", None)
     # DuckDB's buffer manager says "... (3.6 MiB/3.8 MiB used)" however it words the rest
     # (a checkpoint: "could not allocate block ...", "failed to pin block ...")

@@ -8,6 +8,7 @@ finds them wherever it runs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,7 +24,7 @@ from .errors import InputError, OutputBusy
 from .fields import LEDGER, ROLLOUT, ddl
 from .settings import DuckDBSettings
 
-SCHEMA_VERSION = 3  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
+SCHEMA_VERSION = 4  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
 
 
 def _sql_dir() -> Path:
@@ -44,17 +45,38 @@ def _spill_root(output_dir: Path, settings: DuckDBSettings) -> Path:
     return Path(settings.temp_directory or output_dir / "_tmp" / "duckdb")
 
 
+SPILL_MARK = ".reassembler-spill"  # written into every spill folder this job creates
+
+
 def _spill_name(pid: int) -> str:
     return f"pid-{pid}@{socket.gethostname()}"
 
 
+def _spill_folder(root: Path) -> Path:
+    """This process's spill folder under `root`, created with the mark that proves it ours."""
+    folder = root / _spill_name(os.getpid())
+    folder.mkdir(parents=True, exist_ok=True)
+    mark = folder / SPILL_MARK
+    if not mark.exists():
+        mark.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    return folder
+
+
 def clear_dead_spill_folders(output_dir: str | Path, settings: DuckDBSettings) -> None:
-    """Remove the spill folders of processes of this host that no longer run (shards of other
-    runs may be spilling right now: their folders stay)."""
+    """Remove the spill folders of processes of this host that no longer run. Only folders
+    this job made are touched: named pid-<n>@<this host> and holding the mark naming that
+    pid and host (a spill folder may be shared with other tools). Shards of other runs may
+    be spilling right now: their folders stay."""
     host = socket.gethostname()
-    for folder in _spill_root(Path(output_dir), settings).glob("pid-*"):
+    for folder in _spill_root(Path(output_dir), settings).glob("pid-*@*"):
         pid, _, on = folder.name[4:].partition("@")
-        if on not in (host, "") or not pid.isdigit():
+        if on != host or not pid.isdigit() or folder.is_symlink() or not folder.is_dir():
+            continue
+        try:
+            mark = json.loads((folder / SPILL_MARK).read_text())
+        except (OSError, ValueError):
+            continue  # not provably ours
+        if not isinstance(mark, dict) or mark.get("pid") != int(pid) or mark.get("host") != host:
             continue
         try:
             os.kill(int(pid), 0)
@@ -95,15 +117,11 @@ def connect(
     if read_only:
         if not path.exists():
             raise InputError(f"{path}: no warehouse here; run `reassembler build` first")
-        temp = Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler-duckdb") / _spill_name(
-            os.getpid()
-        )
-        temp.parent.mkdir(parents=True, exist_ok=True)
+        temp = _spill_folder(Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler-duckdb"))
     else:
         output_dir.mkdir(parents=True, exist_ok=True)
         # one spill folder per process: shards run at once, each with its own DuckDB instance
-        temp = _spill_root(output_dir, settings) / _spill_name(os.getpid())
-        temp.mkdir(parents=True, exist_ok=True)
+        temp = _spill_folder(_spill_root(output_dir, settings))
     config: dict = {
         "memory_limit": settings.memory_limit,
         "threads": settings.threads,
@@ -127,8 +145,14 @@ def connect(
                     "blocking the job)"
                 ) from None
             time.sleep(0.5)
-    if not read_only:
-        migrate(con)
+    try:
+        if read_only:
+            check_version(con, path)
+        else:
+            migrate(con, path)
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
@@ -140,14 +164,33 @@ def schema_version(con) -> int:
     return 1 if "rollouts" in tables else 0
 
 
-def migrate(con) -> None:
+def _newer(current: int, path) -> InputError:
+    return InputError(
+        f"{path}: the warehouse is at schema version {current}, newer than this release "
+        f"({SCHEMA_VERSION}); use the release that wrote it"
+    )
+
+
+def check_version(con, path) -> None:
+    """A reader's check: the warehouse is at this release's schema version (a build
+    migrates an older one; nothing reads a newer one)."""
+    current = schema_version(con)
+    if current > SCHEMA_VERSION:
+        raise _newer(current, path)
+    if current == 0:
+        raise InputError(f"{path}: not a warehouse (no tables); run `reassembler build` first")
+    if current < SCHEMA_VERSION:
+        raise InputError(
+            f"{path}: the warehouse is at schema version {current}, older than this release "
+            f"({SCHEMA_VERSION}); the next `reassembler build` (or DAG run) brings it forward"
+        )
+
+
+def migrate(con, path=WAREHOUSE_FILE) -> None:
     """Bring the warehouse to SCHEMA_VERSION: create it, or apply the migrations it lacks."""
     current = schema_version(con)
     if current > SCHEMA_VERSION:
-        raise InputError(
-            f"the warehouse is at schema version {current}, newer than this release "
-            f"({SCHEMA_VERSION}); use the release that wrote it"
-        )
+        raise _newer(current, path)
     if current == SCHEMA_VERSION:
         return
     for step in range(current + 1 if current else SCHEMA_VERSION + 1, SCHEMA_VERSION + 1):
@@ -157,9 +200,16 @@ def migrate(con) -> None:
     con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [SCHEMA_VERSION])
 
 
+# A night loaded and not yet published keeps its per-call rows this long (a build in flight,
+# or a failed one that may be retried), whatever the retention window.
+LOAD_HOLD_DAYS = 7
+
+
 def apply_retention(con, ds: str, nights: int) -> None:
-    """Keep the per-call tables of the newest `nights` nights (audit and runs are kept for good)."""
-    run_script(con, "retention", {"nights": nights})
+    """Keep the per-call tables of the newest `nights` nights, of `ds` (the night just
+    loaded, however old) and of the nights loaded and not yet published (sql/retention.sql);
+    audit and runs are kept for good."""
+    run_script(con, "retention", {"ds": ds, "nights": nights, "hold_days": LOAD_HOLD_DAYS})
 
 
 class BackgroundCheckpoint:

@@ -36,6 +36,16 @@ CREATE TABLE IF NOT EXISTS rejects (
     model_call_id VARCHAR
 );
 
+-- The latest load of each night not yet published: the run that loaded it and the rollouts
+-- it read. Publish checks the staged night against it and deletes it; retention keeps the
+-- per-call rows of a night held here (a build in flight, or one that failed, for a while).
+CREATE TABLE IF NOT EXISTS loads (
+    ds          DATE      NOT NULL,
+    run_id      VARCHAR,
+    n_rollouts  BIGINT    NOT NULL,
+    loaded_at   TIMESTAMP NOT NULL
+);
+
 -- Groups of the night assigned to shards: contiguous ranges of group_id.
 CREATE TABLE IF NOT EXISTS shard_plan (
     ds       DATE    NOT NULL,

@@ -3,6 +3,10 @@ the per-call tables keep only the newest nights."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -26,7 +30,7 @@ def test_a_warehouse_of_the_previous_release_opens_and_upgrades(tmp_path):
             "VALUES ('2026-10-01', 'old_g0', 'ok', 'run-v1', 1)"
         )
         con.execute("INSERT INTO runs (run_id, ds, n_rollouts) VALUES ('run-v1', '2026-10-01', 1)")
-    with connect(out, read_only=True) as con:
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         assert schema_version(con) == 1
     n = Night(tmp_path / "n")
     worked_example(n, "a_g0")
@@ -51,13 +55,13 @@ def test_a_warehouse_of_release_2_gets_the_token_rows_table(tmp_path):
         con.execute("DROP TABLE token_rows")
         con.execute("DELETE FROM schema_version")
         con.execute("INSERT INTO schema_version VALUES (2, now()::TIMESTAMP)")
-    with connect(out, read_only=True) as con:
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         assert schema_version(con) == 2
     n = Night(tmp_path / "n")
     worked_example(n, "a_g0")
     summary = build_night(n.write(), out, DS)
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert con.execute("SELECT count(*) FROM token_rows").fetchone()[0] == summary.load.tokens.read > 0
     assert summary.numbers.ok_rollouts == 1
 
@@ -132,3 +136,208 @@ def test_a_checkpoint_that_fails_fails_when_joined():
     flush = BackgroundCheckpoint(Connection())
     with pytest.raises(duckdb.IOException, match="No space left on device"):
         flush.join()
+
+
+def _published(out: Path, ds: str) -> tuple[int, int]:
+    import pyarrow.parquet as pq
+
+    return (
+        pq.read_table(out / "rows" / f"ds={ds}").num_rows,
+        pq.read_table(out / "audit" / f"ds={ds}").num_rows,
+    )
+
+
+def _per_call_nights(out: Path) -> set[str]:
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        return {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM rollouts").fetchall()}
+
+
+def test_a_backfill_older_than_the_retention_window_publishes_its_night(tmp_path):
+    """Three nights with retention 2, then the night before them: it is built from its own
+    rows (not emptied by the retention that follows its load), and the window then applies
+    from the newest night on."""
+    out = tmp_path / "out"
+    inputs = {}
+    for ds in ("2026-11-24", "2026-11-25", "2026-11-26", "2026-11-27"):
+        n = Night(tmp_path / ds, ds=ds)
+        worked_example(n, "a_g0", compaction=True)
+        worked_example(n, "b_g0")
+        inputs[ds] = n.write()
+    for ds in ("2026-11-25", "2026-11-26", "2026-11-27"):
+        build_night(inputs[ds], out, ds, Settings(retention_nights=2))
+    assert _per_call_nights(out) == {"2026-11-26", "2026-11-27"}
+    summary = build_night(inputs["2026-11-24"], out, "2026-11-24", Settings(retention_nights=2))
+    alone = build_night(inputs["2026-11-24"], tmp_path / "alone", "2026-11-24")  # the same night, by itself
+    assert summary.numbers == alone.numbers and alone.numbers.ok_rollouts == 2
+    assert _published(out, "2026-11-24") == _published(tmp_path / "alone", "2026-11-24") == (4, 2)
+    assert _per_call_nights(out) == {"2026-11-24", "2026-11-26", "2026-11-27"}  # the one just built stays
+    build_night(inputs["2026-11-27"], out, "2026-11-27", Settings(retention_nights=2))  # the next night
+    assert _per_call_nights(out) == {"2026-11-26", "2026-11-27"}
+    assert _published(out, "2026-11-24") == (4, 2)  # published rows are never touched by retention
+
+
+def test_a_night_loaded_and_not_published_is_held_against_retention(tmp_path):
+    """The DAG loads a night, then other nights load before its shards and publish run: the
+    retention of those loads keeps the held night's per-call rows."""
+    from reassembler.build import load_step, publish_step, shard_step
+
+    out = tmp_path / "out"
+    inputs = {}
+    for ds in ("2026-11-20", "2026-11-26", "2026-11-27"):
+        n = Night(tmp_path / ds, ds=ds)
+        worked_example(n, "a_g0")
+        inputs[ds] = n.write()
+    settings = Settings(retention_nights=1)
+    load_step(inputs["2026-11-20"], out, "2026-11-20", settings, run_id="backfill")
+    for ds in ("2026-11-26", "2026-11-27"):
+        build_night(inputs[ds], out, ds, settings)
+    assert _per_call_nights(out) == {"2026-11-20", "2026-11-27"}
+    shard_step(inputs["2026-11-20"], out, "2026-11-20", 0, "backfill", settings)
+    numbers = publish_step(inputs["2026-11-20"], out, "2026-11-20", "backfill", settings)
+    assert (numbers.audit_rows, numbers.ok_rollouts) == (1, 1) and _published(out, "2026-11-20") == (2, 1)
+    build_night(inputs["2026-11-27"], out, "2026-11-27", settings)  # published: no longer held
+    assert _per_call_nights(out) == {"2026-11-27"}
+
+
+def test_publish_refuses_a_night_whose_rollouts_left_the_warehouse_after_the_load(tmp_path):
+    """Whatever removed them (a retention of another release, a hand-made DELETE), a staged
+    night built from fewer rollouts than the load read is not published."""
+    from reassembler.build import load_step, publish_step, shard_step
+    from reassembler.errors import AuditCheckFailed
+
+    out = tmp_path / "out"
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    worked_example(n, "b_g0")
+    inp = n.write()
+    build_night(inp, out, DS)
+    before = _published(out, DS)
+    load_step(inp, out, DS, run_id="r2")
+    with connect(out) as con:
+        con.execute("DELETE FROM rollouts WHERE ds = ?", [DS])
+    shard_step(inp, out, DS, 0, "r2")
+    with pytest.raises(AuditCheckFailed, match=r"the load read 2 rollouts but the warehouse holds 0") as e:
+        publish_step(inp, out, DS, "r2")
+    assert "no rollout staged" in str(e.value)
+    assert _published(out, DS) == before == (4, 2)
+
+
+def test_publish_refuses_a_night_another_run_loaded_again(tmp_path):
+    from reassembler.build import load_step, publish_step, shard_step
+    from reassembler.errors import AuditCheckFailed
+
+    out = tmp_path / "out"
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    inp = n.write()
+    load_step(inp, out, DS, run_id="first")
+    load_step(inp, out, DS, run_id="second")  # while the first run waits for its shards
+    shard_step(inp, out, DS, 0, "first")
+    with pytest.raises(AuditCheckFailed, match="run second loaded it again after run first did"):
+        publish_step(inp, out, DS, "first")
+    shard_step(inp, out, DS, 0, "second")
+    assert publish_step(inp, out, DS, "second").ok_rollouts == 1
+
+
+def test_an_empty_staged_night_replaces_nothing_without_allow_empty(tmp_path):
+    from reassembler.build import load_step, publish_step, shard_step
+    from reassembler.errors import AuditCheckFailed
+
+    out = tmp_path / "out"
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    inp = n.write()
+    build_night(inp, out, DS)
+    empty = Night(tmp_path / "empty")
+    empty_input = empty.write()
+    load_step(empty_input, out, DS, Settings(allow_empty=True), run_id="r2")
+    shard_step(empty_input, out, DS, 0, "r2")
+    with pytest.raises(AuditCheckFailed, match="no rollout staged"):
+        publish_step(empty_input, out, DS, "r2")
+    assert _published(out, DS) == (2, 1)
+    assert publish_step(empty_input, out, DS, "r2", Settings(allow_empty=True)).audit_rows == 0
+    assert _published(out, DS) == (0, 0)
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "reassembler.cli", *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("command", [["report"], ["report", "--html"], ["explain", "--ds", DS, "a_g0"]])
+def test_every_reader_checks_the_schema_version(tmp_path, command):
+    out = tmp_path / "out"
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    build_night(n.write(), out, DS)
+    with connect(out) as con:
+        con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [SCHEMA_VERSION + 1])
+    res = _cli(command[0], "--output", out, *command[1:])
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == (
+        f"reassembler: error: {out / 'warehouse.duckdb'}: the warehouse is at schema version "
+        f"{SCHEMA_VERSION + 1}, newer than this release ({SCHEMA_VERSION}); use the release that wrote it"
+    )
+    with duckdb.connect(str(out / "warehouse.duckdb")) as con:  # one a version behind: a build brings it forward
+        con.execute("DELETE FROM schema_version")
+        con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [SCHEMA_VERSION - 1])
+    res = _cli(command[0], "--output", out, *command[1:])
+    assert res.returncode == 2 and "older than this release" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("keep", [2, 3, 4])
+def test_a_damaged_warehouse_is_exit_2_and_the_published_night_stays(tmp_path, keep):
+    """The file cut to a half, a third or a quarter: whatever step first reads a lost block
+    (the load, the shard, the publish) stops with one line naming the file and what to do,
+    before any partition moves; with the file moved aside, the next build starts anew."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "out"
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    inp = n.write()
+    first = build_night(inp, out, DS)
+    wh = out / "warehouse.duckdb"
+    os.truncate(wh, wh.stat().st_size // keep)
+    res = _cli("build", "--input", inp, "--output", out, "--ds", DS)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(f"reassembler: error: {wh}: the warehouse file is damaged (")
+    assert "Move the file aside" in res.stderr and res.stderr.count("\n") == 1
+    assert set(pq.read_table(out / "audit" / f"ds={DS}").column("run_id").to_pylist()) == {first.run_id}
+    wh.rename(out / "warehouse.damaged")
+    res = _cli("build", "--input", inp, "--output", out, "--ds", DS)
+    assert res.returncode == 0, res.stderr
+    assert _published(out, DS) == (2, 1)
+
+
+def test_spill_cleanup_removes_only_folders_it_made(tmp_path):
+    """--temp-directory may be a folder other tools use: only pid-<n>@<host> folders with
+    this job's mark, of this host, whose process is gone, are removed."""
+    import socket
+
+    from reassembler.settings import DuckDBSettings
+    from reassembler.warehouse import SPILL_MARK, clear_dead_spill_folders
+
+    spill = tmp_path / "shared-tmp"
+    gone = _dead_pid()
+    host = socket.gethostname()
+    ours = spill / f"pid-{gone}@{host}"
+    theirs = [spill / f"pid-{gone}", spill / f"pid-{gone}@{host}-other", spill / f"pid-{gone + 1}@{host}"]
+    for folder in [ours, *theirs]:
+        folder.mkdir(parents=True)
+        (folder / "data").write_text("x")
+    (ours / SPILL_MARK).write_text(json.dumps({"pid": gone, "host": host}))
+    (theirs[2] / SPILL_MARK).write_text(json.dumps({"pid": gone, "host": host}))  # the mark names another pid
+    alive = spill / f"pid-{os.getpid()}@{host}"
+    alive.mkdir()
+    (alive / SPILL_MARK).write_text(json.dumps({"pid": os.getpid(), "host": host}))
+    clear_dead_spill_folders(tmp_path / "out", DuckDBSettings(temp_directory=str(spill)))
+    assert not ours.exists()
+    assert all(folder.exists() for folder in [*theirs, alive])
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
