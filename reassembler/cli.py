@@ -14,11 +14,10 @@ import logging
 import os
 import sys
 from dataclasses import replace
-from datetime import date
 
 from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
 from .producer.config import SynthConfig
-from .settings import DEFAULTS, MEMORY_LIMIT, DuckDBSettings, Options, Settings, Thresholds
+from .settings import DEFAULTS, MEMORY_LIMIT, DuckDBSettings, Options, Settings, Thresholds, parse_ds
 
 # The commands' modules (DuckDB, pyarrow: ~0.4 s) are imported by `run` when a command needs
 # them; a build first starts parsing its rollout lines in a child process, which runs while
@@ -27,11 +26,9 @@ from .settings import DEFAULTS, MEMORY_LIMIT, DuckDBSettings, Options, Settings,
 
 def _ds(value: str) -> str:
     try:
-        if len(value) != 10:
-            raise ValueError
-        return date.fromisoformat(value).isoformat()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"ds must be YYYY-MM-DD, got {value!r}") from None
+        return parse_ds(value)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _positive(value: str) -> int:
@@ -324,7 +321,8 @@ def _main(args) -> int:
         print("reassembler: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the one place every error becomes one line
-        known = classify(e, settings)
+        output = getattr(args, "output", None)
+        known = classify(e, settings, None if output is None else os.path.join(output, "warehouse.duckdb"))
         if known is None:
             if os.environ.get("REASSEMBLER_DEBUG"):
                 raise

@@ -44,16 +44,31 @@ def canonical_json(value, floats_marked: bool = False) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def fingerprint(item: dict, floats_marked: bool = False) -> str:
+def fingerprint(item: dict, floats_marked: bool = False) -> str | None:
+    """The item's fingerprint; None when it holds a lone surrogate, which no UTF-8 encodes
+    (no producer can have fingerprinted it either: the item matches no call)."""
     body = {k: v for k, v in item.items() if k not in ("id", "status")}
-    return hashlib.sha256(FINGERPRINT_PREFIX + canonical_json(body, floats_marked)).hexdigest()
+    try:
+        return hashlib.sha256(FINGERPRINT_PREFIX + canonical_json(body, floats_marked)).hexdigest()
+    except UnicodeEncodeError:
+        return None
 
 
-def generated_items(output: list, floats_marked: bool = False) -> list[tuple[str | None, str]]:
+def _item_id(item: dict) -> str | None:
+    item_id = item.get("id")
+    if not isinstance(item_id, str) or not item_id:
+        return None
+    try:
+        item_id.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no id to compare (the fingerprint still is)
+        return None
+    return item_id
+
+
+def generated_items(output: list, floats_marked: bool = False) -> list[tuple[str | None, str | None]]:
     """(id, fingerprint) of each generated item of an output, in order."""
-    out = []
-    for item in output:
-        if isinstance(item, dict) and is_generated(item):
-            item_id = item.get("id")
-            out.append((item_id if isinstance(item_id, str) and item_id else None, fingerprint(item, floats_marked)))
-    return out
+    return [
+        (_item_id(item), fingerprint(item, floats_marked))
+        for item in output
+        if isinstance(item, dict) and is_generated(item)
+    ]

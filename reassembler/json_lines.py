@@ -11,14 +11,15 @@ rollout_lines.py may do this in a process of its own).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
 from .items import JsonFloat
 from .night import NightFiles
-from .records import RecordError, rollout_id_from_path
-from .settings import MAX_LINE_BYTES
+from .records import RecordError, has_surrogate, rollout_id_from_path
+from .settings import MAX_JSON_DEPTH, MAX_LINE_BYTES
 
 RAW_CHARS = 300
 
@@ -116,8 +117,37 @@ def json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES, decoder=DE
             yield number, raw, decode(raw, decoder)
 
 
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+_STEP = {ord("{"): 1, ord("["): 1, ord("}"): -1, ord("]"): -1}
+
+
+def nesting_depth(raw: bytes) -> int:
+    """How deeply a line's objects and arrays nest (brackets inside strings do not count);
+    the number of opening brackets when that is within MAX_JSON_DEPTH, which it bounds."""
+    opening = raw.count(b"{") + raw.count(b"[")
+    if opening <= MAX_JSON_DEPTH:
+        return opening
+    depth = deepest = 0
+    for byte in _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw)):
+        depth += _STEP[byte]
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def too_deep(raw: bytes) -> RecordError | None:
+    depth = nesting_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        return RecordError(f"objects and arrays nested {depth} deep, over the limit of {MAX_JSON_DEPTH}")
+    return None
+
+
 def decode(raw: bytes, decoder=DECODER):
-    """One line's JSON value, or the RecordError that makes it a reject row."""
+    """One line's JSON value, or the RecordError that makes it a reject row. A line nested
+    deeper than MAX_JSON_DEPTH is not decoded."""
+    deep = too_deep(raw)
+    if deep is not None:
+        return deep
     try:
         return decoder.decode(raw.decode("utf-8"))
     except RecordError as e:
@@ -152,8 +182,8 @@ def guess_ids(value, rel: str | None = None) -> tuple[str | None, str | None]:
     rid = cid = None
     if isinstance(value, dict):
         rid, cid = value.get("rollout_id"), value.get("model_call_id")
-        rid = rid if isinstance(rid, str) and rid else None
-        cid = cid if isinstance(cid, str) and cid else None
+        rid = rid if isinstance(rid, str) and rid and not has_surrogate(rid) else None
+        cid = cid if isinstance(cid, str) and cid and not has_surrogate(cid) else None
     if rid is None and rel is not None:
         rid = rollout_id_from_path(rel)
     return rid, cid

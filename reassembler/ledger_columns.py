@@ -17,8 +17,9 @@ reject rows and their messages are the same either way:
   fingerprint, or a version field that is null where the line names it (absent means
   NeMo Gym's default, null does not; only the line tells them apart).
 
-One known difference: a line nested deeper than Python's recursion limit (~1,000 levels)
-is a reject row on the per-line path and is read here.
+A line whose opening brackets are more than MAX_JSON_DEPTH goes the per-line path too,
+which rejects it when it nests deeper than that: pyarrow never sees such a line (it
+crashes the process on ~50,000 levels).
 
 Since each line starts with "{" and ends with "}", no object can span two lines, so equal
 numbers of lines and objects means one object per line, in order.
@@ -40,6 +41,7 @@ import pyarrow.json as pj
 from .errors import InputError
 from .fields import ITEMS, LEDGER
 from .records import LEDGER_DIGESTS, LEDGER_INTS, VERSION_DEFAULTS, rollout_id_from_path
+from .settings import MAX_JSON_DEPTH
 
 STRINGS = ("rollout_id", "model_call_id", "parent_call_id", "failure_reason", "mode", "staging_digest")
 JSON_SCHEMA = pa.schema(
@@ -55,7 +57,7 @@ JSON_SCHEMA = pa.schema(
         ("fingerprint_version", pa.int64()),
     ]
 )
-OPEN, CLOSE, NEWLINE, CR = ord("{"), ord("}"), ord("\n"), ord("\r")
+OPEN, CLOSE, BRACKET, NEWLINE, CR = ord("{"), ord("}"), ord("["), ord("\n"), ord("\r")
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,13 @@ def scan_file(rel: str, data: bytes, max_line_bytes: int) -> ScannedFile | None:
     last = np.where((buf[last] == CR) & (last > starts), last - 1, last)  # a \r\n line end
     if np.any(buf[starts] != OPEN) or np.any(buf[last] != CLOSE):
         return None
+    # a line that may nest deeper than MAX_JSON_DEPTH never reaches pyarrow's parser (deep
+    # enough, it crashes the process): its opening brackets bound its depth
+    brackets = np.flatnonzero((buf == OPEN) | (buf == BRACKET))
+    if len(brackets) > MAX_JSON_DEPTH:
+        per_line = np.bincount(np.searchsorted(starts, brackets, side="right") - 1, minlength=len(starts))
+        if per_line.max() > MAX_JSON_DEPTH:
+            return None
     return ScannedFile(rel, data, starts, ends)
 
 

@@ -5,6 +5,7 @@ in reading order. Lists files only; nothing here opens them.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,8 @@ class NightFiles:
 def _list_files(part: Path, suffix: str, recursive: bool, exclude: str | None = None) -> list[str]:
     """Files ending in `suffix` in a partition folder (and its subfolders when `recursive`),
     as sorted relative paths. Symbolic links are followed; a dangling link, an unreadable
-    entry or a link loop is an InputError naming it: nothing is skipped silently."""
+    entry, a link loop, or anything but a file or folder (a named pipe, a socket, a device:
+    reading it could block) is an InputError naming it: nothing is skipped silently."""
     found: list[str] = []
     seen: set[tuple[int, int]] = set()
 
@@ -46,15 +48,26 @@ def _list_files(part: Path, suffix: str, recursive: bool, exclude: str | None = 
         for entry in entries:
             name = f"{rel}{entry.name}"
             try:
+                entry.name.encode("utf-8")
+            except UnicodeEncodeError:  # undecodable bytes, kept by Python as lone surrogates
+                raise InputError(f"{folder}: the name {ascii(entry.name)} is not valid UTF-8; rename it") from None
+            try:
                 is_dir, is_file = entry.is_dir(), entry.is_file()
             except OSError as e:
                 raise InputError(f"{folder / entry.name}: cannot read ({e.strerror})") from e
-            if entry.is_symlink() and not (is_dir or is_file):
-                if entry.name.endswith(suffix) or recursive:
+            if not (is_dir or is_file):
+                try:
+                    mode = os.stat(entry.path).st_mode
+                except FileNotFoundError:
+                    if not (entry.name.endswith(suffix) or recursive):
+                        continue  # a link that would not be read either way
                     raise InputError(
                         f"{folder / entry.name}: dangling symbolic link (points to {os.readlink(entry.path)})"
-                    )
-                continue
+                    ) from None
+                except OSError as e:
+                    raise InputError(f"{folder / entry.name}: cannot read ({e.strerror})") from e
+                # a FIFO, socket or device: reading it could block or never end
+                raise InputError(f"{folder / entry.name}: not a regular file ({_kind(mode)}); only files are read")
             if is_dir:
                 if recursive:
                     visit(Path(entry.path), name + "/")
@@ -65,6 +78,18 @@ def _list_files(part: Path, suffix: str, recursive: bool, exclude: str | None = 
 
     visit(part, "")
     return sorted(found)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a file or folder"
 
 
 def find_night(input_dir: str | Path, ds: str) -> NightFiles:

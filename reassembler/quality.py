@@ -183,7 +183,7 @@ def _verdicts(con, ds: str, nights: int) -> list[dict]:
 
 def nights_overview(con) -> dict:
     """Every published night's headline and gate verdict (the report's index page)."""
-    latest = con.execute("SELECT max(ds) FROM audit").fetchone()[0]
+    latest = con.execute("SELECT max(ds) FROM runs").fetchone()[0]
     if latest is None:
         return {"trend": [], "verdicts": []}
     return {"trend": _trend(con, latest.isoformat(), 100_000), "verdicts": _verdicts(con, latest.isoformat(), 100_000)}

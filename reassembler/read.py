@@ -28,8 +28,9 @@ from .json_lines import decode, one_line, read_file_lines
 from .ledger_columns import Chunk, PreparedChunks
 from .night import NightFiles
 from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS, parse_ledger_row
-from .settings import MAX_LINE_BYTES
+from .settings import DEFAULTS, MAX_LINE_BYTES
 from .token_store import LOGPROB_NAMES
+from .token_store import too_big as token_too_big
 from .warehouse import run_script, sql
 
 CHUNK_ROWS = 500  # rows buffered before an insert: a rollout row carries its whole output's fingerprints
@@ -126,6 +127,7 @@ def load_night(
     max_line_bytes: int = MAX_LINE_BYTES,
     background: rollout_lines.InBackground | None = None,
     ledger: PreparedChunks | None = None,
+    token_bound: int = DEFAULTS.max_row_group_bytes,
 ) -> LoadSummary:
     """Replace the night `night.ds` in the warehouse, in one transaction: clear it, load the
     rollout lines, load the ledger lines, record the rows nobody asks for, count. A night
@@ -141,11 +143,13 @@ def load_night(
     if background is None:
         background = rollout_lines.start(night, max_line_bytes)  # parsed meanwhile
     try:
-        tokens = token_rows_sql(night)  # fail on unusable token files before touching anything
+        files = token_files(night, token_bound)  # fail on unusable token files before touching anything
         con.execute("BEGIN TRANSACTION")
         try:
             run_script(con, "clear_night", {"ds": ds})
-            con.execute(sql("insert_token_rows", tokens=tokens), {"ds": ds})  # the files' keys, read once
+            con.execute(sql("insert_token_rows", tokens=files.sql), {"ds": ds})  # the files' keys, read once
+            if files.too_big:
+                _reject_too_big(con, night, files)
             tokens = sql("night_token_rows")
             rejects = _Inserter(con, "insert_rejects", REJECT_BATCH, ds)
             # the ledger files are read and parsed on a thread of their own meanwhile
@@ -179,6 +183,7 @@ def load_night(
     finally:
         if background is not None:
             background.close()
+    token_rows += files.n_too_big  # read, and rejected
     summary = LoadSummary(
         rollouts=SourceCount(rollout_count, rollouts_loaded, counts.get("rollouts", 0)),
         ledger=SourceCount(ledger_lines, ledger_used, counts.get("ledger", 0)),
@@ -271,6 +276,22 @@ def _insert_columns(con, night: NightFiles, chunk: Chunk, bases: list[int], add,
     return table.num_rows
 
 
+def _reject_too_big(con, night: NightFiles, files: TokenFiles) -> None:
+    """The rows of row groups too big to decode, as reject rows (their calls then find no
+    token row: missing_tokens)."""
+    paths = sorted({path for path, *_ in files.too_big})
+    keys = sql("token_files", files="[" + ", ".join(_sql_string(p) for p in paths) + "]", keep="true")
+    table = pa.table(
+        {name: [b[k] for b in files.too_big] for k, name in enumerate(("file", "first_row", "last_row", "why"))}
+    )
+    con.register("too_big", table)
+    con.execute(
+        sql("too_big_token_rejects", tokens=keys),
+        {"ds": night.ds, "token_dir": str(night.path("tokens", "")).rstrip("/") + "/"},
+    )
+    con.unregister("too_big")
+
+
 def _reject_orphans(con, night: NightFiles, tokens: str) -> None:
     """Ledger rows of no rollout of the night, and token rows no ledger row asks for."""
     con.execute(sql("orphan_ledger_rejects"), {"ds": night.ds})
@@ -319,8 +340,9 @@ def check_token_schema(schema: pa.Schema, rel: str) -> None:
         if not (_is_string(t) or (pa.types.is_fixed_size_binary(t) and t.byte_width == 32)):
             raise bad(name, t, "string (64 hex) or fixed_size_binary(32)")
     t = need("token_ids_delta")
-    if _list_value_type(t) not in (pa.int64(), pa.int32()):
-        raise bad("token_ids_delta", t, "list<int64> or list<int32>")
+    value = _list_value_type(t)
+    if value is None or not pa.types.is_integer(value):
+        raise bad("token_ids_delta", t, "a list of integers (list<int64> or list<int32>)")
     t = need("token_mask_delta")
     if _list_value_type(t) not in (pa.float32(), pa.bool_(), pa.int8()):
         raise bad("token_mask_delta", t, "list<float32>, list<bool> or list<int8>")
@@ -336,18 +358,50 @@ def _sql_string(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def token_rows_sql(night: NightFiles) -> str:
-    """A SELECT of the keys of all the night's token rows (sql/token_files.sql), after
-    checking every file's schema."""
-    paths = []
+@dataclass(frozen=True)
+class TokenFiles:
+    """The night's token files, their schemas checked: `sql` selects the keys of their rows
+    (sql/token_files.sql), except the rows of row groups too big to decode (`too_big`:
+    file, first row, last row, why), which the load makes reject rows."""
+
+    sql: str
+    too_big: list[tuple[str, int, int, str]]
+
+    @property
+    def n_too_big(self) -> int:
+        return sum(last - first + 1 for _, first, last, _ in self.too_big)
+
+
+def token_files(night: NightFiles, bound: int = DEFAULTS.max_row_group_bytes) -> TokenFiles:
+    """Check every token file's schema (InputError naming the file), and find the row
+    groups that would decode to more than `bound` bytes (token_store.too_big)."""
+    paths, too_big = [], []
     for rel in night.tokens:
         path = night.path("tokens", rel)
         try:
-            schema = pq.read_schema(path)
+            metadata = pq.read_metadata(path)
+            schema = metadata.schema.to_arrow_schema()
         except Exception as e:  # pyarrow raises several types for a broken footer
             raise InputError(f"{rel}: unreadable Parquet file ({str(e).splitlines()[0]})") from e
         check_token_schema(schema, rel)
         paths.append(str(path))
+        first = 0
+        for group in range(metadata.num_row_groups):
+            n = metadata.row_group(group).num_rows
+            why = token_too_big(str(path), metadata, group, bound)
+            if why is not None and n:
+                too_big.append((str(path), first, first + n - 1, why))
+            first += n
     if not paths:
-        return sql("token_empty")
-    return sql("token_files", files="[" + ", ".join(_sql_string(p) for p in paths) + "]")
+        return TokenFiles(sql("token_empty"), [])
+    keep = " OR ".join(
+        f"(filename = {_sql_string(path)} AND file_row_number BETWEEN {a} AND {b})" for path, a, b, _ in too_big
+    )
+    files = "[" + ", ".join(_sql_string(p) for p in paths) + "]"
+    return TokenFiles(sql("token_files", files=files, keep=f"NOT ({keep})" if keep else "true"), too_big)
+
+
+def token_rows_sql(night: NightFiles, bound: int = DEFAULTS.max_row_group_bytes) -> str:
+    """A SELECT of the keys of all the night's token rows that can be read (sql/token_files.sql),
+    after checking every file's schema."""
+    return token_files(night, bound).sql

@@ -38,10 +38,33 @@ LEDGER_INTS = (
 )
 LEDGER_DIGESTS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
 SHARED_FIELDS = LINEAGE_FIELDS + LEDGER_INTS + LEDGER_DIGESTS
+_FLOAT_INTS = 2**1024  # integers from here on have no float64 (float() overflows)
 
 
 class RecordError(ValueError):
     """A JSON line that does not have the shape of its record."""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def has_surrogate(s: str) -> bool:
+    """Whether `s` holds a lone surrogate (JSON's "\\ud800" decodes to one): no UTF-8
+    encodes it, so it can be neither stored nor hashed."""
+    return not s.isascii() and _SURROGATE.search(s) is not None
+
+
+def _unicode(key: str, v):
+    """An id or key field: refused when it holds a lone surrogate."""
+    if isinstance(v, str) and has_surrogate(v):
+        raise RecordError(f"{key} is not valid Unicode (it holds a lone surrogate escape such as \\ud800)")
+    return v
+
+
+def storable_text(s: str) -> str:
+    """Free text (metadata, a failure reason) as stored: a lone surrogate kept as its JSON
+    escape, "\\ud800" (six characters), so the text stays valid UTF-8 and says what was sent."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8") if has_surrogate(s) else s
 
 
 def _is_int(v) -> TypeGuard[int]:
@@ -118,24 +141,32 @@ def parse_rollout(obj, floats_marked: bool = False) -> dict:
         reward_problem = "reward is missing"
     elif not isinstance(reward, (int, float)) or isinstance(reward, bool):
         reward, reward_problem = None, f"reward is a {type(reward).__name__}, not a number"
+    elif isinstance(reward, int) and abs(reward) >= _FLOAT_INTS:
+        digits = len(str(abs(reward)))
+        reward, reward_problem = None, f"reward is an integer of {digits} digits, beyond float64"
     elif not math.isfinite(reward):
         reward, reward_problem = None, f"reward is {reward}"
     metadata = obj.get("metadata")
     response = obj.get("response")
     response_id = _nonempty_str(response.get("id")) if isinstance(response, dict) else None
+    failure = _opt_str(obj, "failure_reason")
     return {
-        "rollout_id": rollout_id,
-        "group_id": group_id,
+        "rollout_id": _unicode("rollout_id", rollout_id),
+        "group_id": _unicode("group_id", group_id),
         "slot": slot,
         "reward": None if reward is None else float(reward),
         "reward_problem": reward_problem,
-        "failure_reason": _opt_str(obj, "failure_reason"),
-        "terminal_model_call_id": _nonempty_str(_opt_str(obj, "terminal_model_call_id")),
-        "terminal_response_id": response_id,
+        "failure_reason": None if failure is None else storable_text(failure),
+        "terminal_model_call_id": _unicode(
+            "terminal_model_call_id", _nonempty_str(_opt_str(obj, "terminal_model_call_id"))
+        ),
+        "terminal_response_id": _unicode("response.id", response_id),
         "generated_items": [{"id": i, "fingerprint": f} for i, f in generated_items(output, floats_marked)],
         "model_items": [{"output_index": i, "field": f} for i, f in model_items(output)],
         "n_output_items": len(output),
-        "metadata": None if metadata is None else json.dumps(metadata, sort_keys=True, ensure_ascii=False),
+        "metadata": None
+        if metadata is None
+        else storable_text(json.dumps(metadata, sort_keys=True, ensure_ascii=False)),
     }
 
 
@@ -201,6 +232,8 @@ def parse_ledger_row(obj, rel_path: str) -> dict:
     row["staging_key"] = _nonempty_str(obj.get("staging_key")) or f"{rollout_id}/{call_id}"
     row["response_id"] = _opt_str(obj, "response_id") if not poison else _nonempty_str(obj.get("response_id"))
     admitted = obj.get("admitted_at")
+    if isinstance(admitted, int) and not isinstance(admitted, bool) and abs(admitted) >= _FLOAT_INTS:
+        admitted = math.copysign(math.inf, admitted)  # informational: out of range reads as infinite
     row["admitted_at"] = (
         float(admitted) if isinstance(admitted, (int, float)) and not isinstance(admitted, bool) else None
     )
@@ -215,4 +248,9 @@ def parse_ledger_row(obj, rel_path: str) -> dict:
         if not poison:
             raise
         row.update(output_items=None, output_fingerprint=None, fingerprint_version=None)
+    for key, v in row.items():
+        _unicode(key, v)
+    for item in row["output_items"] or ():
+        _unicode("output_items id", item["id"])
+        _unicode("output_items fingerprint", item["fingerprint"])
     return row

@@ -16,13 +16,11 @@ def report(output_dir) -> str:
     widths = [max(len(str(c)), *(len(str(row[i])) for row in nights)) for i, c in enumerate(columns)]
     out = ["  ".join(str(c).ljust(w) for c, w in zip(columns, widths))]
     out += ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)) for row in nights]
-    out.append("")
-    out.append("mask reasons by night:")
     by_ds: dict = {}
     for ds, reason, n in reasons:
         by_ds.setdefault(ds, []).append(f"{reason} {n}")
-    for ds, items in by_ds.items():
-        out.append(f"  {ds}: " + ", ".join(items))
+    if by_ds:
+        out += ["", "mask reasons by night:"] + [f"  {ds}: " + ", ".join(items) for ds, items in by_ds.items()]
     for ds in pending(output_dir):
         out.append(f"note: the publish of ds={ds} was interrupted; the next build or load finishes it")
     return "\n".join(out)

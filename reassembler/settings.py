@@ -16,6 +16,7 @@ nothing heavy: the DAG file reads the defaults when it is parsed.
 | max_line_bytes | 16 MiB | longest JSON line read |
 | batch_rows / batch_tokens | 16,384 calls / 1,000,000 tokens | one batch of a shard |
 | token_cache_bytes | 64 MiB | decoded token row groups kept |
+| max_row_group_bytes | 64 MiB | largest token row group decoded; its rows are reject rows beyond |
 | token_read_ahead_bytes | 128 MiB | decoded ahead in the load; then 1/4 of it beside the shard (one process; 0: off) |
 | retention_nights | 30 | nights of per-call tables kept in the warehouse |
 | Thresholds | mask rate 0.2, one reason 0.1, rise 0.05, rejects 0 | the quality gate's alerts |
@@ -26,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +37,21 @@ Mode = Literal["select", "terminal"]
 OffchainPolicy = Literal["selected", "strict"]
 MEMORY_LIMIT = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
 MAX_LINE_BYTES = 16 << 20
+DS_PATTERN = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"  # a night: YYYY-MM-DD, ASCII digits only (JSON Schema's \\d is not)
+# Deepest nesting of objects and arrays a JSON line may have; a deeper line is a reject row
+# before any parser sees it (pyarrow's JSON reader crashes the process on ~50,000 levels,
+# Python's recursion stops near 1,000; capture nests a dozen levels or so).
+MAX_JSON_DEPTH = 128
+
+
+def parse_ds(value) -> str:
+    """A night, `YYYY-MM-DD`, checked to be a date that exists; InputError says what is wrong."""
+    if not isinstance(value, str) or re.fullmatch(DS_PATTERN.strip("^$"), value) is None:
+        raise InputError(f"ds must be a date written YYYY-MM-DD, got {value!r}")
+    try:
+        return date.fromisoformat(value).isoformat()
+    except ValueError as e:
+        raise InputError(f"ds {value} is not a date: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,7 @@ class Settings:
     batch_rows: int = 16_384
     batch_tokens: int = 1_000_000
     token_cache_bytes: int = 64 << 20
+    max_row_group_bytes: int = 64 << 20  # a token row group decoding to more is not read (reject rows)
     token_read_ahead_bytes: int = 128 << 20  # one-process builds: decoded while the night loads
     retention_nights: int = 30
 
@@ -125,6 +143,7 @@ class Settings:
             batch_rows=get("batch_rows", d.batch_rows, int),
             batch_tokens=get("batch_tokens", d.batch_tokens, int),
             token_cache_bytes=get("token_cache_bytes", d.token_cache_bytes, int),
+            max_row_group_bytes=get("max_row_group_bytes", d.max_row_group_bytes, int),
             retention_nights=get("retention_nights", d.retention_nights, int),
         )
 

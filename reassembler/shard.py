@@ -235,7 +235,7 @@ def run_shard(
     units = _units(calls, rollouts, settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
     with _Pipeline(staging, shard, run_id) as pipeline:
-        store = store or TokenStore(settings.token_cache_bytes)
+        store = store or TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes)
         for rollouts_, table, checks in _prepared(units, store, pipeline):
             outcomes, batch = reassemble_unit(rollouts_, table, checks.tokens, settings.options, checks=checks)
             batch.drop_hash_buffers()  # the rows need the token arrays only

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import InputError
@@ -52,9 +53,57 @@ def _hex(column: pa.ChunkedArray) -> pa.Array:
     return column.cast(pa.string())
 
 
+# An unsigned 64-bit value past int64 is read as this: no valid ledger value equals it (its
+# row fails field_mismatch), and as a token id it is negative (invalid_token).
+PAST_INT64 = -(2**63)
+
+
+def _int64(column: pa.ChunkedArray, canonical: pa.DataType) -> pa.ChunkedArray:
+    """An integer column (or list of integers) of any width as int64 (or list<int64>)."""
+    if column.type == pa.uint64():
+        past = pc.greater(column, pa.scalar(2**63 - 1, pa.uint64()))
+        return pc.if_else(past, pa.scalar(PAST_INT64, pa.int64()), column.cast(pa.int64(), safe=False))
+    if canonical == IDS and _value_type(column.type) == pa.uint64():
+        return column.cast(IDS, safe=False)  # wraps past int64 to negative ids: invalid_token
+    return column.cast(canonical)
+
+
+def _value_type(t: pa.DataType) -> pa.DataType | None:
+    return t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else None
+
+
+# Bytes a token value takes once decoded to the canonical types, per list column (and the
+# list offsets, per row and column).
+DECODED_WIDTH = {"token_ids_delta": 8, "token_mask_delta": 4, **{name: 4 for name in LOGPROB_NAMES}}
+
+
+def decoded_bytes(metadata: pq.FileMetaData, group: int) -> int:
+    """What row group `group` takes decoded, from the file's metadata alone: its token
+    values (leaf values of the list columns, as Parquet counts them) at their canonical
+    widths. A file of a few KB can hold a row group of millions of identical tokens."""
+    rg = metadata.row_group(group)
+    total = 3 * 8 * rg.num_rows
+    for i in range(rg.num_columns):
+        column = rg.column(i)
+        total += column.num_values * DECODED_WIDTH.get(column.path_in_schema.split(".")[0], 0)
+    return total
+
+
+def too_big(path: str, metadata: pq.FileMetaData, group: int, bound: int) -> str | None:
+    """Why row group `group` is not decoded (it would take more than `bound` bytes), or None."""
+    size = decoded_bytes(metadata, group)
+    if size <= bound:
+        return None
+    return (
+        f"row group {group} ({metadata.row_group(group).num_rows} rows) decodes to {size:,} bytes, over the "
+        f"{bound:,} the job decodes at once; not read: write token files in smaller row groups"
+    )
+
+
 class _File:
-    def __init__(self, path: str):
+    def __init__(self, path: str, bound: int = DEFAULTS.max_row_group_bytes):
         self.path = path
+        self.bound = bound
         self.metadata = pq.read_metadata(path)
         names = self.metadata.schema.to_arrow_schema().names
         lp = next(n for n in LOGPROB_NAMES if n in names)  # the contract's name wins
@@ -63,7 +112,13 @@ class _File:
         sizes = [self.metadata.row_group(i).num_rows for i in range(self.metadata.num_row_groups)]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
+    def too_big(self, group: int) -> str | None:
+        return too_big(self.path, self.metadata, group, self.bound)
+
     def read(self, group: int) -> pa.Table:
+        refused = self.too_big(group)
+        if refused is not None:  # the load made its rows reject rows: no call asks for them
+            raise InputError(f"{self.path}: {refused}")
         try:
             t = pq.ParquetFile(self.path, metadata=self.metadata).read_row_group(
                 group, columns=list(dict.fromkeys(self.sources.values()))
@@ -76,13 +131,21 @@ class _File:
                 columns.append(pa.array(np.full(t.num_rows, VERSION_DEFAULTS[field.name]), pa.int64()))
                 continue
             col = t.column(self.sources[field.name])
-            columns.append(_hex(col) if field.name in DIGESTS else col.cast(field.type))
+            if field.name in DIGESTS:
+                columns.append(_hex(col))
+            elif field.name in INTS or field.type == IDS:
+                columns.append(_int64(col, field.type))
+            else:
+                columns.append(col.cast(field.type))
         return pa.table(columns, schema=CANONICAL)
 
 
 class TokenStore:
-    def __init__(self, cache_bytes: int = DEFAULTS.token_cache_bytes):
+    def __init__(
+        self, cache_bytes: int = DEFAULTS.token_cache_bytes, max_row_group_bytes: int = DEFAULTS.max_row_group_bytes
+    ):
         self.cache_bytes = cache_bytes
+        self.max_row_group_bytes = max_row_group_bytes
         self._files: dict[str, _File] = {}
         self._cache: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
         self._cached = 0
@@ -103,7 +166,7 @@ class TokenStore:
         with self._lock:
             file = self._files.get(path)
         if file is None:
-            file = _File(path)
+            file = _File(path, self.max_row_group_bytes)
             with self._lock:
                 file = self._files.setdefault(path, file)
         return file
@@ -134,7 +197,7 @@ class TokenStore:
                                 self._changed.wait()
                             if self._stop.is_set():
                                 return
-                            if key in self._taken:
+                            if key in self._taken or file.too_big(group):
                                 continue
                             self._reading = key
                         try:

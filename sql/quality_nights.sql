@@ -1,17 +1,20 @@
--- One row per published night (the last $nights up to $ds): the numbers of the report's
--- headline and trends. Tokens lost to masking are what the masked rollouts' ledger declares;
--- rows lost count one row per root of a masked rollout (each root would start a row).
+-- One row per published night (the last $nights up to $ds; a night is published when a run
+-- of it is recorded, even one of no rollout): the numbers of the report's headline and
+-- trends. Tokens lost to masking are what the masked rollouts' ledger declares; rows lost
+-- count one row per root of a masked rollout (each root would start a row).
 WITH per_rollout AS (
     SELECT ds, rollout_id, sum(delta_len) AS declared_tokens
     FROM ledger GROUP BY ds, rollout_id
 ), nights AS (
-    SELECT DISTINCT ds FROM audit WHERE ds <= CAST($ds AS DATE) ORDER BY ds DESC LIMIT $nights
+    SELECT ds, arg_max(run_id, published_at) AS run_id
+    FROM runs WHERE ds <= CAST($ds AS DATE)
+    GROUP BY ds ORDER BY ds DESC LIMIT $nights
 )
-SELECT a.ds,
-       count(*)                                                   AS rollouts,
+SELECT n.ds,
+       count(a.rollout_id)                                        AS rollouts,
        count(*) FILTER (a.status = 'ok')                          AS ok,
        count(*) FILTER (a.status = 'masked')                      AS masked,
-       coalesce(count(*) FILTER (a.status = 'masked') / nullif(count(*), 0), 0) AS mask_rate,
+       coalesce(count(*) FILTER (a.status = 'masked') / nullif(count(a.rollout_id), 0), 0) AS mask_rate,
        coalesce(sum(a.n_segments), 0)                             AS rows,
        coalesce(sum(a.n_tokens), 0)                               AS tokens,
        coalesce(sum(p.declared_tokens) FILTER (a.status = 'masked'), 0) AS tokens_lost,
@@ -19,10 +22,10 @@ SELECT a.ds,
        count(*) FILTER (a.n_roots > 1)                            AS compacted,
        coalesce(sum(a.n_offchain), 0)                             AS offchain_calls,
        coalesce(sum(a.n_offchain_faults), 0)                      AS offchain_faults,
-       (SELECT count(*) FROM rejects j WHERE j.ds = a.ds)         AS rejects,
-       any_value(a.run_id)                                        AS run_id
-FROM audit a
-JOIN nights USING (ds)
+       (SELECT count(*) FROM rejects j WHERE j.ds = n.ds)         AS rejects,
+       n.run_id                                                   AS run_id
+FROM nights n
+LEFT JOIN audit a ON a.ds = n.ds
 LEFT JOIN per_rollout p ON p.ds = a.ds AND p.rollout_id = a.rollout_id
-GROUP BY a.ds
-ORDER BY a.ds;
+GROUP BY n.ds, n.run_id
+ORDER BY n.ds;

@@ -69,7 +69,7 @@ def test_bad_usage_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["build", "--input", "x", "--output", "y", "--ds", "28-11-2026"])
     assert e.value.code == 2
-    assert "ds must be YYYY-MM-DD" in capsys.readouterr().err
+    assert "ds must be a date written YYYY-MM-DD, got '28-11-2026'" in capsys.readouterr().err
 
 
 def test_help_shows_every_default(capsys):

@@ -421,3 +421,33 @@ def test_duckdb_out_of_memory_however_worded_is_exit_4(message):
 
 def test_other_duckdb_errors_are_not_out_of_memory():
     assert classify(duckdb.Error("Binder Error: column x (1 used) not found")) is None
+
+
+def test_the_gate_judges_a_published_night_of_no_rollout(tmp_path):
+    inp, out = night_input(tmp_path / "n"), tmp_path / "out"
+    for f in _partition(inp, "rollouts").iterdir():
+        f.unlink()
+    assert build(inp, out, "--allow-empty").returncode == 0
+    res = cli("gate", "--output", out, "--ds", DS)  # the ledger rows of no rollout are rejected lines
+    assert res.returncode == 5 and res.stderr.strip().endswith(": 15 rejected input lines > 0"), res.stderr
+    res = cli("gate", "--output", out, "--ds", DS, "--max-rejects", "15", "--max-mask-rate", "0")
+    assert res.returncode == 0 and res.stdout.strip() == f"quality gate passed for ds={DS}", res.stderr
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT verdict FROM quality WHERE ds = ?", [DS]).fetchall() == [("ok",)]  # the last
+    report = cli("report", "--output", out)
+    assert report.returncode == 0 and f"{DS}  0 " in report.stdout and "mask reasons" not in report.stdout
+    assert cli("gate", "--output", out, "--ds", "2026-11-27").returncode == 2  # a night never published
+
+
+@pytest.mark.parametrize(
+    "ds, message",
+    [
+        ("2026-11-31", "ds 2026-11-31 is not a date: day is out of range for month"),
+        ("2026-13-45", "ds 2026-13-45 is not a date: month must be in 1..12"),
+        ("2026-1-05", "ds must be a date written YYYY-MM-DD, got '2026-1-05'"),
+        ("２０２６-11-05", "ds must be a date written YYYY-MM-DD, got '２０２６-11-05'"),
+    ],
+)
+def test_an_impossible_night_is_refused_with_what_is_wrong(tmp_path, ds, message):
+    res = cli("build", "--input", tmp_path, "--output", tmp_path / "out", "--ds", ds)
+    assert res.returncode == 2 and res.stderr.strip().endswith(f"argument --ds: {message}")

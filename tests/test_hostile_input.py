@@ -1,0 +1,302 @@
+"""Input that once crashed the job: every line the JSON grammar accepts ends as a row, a
+reject row or a masked rollout, and nothing but regular files is read. Builds run as the
+real command in a process of its own, so a crash of a native parser is a failed test, not a
+dead test run."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from nights import DS, Night, worked_example
+from reassembler.producer.capture import token_table
+from reassembler.settings import MAX_JSON_DEPTH
+
+
+def build(inp: Path, out: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reassembler.cli",
+            "build",
+            "--input",
+            str(inp),
+            "--output",
+            str(out),
+            "--ds",
+            DS,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def two_rollouts(root: Path) -> tuple[Night, Path]:
+    n = Night(root)
+    worked_example(n, "a_g0")
+    worked_example(n, "a_g1", compaction=False, reward=0.0)
+    return n, n.write()
+
+
+def partition(inp: Path, kind: str) -> Path:
+    return inp / kind / f"ds={DS}"
+
+
+def audit(out: Path) -> dict[str, dict]:
+    return {a["rollout_id"]: a for a in pq.read_table(out / "audit" / f"ds={DS}").to_pylist()}
+
+
+def rejects(out: Path, source: str) -> list[tuple]:
+    """The night's reject rows of one source (a rejected ledger line also leaves its token row
+    asked for by no ledger row: a reject of the tokens source)."""
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        return con.execute(
+            "SELECT source, file, line, error, rollout_id FROM rejects WHERE source = ? ORDER BY 2, 3", [source]
+        ).fetchall()
+
+
+def built(res: subprocess.CompletedProcess) -> None:
+    assert res.returncode == 0, res.stderr
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+# ---------------------------------------------------------------- nesting
+
+
+def test_a_ledger_line_nested_past_the_bound_is_a_reject_row_not_a_crash(tmp_path):
+    """pyarrow's JSON reader kills the process (SIGSEGV) on ~50,000 levels; the line never
+    reaches it. The rollout whose lineage lost a line is masked; the other one is built."""
+    n, inp = two_rollouts(tmp_path / "n")
+    ledger = partition(inp, "ledger") / "ledger.jsonl"
+    lines = ledger.read_text().splitlines()
+    assert all(json.loads(line)["rollout_id"] == "a_g0" for line in lines[:5])
+    lines[2] = lines[2][:-1] + ', "extra": ' + nested(60_000) + "}"  # a_g0's third call
+    # a_g0's rows in NeMo Gym's layout, <rollout_id>.lineage.jsonl, which names the rollout of
+    # a line that cannot be read
+    (ledger.parent / "a_g0.lineage.jsonl").write_text("\n".join(lines[:5]) + "\n")
+    ledger.write_text("\n".join(lines[5:]) + "\n")
+    res = build(inp, tmp_path / "out")
+    built(res)
+    a = audit(tmp_path / "out")
+    assert (a["a_g0"]["reason"], a["a_g1"]["status"]) == ("invalid_record", "ok")
+    assert a["a_g0"]["detail"].startswith("1 ledger rows rejected; first: a_g0.lineage.jsonl:3: objects and arrays")
+    [(source, file, line, error, rollout)] = rejects(tmp_path / "out", "ledger")
+    assert (source, file, line, rollout) == ("ledger", "a_g0.lineage.jsonl", 3, "a_g0")
+    assert error == f"objects and arrays nested 60001 deep, over the limit of {MAX_JSON_DEPTH}"
+
+
+def test_brackets_inside_strings_do_not_count_and_the_bound_is_exact(tmp_path):
+    n, inp = two_rollouts(tmp_path / "n")
+    ledger = partition(inp, "ledger") / "ledger.jsonl"
+    lines = ledger.read_text().splitlines()
+    # a string full of brackets (read), a value nested exactly at the bound (read), one past it (rejected)
+    lines[0] = lines[0][:-1] + ', "note": "' + "[{" * 5000 + '"}'
+    lines[1] = lines[1][:-1] + ', "extra": ' + nested(MAX_JSON_DEPTH - 1) + "}"  # the row itself is one level
+    lines[6] = lines[6][:-1] + ', "extra": ' + nested(MAX_JSON_DEPTH) + "}"
+    ledger.write_text("\n".join(lines) + "\n")
+    res = build(inp, tmp_path / "out")
+    built(res)
+    [(_, _, line, error, rollout)] = rejects(tmp_path / "out", "ledger")
+    assert (line, rollout) == (7, None) and f"nested {MAX_JSON_DEPTH + 1} deep" in error  # a_g1's c2
+    a = audit(tmp_path / "out")
+    assert (a["a_g0"]["status"], a["a_g1"]["reason"], a["a_g1"]["detail"]) == (
+        "ok",
+        "unmatched_output",
+        "item 2: no call produced it",
+    )
+
+
+def test_a_rollout_line_nested_past_the_bound_is_a_reject_row(tmp_path):
+    n, inp = two_rollouts(tmp_path / "n")
+    path = partition(inp, "rollouts") / "rollouts.jsonl"
+    record = dict(n.rollouts[0], rollout_id="deep_g0", metadata={"x": json.loads(nested(200))})
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+    res = build(inp, tmp_path / "out")
+    built(res)
+    assert "rollouts 3 read = 2 loaded + 1 rejected" in res.stdout
+    [(source, _, line, error, _)] = rejects(tmp_path / "out", "rollouts")
+    assert (source, line) == ("rollouts", 3) and "nested 202 deep" in error
+
+
+# ---------------------------------------------------------------- lone surrogates, huge numbers
+
+
+def _rewrite_rollout(inp: Path, k: int, edit) -> None:
+    path = partition(inp, "rollouts") / "rollouts.jsonl"
+    lines = path.read_text().splitlines()
+    lines[k] = edit(lines[k])
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_lone_surrogate_in_an_id_is_a_reject_row(tmp_path):
+    n, inp = two_rollouts(tmp_path / "n")
+    _rewrite_rollout(inp, 1, lambda line: line.replace('"rollout_id": "a_g1"', '"rollout_id": "a_g1\\ud800"'))
+    res = build(inp, tmp_path / "out")
+    built(res)
+    [(source, _, line, error, rollout)] = rejects(tmp_path / "out", "rollouts")
+    assert (source, line, rollout) == ("rollouts", 2, None)
+    assert error.startswith("rollout_id is not valid Unicode")
+    assert set(audit(tmp_path / "out")) == {"a_g0"}
+
+
+def test_a_lone_surrogate_in_a_ledger_id_rejects_the_line_and_masks_its_rollout(tmp_path):
+    n, inp = two_rollouts(tmp_path / "n")
+    ledger = partition(inp, "ledger") / "ledger.jsonl"
+    lines = ledger.read_text().splitlines()
+    lines[1] = lines[1].replace('"model_call_id": "c2"', '"model_call_id": "c2\\udfff"')
+    ledger.write_text("\n".join(lines) + "\n")
+    res = build(inp, tmp_path / "out")
+    built(res)
+    [(source, _, line, error, rollout)] = rejects(tmp_path / "out", "ledger")
+    assert (source, line, rollout) == ("ledger", 2, "a_g0") and error.startswith("model_call_id is not valid Unicode")
+    assert audit(tmp_path / "out")["a_g0"]["reason"] == "invalid_record"
+
+
+def test_a_lone_surrogate_in_output_text_matches_no_call(tmp_path):
+    """No UTF-8 encodes the item, so no producer can have fingerprinted it: unmatched."""
+    n, inp = two_rollouts(tmp_path / "n")
+    _rewrite_rollout(inp, 0, lambda line: line.replace('"text": "a2"', '"text": "a2\\ud83d"'))
+    built(build(inp, tmp_path / "out"))
+    a = audit(tmp_path / "out")["a_g0"]
+    # c2 produced items 2-3 (r2, a2): the span from item 2 no longer matches
+    assert (a["reason"], a["detail"]) == ("unmatched_output", "item 2: no call produced it")
+
+
+def test_a_lone_surrogate_in_metadata_is_kept_as_its_escape(tmp_path):
+    n, inp = two_rollouts(tmp_path / "n")
+    _rewrite_rollout(inp, 0, lambda line: line[:-1] + ', "metadata": {"agent": "x\\ud800y", "\\udc00": 1}}')
+    built(build(inp, tmp_path / "out"))
+    a = audit(tmp_path / "out")["a_g0"]
+    assert a["status"] == "ok"
+    assert a["metadata"] == '{"agent": "x\\ud800y", "\\udc00": 1}'  # six characters each, valid UTF-8
+    assert json.loads(a["metadata"]) == {"agent": "x\ud800y", "\udc00": 1}
+
+
+def test_an_integer_reward_beyond_float64_is_invalid_reward(tmp_path):
+    n, inp = two_rollouts(tmp_path / "n")
+    _rewrite_rollout(inp, 1, lambda line: line.replace('"reward": 0.0', '"reward": ' + "9" * 400))
+    built(build(inp, tmp_path / "out"))
+    a = audit(tmp_path / "out")["a_g1"]
+    assert (a["reason"], a["detail"]) == ("invalid_reward", "reward is an integer of 400 digits, beyond float64")
+
+
+# ---------------------------------------------------------------- token files
+
+
+def _token_file(n: Night, inp: Path, table: pa.Table, **write) -> Path:
+    path = partition(inp, "tokens") / "tokens.parquet"
+    pq.write_table(table, path, **write)
+    return path
+
+
+def test_unsigned_64_bit_values_past_int64_are_judged_not_crashed_on(tmp_path):
+    """A uint64 prev_len past int64 can equal no ledger value (field_mismatch); a uint64 token
+    id past int64 is outside [0, 2**31) (invalid_token). Every other width is read too."""
+    n, inp = two_rollouts(tmp_path / "n")
+    table = token_table(n.tokens)
+    rows = table.to_pylist()
+    big = 2**63 + 5
+    prev = [r["prev_len"] for r in rows]
+    prev[1] = big  # a_g0's c2
+    ids = [r["token_ids_delta"] for r in rows]
+    ids[7] = ids[7][:-1] + [2**64 - 1]  # a_g1's c3
+    table = table.set_column(
+        table.schema.get_field_index("prev_len"), "prev_len", pa.array(prev, pa.uint64())
+    ).set_column(
+        table.schema.get_field_index("token_ids_delta"), "token_ids_delta", pa.array(ids, pa.list_(pa.uint64()))
+    )
+    for name, t in (("delta_len", pa.uint16()), ("weight_version", pa.int8()), ("cum_len", pa.uint32())):
+        table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(t))
+    _token_file(n, inp, table)
+    built(build(inp, tmp_path / "out"))
+    a = audit(tmp_path / "out")
+    assert (a["a_g0"]["reason"], a["a_g0"]["failed_call_id"]) == ("field_mismatch", "c2")
+    assert a["a_g0"]["detail"] == f"prev_len: ledger 5 != token row {-(2**63)}"
+    assert (a["a_g1"]["reason"], a["a_g1"]["failed_call_id"]) == ("invalid_token", "c3")
+
+
+def write_bomb(path: str) -> None:
+    """Rewrite a token file with its 7th row (a_g1's c2) holding 30 million tokens, in a
+    row group of its own, zstd-compressed to a few KB."""
+    rows = pq.read_table(path).to_pylist()
+    assert (rows[6]["rollout_id"], rows[6]["model_call_id"]) == ("a_g1", "c2")
+    good = pq.read_table(path).take([0, 1, 2, 3, 4, 5, 7, 8, 9])
+    bomb = dict(
+        rows[6],
+        token_ids_delta=np.zeros(30_000_000, np.int64),
+        token_mask_delta=np.ones(30_000_000, np.float32),
+        generation_logprobs_delta=np.zeros(30_000_000, np.float32),
+    )
+    one = pa.table({name: pa.array([bomb[name]], good.schema.field(name).type) for name in good.schema.names})
+    with pq.ParquetWriter(path, good.schema, compression="zstd") as w:
+        w.write_table(good)
+        w.write_table(one)
+
+
+def test_a_tiny_token_file_that_decodes_to_a_huge_row_is_not_decoded(tmp_path):
+    """A few KB on disk, 30 million tokens decoded: the row group is refused from its
+    metadata (its rows become reject rows, its calls missing_tokens) and memory stays
+    bounded. The file is written by another process, so that this one (whose size a new
+    process starts from) never holds the tokens."""
+    n, inp = two_rollouts(tmp_path / "n")
+    path = partition(inp, "tokens") / "tokens.parquet"
+    script = f"from test_hostile_input import write_bomb; write_bomb({str(path)!r})"
+    subprocess.run(
+        [sys.executable, "-c", script], check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    )
+    assert path.stat().st_size < 64 << 10 and pq.read_metadata(path).row_group(1).column(5).num_values > 0
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    res = build(inp, tmp_path / "out")
+    built(res)
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert peak_kib <= max(before, 400 << 10)  # decoding it took ~1.3 GB
+    assert "tokens   10 read = 9 loaded + 1 rejected" in res.stdout
+    [(source, file, line, error, rollout)] = rejects(tmp_path / "out", "tokens")
+    assert (source, file, line, rollout) == ("tokens", "tokens.parquet", 9, "a_g1")
+    assert error.startswith("row group 1 (1 rows) decodes to 480,000,024 bytes, over the 67,108,864")
+    a = audit(tmp_path / "out")
+    assert (a["a_g0"]["status"], a["a_g1"]["reason"], a["a_g1"]["failed_call_id"]) == ("ok", "missing_tokens", "c2")
+
+
+# ---------------------------------------------------------------- files that are not files
+
+
+@pytest.mark.parametrize("kind, name", [("rollouts", "more.jsonl"), ("ledger", "x.jsonl"), ("tokens", "t.parquet")])
+def test_a_named_pipe_in_a_partition_stops_the_night_naming_it(tmp_path, kind, name):
+    n, inp = two_rollouts(tmp_path / "n")
+    fifo = partition(inp, kind) / name
+    os.mkfifo(fifo)
+    res = build(inp, tmp_path / "out", timeout=60)  # a read of it would block forever
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"reassembler: error: {fifo}: not a regular file (a named pipe); only files are read"
+
+
+def test_a_socket_in_the_ledger_folder_stops_the_night(tmp_path):
+    n, inp = two_rollouts(tmp_path / "n")
+    sub = partition(inp, "ledger") / "server-a"
+    sub.mkdir()
+    short = Path(tempfile.mkdtemp(dir="/tmp"))  # a socket's path must be short
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(short / "capture.sock"))
+        os.rename(short / "capture.sock", sub / "capture.sock")
+        res = build(inp, tmp_path / "out")
+    assert res.returncode == 2 and "capture.sock: not a regular file (a socket)" in res.stderr
