@@ -37,7 +37,8 @@ from pathlib import Path
 
 from airflow.sdk import Asset, Param, PokeReturnValue, Variable, dag, task
 
-from reassembler.settings import DEFAULTS, Thresholds
+from reassembler.settings import DEFAULTS, DS_PATTERN, Thresholds, parse_ds
+from reassembler_airflow import DAG_ID
 from reassembler_airflow.failures import task_errors
 from reassembler_airflow.operators import ReassembleOperator
 
@@ -56,7 +57,7 @@ def _setting(name: str, default: str) -> str:
 
 
 @dag(
-    dag_id="capture_rows_nightly",
+    dag_id=DAG_ID,
     description="One night of LLM-agent token capture -> verified training rows, an audit table and a "
     "capture-quality report",
     schedule="0 2 * * *",
@@ -70,7 +71,8 @@ def _setting(name: str, default: str) -> str:
         "ds": Param(
             None,
             type=["null", "string"],
-            pattern=r"^\d{4}-\d{2}-\d{2}$",
+            format="date",  # a date that exists: the trigger form refuses 2026-02-30
+            pattern=DS_PATTERN,
             description="Night to build (YYYY-MM-DD). Empty: the day before the run's logical date.",
         ),
         "shards": Param(
@@ -179,11 +181,20 @@ def _setting(name: str, default: str) -> str:
 def capture_rows_nightly():
     @task(multiple_outputs=True)
     def check_input(params=None, logical_date=None, dag_run=None, run_id=None) -> dict:
-        """Resolve the night and the input and output roots."""
+        """Resolve the night and the input and output roots; an impossible night fails at
+        once (no retry)."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from reassembler.errors import InputError
+
         ds = params.get("ds")
         if not ds:
             anchor = logical_date or dag_run.run_after
             ds = (anchor - timedelta(days=1)).date().isoformat()
+        try:
+            ds = parse_ds(ds)
+        except InputError as e:
+            raise AirflowFailException(str(e)) from None
         input_dir, output_dir = _setting("input", DEFAULT_INPUT), _setting("output", DEFAULT_OUTPUT)
         print(f"night ds={ds}: input {input_dir}, output {output_dir}")
         return {
@@ -225,7 +236,7 @@ def capture_rows_nightly():
         return PokeReturnValue(is_done=False)
 
     @task(pool=POOL, pool_slots=POOL_SLOTS)
-    def load_ledger(input_dir: str, output_dir: str, night_ds: str, params=None) -> list[int]:
+    def load_ledger(input_dir: str, output_dir: str, night_ds: str, run_key: str, params=None) -> list[int]:
         """Export the night's ledger and rollouts into the warehouse; plan the shards.
         Returns the shard numbers, which the reassemble task is mapped over."""
         from reassembler.build import load_step
@@ -233,7 +244,9 @@ def capture_rows_nightly():
 
         settings = Settings.from_params(params)
         with task_errors():
-            summary = load_step(input_dir, output_dir, night_ds, settings, settings.duckdb.lock_wait_seconds)
+            summary = load_step(
+                input_dir, output_dir, night_ds, settings, settings.duckdb.lock_wait_seconds, run_id=run_key
+            )
         print(f"loaded ds={night_ds}:\n  " + "\n  ".join(summary.lines()))
         return list(range(settings.shards))
 
@@ -248,7 +261,14 @@ def capture_rows_nightly():
 
         settings = Settings.from_params(params)
         with task_errors(), connect(output_dir, settings.duckdb, read_only=True) as con:
-            numbers = verify_staged(con, staging_dir(output_dir, night_ds, run_key), night_ds, settings.max_mask_rate)
+            numbers = verify_staged(
+                con,
+                staging_dir(output_dir, night_ds, run_key),
+                night_ds,
+                settings.max_mask_rate,
+                run_key,
+                settings.allow_empty,
+            )
         shard_rows = sum(shard_results[i]["rows"] for i in range(len(shard_results)))
         if shard_rows != numbers.n_rows:
             raise RuntimeError(f"shards reported {shard_rows} rows, staged files hold {numbers.n_rows}")
@@ -337,7 +357,7 @@ def capture_rows_nightly():
 
     night = check_input()
     ready = wait_for_input(night["input_dir"], night["ds"])
-    loaded = load_ledger(night["input_dir"], night["output_dir"], night["ds"])
+    loaded = load_ledger(night["input_dir"], night["output_dir"], night["ds"], night["run_key"])
     ready >> loaded
     shards = ReassembleOperator.partial(
         task_id="reassemble",

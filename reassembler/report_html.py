@@ -62,6 +62,12 @@ def _e(x) -> str:
     return html.escape(str(x))
 
 
+def _plain(x) -> str:
+    """Text for a Plotly label, title or hover: Plotly draws a subset of HTML in them (links
+    among it), so capture's strings are escaped and drawn as the characters they are."""
+    return html.escape(str(x), quote=False)
+
+
 def _fig(fig: go.Figure, div_id: str, height: int = 320) -> str:
     fig.update_layout(
         height=height,
@@ -204,13 +210,13 @@ def night_page(q: dict) -> str:
         groups = groups[:20]
         fig = go.Figure(
             go.Bar(
-                x=[g["value"] for g in groups],
+                x=[_plain(g["value"]) for g in groups],
                 y=[g["mask_rate"] for g in groups],
                 customdata=[[g["rollouts"], g["masked"]] for g in groups],
                 hovertemplate="%{x}: %{y:.1%} (%{customdata[1]} of %{customdata[0]})<extra></extra>",
             )
         )
-        fig.update_layout(title=f"mask rate by {name}", yaxis_tickformat=".0%", xaxis_type="category")
+        fig.update_layout(title=_plain(f"mask rate by {name}"), yaxis_tickformat=".0%", xaxis_type="category")
         parts.append(_fig(fig, f"chart-by-{k}", 280))
     parts.append("</div>")
 
@@ -331,7 +337,7 @@ def write_reports(
     """Write the night's page (default: the latest night) and the index; return the page."""
     folder = Path(output) / "reports"
     if ds is None:
-        row = con.execute("SELECT max(ds) FROM audit").fetchone()
+        row = con.execute("SELECT max(ds) FROM runs").fetchone()
         if row[0] is None:
             return None
         ds = row[0].isoformat()

@@ -196,11 +196,16 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
 
 
 def _check_the_ui_plugin_in_a_running_api_server(env: dict, home: Path, out: Path) -> None:
-    """`airflow api-server` with this repo's plugins: the navigation entry shows the index
-    over nights, and a DAG run's tab shows that run's night (headless Chromium)."""
+    """`airflow api-server` with this repo's plugins and the simple auth manager's users:
+    anonymous requests get 401 from every route of the plugin, as from Airflow's API; a
+    signed-in user without read access to the DAG (a user with no role) gets 403; a viewer,
+    signed in through the login form, sees the index over nights in the navigation entry
+    and a DAG run's night in its tab (headless Chromium), every chart drawn under the
+    pages' Content-Security-Policy with no console error."""
     import shutil
     import socket
     import time
+    import urllib.error
     import urllib.request
 
     chromium = shutil.which("chromium")
@@ -211,7 +216,13 @@ def _check_the_ui_plugin_in_a_running_api_server(env: dict, home: Path, out: Pat
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server_env = dict(env, AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True")
+    passwords = home / "passwords.json"
+    passwords.write_text(json.dumps({"viewer": "viewer-pw", "nobody": "nobody-pw"}))
+    server_env = dict(
+        env,
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="viewer:viewer,nobody:",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(passwords),
+    )
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
         env=server_env,
@@ -219,23 +230,62 @@ def _check_the_ui_plugin_in_a_running_api_server(env: dict, home: Path, out: Pat
         stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
+
+    def get(path: str, token: str | None = None) -> int:
+        request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as res:
+                return res.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:  # not listening (yet)
+            return 0
+
+    def token(user: str) -> str:
+        body = json.dumps({"username": user, "password": f"{user}-pw"}).encode()
+        request = urllib.request.Request(f"{base}/auth/token", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as res:
+            return json.load(res)["access_token"]
+
     try:
         deadline = time.monotonic() + 120
-        while True:
-            try:
-                plugins = json.load(urllib.request.urlopen(f"{base}/api/v2/plugins", timeout=5))
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, "the API server did not come up"
-                time.sleep(1)
-        [plugin] = [p for p in plugins["plugins"] if p["name"] == "capture_quality"]
-        assert {v["destination"] for v in plugin["external_views"]} == {"nav", "dag_run"}
+        while get("/api/v2/version") != 200:
+            assert time.monotonic() < deadline and server.poll() is None, "the API server did not come up"
+            time.sleep(1)
         with sqlite3.connect(home / "airflow.db") as db:
             runs = [r for (r,) in db.execute("SELECT run_id FROM dag_run ORDER BY id")]
+        paths = [
+            "/capture-quality/",
+            f"/capture-quality/ds={DS}/index.html",
+            f"/capture-quality/data/ds={DS}.json",
+            "/capture-quality/plotly.min.js",
+            f"/capture-quality/runs/{runs[1]}",
+            "/capture-quality/missing",
+            "/capture-quality/%00",
+        ]
+        assert get("/api/v2/dags") == 401
+        assert {p: get(p) for p in paths} == {p: 401 for p in paths}  # anonymous
+        nobody, viewer = token("nobody"), token("viewer")
+        assert get("/api/v2/dags", nobody) == 403
+        assert {p: get(p, nobody) for p in paths} == {p: 403 for p in paths}
+        assert {p: get(p, "not.a.token") for p in paths} == {p: 403 for p in paths}
+        assert [get(p, viewer) for p in paths] == [200, 200, 200, 200, 200, 404, 404]
+        plugins = json.load(
+            urllib.request.urlopen(
+                urllib.request.Request(f"{base}/api/v2/plugins", headers={"Authorization": f"Bearer {viewer}"})
+            )
+        )
+        [plugin] = [p for p in plugins["plugins"] if p["name"] == "capture_quality"]
+        assert {v["destination"] for v in plugin["external_views"]} == {"nav", "dag_run"}
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(f"{base}/plugin/capture-quality")
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            page = context.new_page()
+            page.goto(f"{base}/plugin/capture-quality")  # the login form first
+            page.get_by_label("Username").fill("viewer")
+            page.get_by_label("Password").fill("viewer-pw")
+            page.get_by_role("button", name="Sign in").click()
+            page.wait_for_url("**/plugin/capture-quality", timeout=30_000)
             frame = page.frame_locator("iframe")
             assert frame.locator("h1").inner_text(timeout=30_000) == "Capture quality, every night"
             assert frame.locator("table a", has_text=DS).count() == 1
@@ -243,6 +293,14 @@ def _check_the_ui_plugin_in_a_running_api_server(env: dict, home: Path, out: Pat
             frame = page.frame_locator("iframe")
             assert frame.locator("h1").inner_text(timeout=30_000) == f"Capture quality, night {DS}"
             frame.locator("div.js-plotly-plot svg.main-svg").first.wait_for(timeout=30_000)
+            report = context.new_page()  # the same session cookie
+            errors: list[str] = []
+            report.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            report.goto(f"{base}/capture-quality/ds={DS}/index.html")
+            report.locator("div.js-plotly-plot svg.main-svg").first.wait_for(timeout=30_000)
+            drawn = report.locator("div.js-plotly-plot").count()
+            assert drawn >= 5 and report.locator("div.js-plotly-plot svg.main-svg").count() >= drawn
+            assert errors == []  # the policy blocked nothing the page needs
             browser.close()
     finally:
         server.terminate()
@@ -303,3 +361,19 @@ def test_wait_for_input_waits_then_fails_naming_what_is_missing(tmp_path, night)
     assert not poke(str(inp), DS, params=marked, dag_run=SimpleNamespace(start_date=now)).is_done
     (inp / "rollouts" / f"ds={DS}" / "_SUCCESS").touch()
     assert poke(str(inp), DS, params=marked, dag_run=SimpleNamespace(start_date=now)).is_done
+
+
+@pytest.mark.parametrize("ds", ["2026-02-30", "2026-13-45", "２０２６-11-05", "2026-1-05", ""])
+def test_an_impossible_night_is_refused_at_trigger_time(ds):
+    """The trigger form's schema (format date, ASCII digits) refuses it before a run starts;
+    check_input refuses it again, without retry, should a run carry it."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
+
+    dag = DagBag(dag_folder=str(REPO / "dags")).dags["capture_rows_nightly"]
+    with pytest.raises(ParamValidationError):
+        dag.params.get_param("ds").resolve(ds)
+    assert dag.params.get_param("ds").resolve("2026-02-28") == "2026-02-28"
+    check = dag.get_task("check_input").python_callable
+    with pytest.raises(AirflowFailException, match="ds"):
+        check(params={"ds": ds or "2026-02-30"}, logical_date=None, dag_run=None, run_id="manual__x")

@@ -1,41 +1,84 @@
-"""The Airflow UI plugin's app: both views answer, nothing outside the reports is served."""
+"""The Airflow UI plugin's app: both views answer, every route checks access first, nothing
+outside the reports is served, malformed paths are 404s, and every page carries its policy.
+Airflow's own check against a running api-server is in tests/test_dag.py."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 
 import pytest
+from fastapi import HTTPException, Request
+
+PAGE = b'<html><script src="../plotly.min.js"></script><script type="text/javascript">draw(1)</script></html>'
+
+
+def stub_access(request: Request) -> None:
+    """Stands in for Airflow's check: a user header, and read access for `reader` only."""
+    user = request.headers.get("x-user")
+    if user is None:
+        raise HTTPException(status_code=401, detail="Not authenticated")
+    if user != "reader":
+        raise HTTPException(status_code=403, detail="Forbidden")
 
 
 @pytest.fixture
-def served(tmp_path):
-    from fastapi.testclient import TestClient
-
-    from reassembler_airflow.quality_ui import create_app
-
+def out(tmp_path):
     out = tmp_path / "out"
     (out / "reports" / "ds=2026-11-28").mkdir(parents=True)
     (out / "reports" / "index.html").write_text("<html>all nights</html>")
-    (out / "reports" / "ds=2026-11-28" / "index.html").write_text("<html>night 2026-11-28</html>")
+    (out / "reports" / "ds=2026-11-28" / "index.html").write_bytes(PAGE)
     (out / "_published").mkdir()
     (out / "_published" / "ds=2026-11-28.json").write_text(
         json.dumps({"run_id": "scheduled__2026-11-29T02_00_00_00_00"})
     )
     (out / "warehouse.duckdb").write_text("secret")
-    return TestClient(create_app(out))
+    return out
 
 
-def test_the_index_and_a_nights_report_answer(served):
-    assert served.get("/").text == "<html>all nights</html>"
-    assert served.get("/ds=2026-11-28/index.html").text == "<html>night 2026-11-28</html>"
-    assert served.get("/ds=2026-11-28/").text == "<html>night 2026-11-28</html>"
+@pytest.fixture
+def client(out):
+    from fastapi.testclient import TestClient
+
+    from reassembler_airflow.quality_ui import create_app
+
+    return TestClient(create_app(out, access=stub_access), headers={"x-user": "reader"})
 
 
-def test_a_dag_run_view_finds_its_night(served):
-    res = served.get("/runs/scheduled__2026-11-29T02:00:00+00:00", follow_redirects=False)
+def test_the_index_and_a_nights_report_answer(client):
+    assert client.get("/").text == "<html>all nights</html>"
+    assert client.get("/ds=2026-11-28/index.html").content == PAGE
+    assert client.get("/ds=2026-11-28/").content == PAGE
+
+
+def test_a_dag_run_view_finds_its_night(client):
+    res = client.get("/runs/scheduled__2026-11-29T02:00:00+00:00", follow_redirects=False)
     assert res.status_code == 307 and res.headers["location"] == "../ds=2026-11-28/index.html"
-    assert served.get("/runs/scheduled__2026-11-29T02:00:00+00:00").text == "<html>night 2026-11-28</html>"
-    assert served.get("/runs/manual__other").status_code == 404
+    assert client.get("/runs/scheduled__2026-11-29T02:00:00+00:00").content == PAGE
+    assert client.get("/runs/manual__other").status_code == 404
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/ds=2026-11-28/index.html", "/runs/scheduled__2026-11-29T02:00:00+00:00", "/missing", "/%00"]
+)
+def test_every_route_checks_access_before_anything_else(client, path):
+    anonymous = client.get(path, headers={"x-user": ""})  # an empty header is still a header: stub says 403
+    assert anonymous.status_code == 403
+    del client.headers["x-user"]
+    res = client.get(path, follow_redirects=False)
+    assert res.status_code == 401 and "all nights" not in res.text and res.content != PAGE
+    assert client.get(path, headers={"x-user": "someone"}).status_code == 403
+
+
+def test_the_app_checks_access_the_way_airflows_api_does_by_default():
+    import inspect
+
+    from reassembler_airflow import quality_ui
+
+    assert inspect.signature(quality_ui.create_app).parameters["access"].default is quality_ui.airflow_dag_read
+    [app] = [a["app"] for a in quality_ui.CaptureQualityPlugin.fastapi_apps]
+    assert [d.dependency for d in app.router.dependencies] == [quality_ui.airflow_dag_read]
 
 
 @pytest.mark.parametrize(
@@ -47,11 +90,34 @@ def test_a_dag_run_view_finds_its_night(served):
         "/ds=2026-11-28/../../warehouse.duckdb",
         "//etc/passwd",
         "/missing.html",
+        "/%00",
+        "/ds=2026-11-28/%00index.html",
+        "/" + "x" * 5000,
+        "/" + "/".join(["a" * 250] * 30),
+        "/ds=2026-11-28\\..\\..\\warehouse.duckdb",
+        "/%ff%fe",
+        "/runs/" + "r" * 5000,
+        "/ds=2026-11-28/index.html/",
     ],
 )
-def test_nothing_outside_the_reports_folder_is_served(served, path):
-    res = served.get(path)
+def test_malformed_and_outside_paths_are_404(client, path):
+    res = client.get(path)
     assert res.status_code == 404 and "secret" not in res.text
+
+
+def test_every_response_carries_a_policy_that_allows_only_the_pages_own_scripts(client):
+    page = client.get("/ds=2026-11-28/index.html")
+    digest = base64.b64encode(hashlib.sha256(b"draw(1)").digest()).decode()
+    policy = page.headers["content-security-policy"]
+    assert f"script-src 'self' 'sha256-{digest}';" in policy
+    assert "connect-src 'none'" in policy and "default-src 'none'" in policy and "frame-ancestors 'self'" in policy
+    assert page.headers["x-content-type-options"] == "nosniff"
+    for other in ("/missing", "/runs/x"):
+        res = client.get(other)
+        assert (
+            "connect-src 'none'" in res.headers["content-security-policy"]
+            and "sha256" not in res.headers["content-security-policy"]
+        )
 
 
 def test_the_plugin_registers_the_app_and_both_views():

@@ -154,3 +154,86 @@ def test_the_gate_lists_every_breached_threshold_and_keeps_the_verdict(reports):
             ("breached", "run-x")
         ]
     assert "breached" in (out / "reports" / f"ds={NIGHTS[-1]}" / "index.html").read_text()
+
+
+LINK = '<a href="https://evil.example/x">click</a>'
+IMG = "<img src=x onerror=alert(1)>"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_capture_strings_are_drawn_as_text_never_as_markup(tmp_path):
+    """Markup in every field that comes from capture (ids, metadata keys and values, a
+    reason's detail, the model server's folder, a rejected line) is shown as the characters
+    it is: no link, no image, no script, in the charts (Plotly draws a subset of HTML in
+    labels, titles and hovers) as in the tables."""
+    from playwright.sync_api import sync_playwright
+
+    from nights import Night, answer, call, reasoning, worked_example
+
+    n = Night(tmp_path / "n")
+    meta = {f"key {LINK}": f"value {LINK}{IMG}", "model_server": f"server {IMG}"}
+    worked_example(n, f"r{LINK}_g0", metadata=meta)
+    worked_example(n, f"r{LINK}_g1", compaction=False, metadata=meta, reward=0.0)
+    c1 = call(f"c1{IMG}", None, [1, 2], [3], [reasoning("x"), answer("y")])
+    c2 = call(f"c2{LINK}", f"parent {LINK}", [4], [5], [reasoning("z"), answer("w")])
+    n.add(f"m{LINK}_g0", [c1, c2], [reasoning("x"), answer("y"), reasoning("z"), answer("w")], metadata=meta)
+    inp = n.write()
+    with open(inp / "rollouts" / "ds=2026-11-28" / "rollouts.jsonl", "a") as fh:
+        fh.write(f"{{not json {LINK}{IMG}\n")
+    server = inp / "ledger" / "ds=2026-11-28" / f"srv {IMG.replace('/', '')}"
+    server.mkdir()
+    (inp / "ledger" / "ds=2026-11-28" / "ledger.jsonl").rename(server / "ledger.jsonl")
+    out = tmp_path / "out"
+    build_night(inp, out, "2026-11-28")
+    gate_step(out, "2026-11-28", None, Thresholds())
+    page_path = out / "reports" / "ds=2026-11-28" / "index.html"
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        [(reason, failed, detail)] = con.execute(
+            "SELECT reason, failed_call_id, detail FROM audit WHERE status = 'masked'"
+        ).fetchall()
+    assert LINK in failed + detail  # the data really carries the markup
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+        dialogs, errors = [], []
+        tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        for path in (page_path, out / "reports" / "index.html"):
+            tab.goto(path.as_uri())
+            tab.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0")
+            for summary in tab.locator("details summary").all():
+                summary.click()
+            hovers = []
+            for bar in tab.locator("div[id^='chart-by-'] .bars path").all():  # the hover labels too
+                bar.scroll_into_view_if_needed()
+                box = bar.bounding_box()
+                tab.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+                tab.wait_for_timeout(100)
+                hovers.append(
+                    tab.evaluate("() => [...document.querySelectorAll('.hoverlayer')].map(h => h.innerHTML).join('')")
+                )
+            found = tab.evaluate(
+                """() => ({
+                    links: [...document.querySelectorAll('a')]
+                        .map(a => a.getAttribute('href') || a.getAttribute('xlink:href')),
+                    svgLinks: [...document.querySelectorAll('.js-plotly-plot .main-svg a')].length,
+                    images: document.querySelectorAll('img, image').length,
+                    bold: document.querySelectorAll('.js-plotly-plot b, .js-plotly-plot tspan[style*="bold"]').length,
+                    svgText: [...document.querySelectorAll('.js-plotly-plot .main-svg text')]
+                        .map(t => t.textContent).join('|'),
+                    text: document.body.innerText,
+                })"""
+            )
+            assert found["svgLinks"] == 0 and found["images"] == 0 and found["bold"] == 0, found
+            assert all(h and "evil" not in h and not h.startswith("javascript") for h in found["links"]), found["links"]
+            assert not any("<a" in h or "<b>" in h or "<img" in h for h in hovers), hovers
+            if path == page_path:
+                assert any("value &lt;a href" in h for h in hovers), hovers  # drawn as text, escaped in the SVG
+                assert "value " + LINK in found["svgText"] or "value " + LINK[:20] in found["svgText"]
+                assert "key " + LINK in found["svgText"]  # a breakdown's title: the metadata key
+                assert f"server {IMG}" in found["svgText"] or f"srv {IMG.replace('/', '')}" in found["svgText"]
+                for shown in (f"m{LINK}_g0", f"{{not json {LINK}{IMG}", f"parent {LINK}"):
+                    assert shown in found["text"], shown
+        assert dialogs == [] and errors == []
+        browser.close()
