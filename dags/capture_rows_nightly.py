@@ -23,15 +23,15 @@ the `ds` param overrides it for manual runs and backfills).
                   listing every breach, so the deployment's failure alerts fire; the rows
                   stay published.
 
-The warehouse has one writer: the tasks that open it take slots of the Airflow pool
-`reassembler_warehouse` (4 slots; writers take all 4, readers 1), so nights run side by side
-and a night waiting for its input blocks nobody.
+The warehouse has one writer: the tasks that open it take slots of the pool named by
+`REASSEMBLER_WAREHOUSE_POOL` when the deployment made one, else wait for the warehouse's
+locks (plugins/reassembler_airflow/warehouse.py). A night waiting for its input blocks
+nobody either way.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -41,12 +41,18 @@ from reassembler.settings import DEFAULTS, DS_PATTERN, Thresholds, parse_ds
 from reassembler_airflow import DAG_ID
 from reassembler_airflow.failures import task_errors
 from reassembler_airflow.operators import ReassembleOperator
+from reassembler_airflow.warehouse import reader, task_settings, warehouse_pool, writer
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = os.environ.get("REASSEMBLER_INPUT", str(REPO / "data" / "input"))
 DEFAULT_OUTPUT = os.environ.get("REASSEMBLER_OUTPUT", str(REPO / "data" / "output"))
 ROWS_ASSET = Asset(name="capture_rows", uri=f"file://{DEFAULT_OUTPUT}/rows")
-POOL, POOL_SLOTS = "reassembler_warehouse", 4  # create it: airflow pools set reassembler_warehouse 4 "..."
+# A demo deployment's night (make airflow: the night `make run` writes), built by a run
+# triggered with the form's defaults; production leaves it unset. Scheduled runs always
+# build the day before their logical date.
+DEFAULT_DS = os.environ.get("REASSEMBLER_DEFAULT_DS") or None
+POOL = warehouse_pool()  # None: the tasks wait for the warehouse's locks instead
+READER, WRITER = reader(POOL), writer(POOL)
 GATE = Thresholds()
 POKE_SECONDS = float(os.environ.get("REASSEMBLER_INPUT_POKE_SECONDS", "300"))  # how often wait_for_input looks
 
@@ -73,7 +79,12 @@ def _setting(name: str, default: str) -> str:
             type=["null", "string"],
             format="date",  # a date that exists: the trigger form refuses 2026-02-30
             pattern=DS_PATTERN,
-            description="Night to build (YYYY-MM-DD). Empty: the day before the run's logical date.",
+            description="Night to build (YYYY-MM-DD). Empty: the day before the run's logical date"
+            + (
+                f"; a run triggered by hand builds {DEFAULT_DS}, this deployment's demo night (REASSEMBLER_DEFAULT_DS)."
+                if DEFAULT_DS
+                else "."
+            ),
         ),
         "shards": Param(
             4,
@@ -180,7 +191,7 @@ def _setting(name: str, default: str) -> str:
 )
 def capture_rows_nightly():
     @task(multiple_outputs=True)
-    def check_input(params=None, logical_date=None, dag_run=None, run_id=None) -> dict:
+    def check_input(params=None, logical_date=None, dag_run=None) -> dict:
         """Resolve the night and the input and output roots; an impossible night fails at
         once (no retry)."""
         from airflow.sdk.exceptions import AirflowFailException
@@ -188,6 +199,8 @@ def capture_rows_nightly():
         from reassembler.errors import InputError
 
         ds = params.get("ds")
+        if not ds and DEFAULT_DS and dag_run is not None and dag_run.run_type == "manual":
+            ds = DEFAULT_DS  # a demo deployment: the night `make run` writes
         if not ds:
             anchor = logical_date or dag_run.run_after
             ds = (anchor - timedelta(days=1)).date().isoformat()
@@ -197,12 +210,7 @@ def capture_rows_nightly():
             raise AirflowFailException(str(e)) from None
         input_dir, output_dir = _setting("input", DEFAULT_INPUT), _setting("output", DEFAULT_OUTPUT)
         print(f"night ds={ds}: input {input_dir}, output {output_dir}")
-        return {
-            "ds": ds,
-            "input_dir": input_dir,
-            "output_dir": output_dir,
-            "run_key": re.sub(r"[^A-Za-z0-9_.-]", "_", run_id),
-        }
+        return {"ds": ds, "input_dir": input_dir, "output_dir": output_dir}
 
     @task.sensor(poke_interval=POKE_SECONDS, timeout=timedelta(days=7).total_seconds(), mode="reschedule")
     def wait_for_input(input_dir: str, night_ds: str, params=None, dag_run=None) -> PokeReturnValue:
@@ -235,38 +243,36 @@ def capture_rows_nightly():
         print(f"waiting for the input of ds={night_ds} ({waited:.1f} h so far): {missing}")
         return PokeReturnValue(is_done=False)
 
-    @task(pool=POOL, pool_slots=POOL_SLOTS)
-    def load_ledger(input_dir: str, output_dir: str, night_ds: str, run_key: str, params=None) -> list[int]:
+    @task(**WRITER)
+    def load_ledger(input_dir: str, output_dir: str, night_ds: str, params=None, run_id=None) -> list[int]:
         """Export the night's ledger and rollouts into the warehouse; plan the shards.
         Returns the shard numbers, which the reassemble task is mapped over."""
         from reassembler.build import load_step
-        from reassembler.settings import Settings
 
-        settings = Settings.from_params(params)
+        settings = task_settings(params, POOL)
         with task_errors():
             summary = load_step(
-                input_dir, output_dir, night_ds, settings, settings.duckdb.lock_wait_seconds, run_id=run_key
+                input_dir, output_dir, night_ds, settings, settings.duckdb.lock_wait_seconds, run_id=run_id
             )
         print(f"loaded ds={night_ds}:\n  " + "\n  ".join(summary.lines()))
         return list(range(settings.shards))
 
-    @task(pool=POOL)
-    def audit_checks(output_dir: str, night_ds: str, run_key: str, shard_results: list, params=None) -> dict:
+    @task(**READER)
+    def audit_checks(output_dir: str, night_ds: str, shard_results: list, params=None, run_id=None) -> dict:
         """Check the staged night in SQL before anything is published."""
         from dataclasses import asdict
 
         from reassembler.publish import staging_dir, verify_staged
-        from reassembler.settings import Settings
         from reassembler.warehouse import connect
 
-        settings = Settings.from_params(params)
+        settings = task_settings(params, POOL)
         with task_errors(), connect(output_dir, settings.duckdb, read_only=True) as con:
             numbers = verify_staged(
                 con,
-                staging_dir(output_dir, night_ds, run_key),
+                staging_dir(output_dir, night_ds, run_id),
                 night_ds,
                 settings.max_mask_rate,
-                run_key,
+                run_id,
                 settings.allow_empty,
             )
         shard_rows = sum(shard_results[i]["rows"] for i in range(len(shard_results)))
@@ -278,25 +284,24 @@ def capture_rows_nightly():
         )
         return {**asdict(numbers), "shards": len(shard_results)}
 
-    @task(outlets=[ROWS_ASSET], pool=POOL, pool_slots=POOL_SLOTS)
+    @task(outlets=[ROWS_ASSET], **WRITER)
     def publish(
-        input_dir: str, output_dir: str, night_ds: str, run_key: str, numbers: dict, params=None, outlet_events=None
-    ):
-        """Swap the rows and audit partitions in whole; emit the rows asset event."""
+        input_dir: str, output_dir: str, night_ds: str, numbers: dict, params=None, run_id=None, outlet_events=None
+    ) -> dict:
+        """Swap the rows and audit partitions in whole; emit the rows asset event. Returns
+        the published numbers (the report task waits for them)."""
         from reassembler.build import publish_step
-        from reassembler.settings import Settings
 
-        settings = Settings.from_params(params)
+        settings = task_settings(params, POOL)
         with task_errors():
             n = publish_step(
-                input_dir, output_dir, night_ds, run_key, settings, lock_wait=settings.duckdb.lock_wait_seconds
+                input_dir, output_dir, night_ds, run_id, settings, lock_wait=settings.duckdb.lock_wait_seconds
             )
         print(
             f"published ds={night_ds}: {n.n_rows} rows, {n.ok_rollouts} ok, {n.masked} masked; "
             f"rows in {output_dir}/rows/ds={night_ds}/"
         )
-        event = outlet_events[ROWS_ASSET]
-        event.extra = {
+        published = {
             "ds": night_ds,
             "partition": f"{output_dir}/rows/ds={night_ds}",
             "rows": n.n_rows,
@@ -305,30 +310,31 @@ def capture_rows_nightly():
             "masked": n.masked,
             "mask_rate": round(n.mask_rate, 6),
             "mask_reasons": n.reasons,
-            "run_id": run_key,
+            "run_id": run_id,
         }
+        event = outlet_events[ROWS_ASSET]
+        event.extra = published
         event.add_partitions(night_ds)
+        return published
 
-    @task(pool=POOL)
-    def quality_report(output_dir: str, night_ds: str, published, params=None) -> str:
+    @task(**READER)
+    def quality_report(output_dir: str, night_ds: str, published: dict, params=None) -> str:
         """Write the night's capture-quality report and the index page (no token reads)."""
         from reassembler.build import report_step
-        from reassembler.settings import Settings
 
         with task_errors():
             page = report_step(
-                output_dir, night_ds, Settings.from_params(params), int(params["report_nights"]), _by(params)
+                output_dir, night_ds, task_settings(params, POOL), int(params["report_nights"]), _by(params)
             )
         print(f"capture-quality report of ds={night_ds}: {page}")
         return str(page)
 
-    @task(pool=POOL, pool_slots=POOL_SLOTS)
-    def quality_gate(output_dir: str, night_ds: str, run_key: str, report: str, params=None) -> dict:
+    @task(**WRITER)
+    def quality_gate(output_dir: str, night_ds: str, report: str, params=None, run_id=None) -> dict:
         """Fail (no retry) listing every breached threshold; the rows stay published."""
         from airflow.sdk.exceptions import AirflowFailException
 
         from reassembler.build import gate_step
-        from reassembler.settings import Settings
 
         thresholds = Thresholds(
             params["gate_max_mask_rate"],
@@ -340,9 +346,9 @@ def capture_rows_nightly():
             breaches = gate_step(
                 output_dir,
                 night_ds,
-                run_key,
+                run_id,
                 thresholds,
-                Settings.from_params(params),
+                task_settings(params, POOL),
                 int(params["report_nights"]),
                 _by(params),
             )
@@ -357,22 +363,22 @@ def capture_rows_nightly():
 
     night = check_input()
     ready = wait_for_input(night["input_dir"], night["ds"])
-    loaded = load_ledger(night["input_dir"], night["output_dir"], night["ds"], night["run_key"])
+    loaded = load_ledger(night["input_dir"], night["output_dir"], night["ds"])
     ready >> loaded
     shards = ReassembleOperator.partial(
         task_id="reassemble",
         input_dir=night["input_dir"],
         output_dir=night["output_dir"],
         ds=night["ds"],
-        run_key=night["run_key"],
+        run_id="{{ run_id }}",
         settings="{{ params }}",
-        pool=POOL,
         map_index_template="shard {{ task.shard }}: {{ task.group_range }}",
+        **READER,
     ).expand(shard=loaded)
-    numbers = audit_checks(night["output_dir"], night["ds"], night["run_key"], shards.output)
-    published = publish(night["input_dir"], night["output_dir"], night["ds"], night["run_key"], numbers)
+    numbers = audit_checks(night["output_dir"], night["ds"], shards.output)
+    published = publish(night["input_dir"], night["output_dir"], night["ds"], numbers)
     report = quality_report(night["output_dir"], night["ds"], published)
-    quality_gate(night["output_dir"], night["ds"], night["run_key"], report)
+    quality_gate(night["output_dir"], night["ds"], report)
 
 
 def _by(params) -> list[str] | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError
@@ -14,6 +14,9 @@ from .errors import InputError
 # NeMo Gym's local capture mode writes TokenEntry records as <rollout_id>.tokens.jsonl beside
 # the lineage files: token arrays, not ledger rows (CONTRACT.md 2).
 NOT_LEDGER_SUFFIX = ".tokens.jsonl"
+# NeMo Gym's rollout collection writes these beside its results file <stem>.jsonl (CONTRACT.md
+# 2.1): failed attempts and the dispatched inputs, never results.
+SIDECAR_SUFFIXES = ("_failures.jsonl", "_materialized_inputs.jsonl")
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class NightFiles:
     rollouts: list[str]  # paths relative to their partition folder, in reading order
     ledger: list[str]
     tokens: list[str]
+    sidecars: list[str] = field(default_factory=list)  # Gym's *_failures.jsonl, ...: in rollouts/, not read
 
     def path(self, kind: str, rel: str) -> Path:
         return self.root / kind / f"ds={self.ds}" / rel
@@ -102,6 +106,17 @@ def find_night(input_dir: str | Path, ds: str) -> NightFiles:
     ):
         part = root / kind / f"ds={ds}"
         if not part.is_dir():
-            raise InputError(f"{part}: input partition folder is missing")
+            present = [k for k in ("rollouts", "ledger", "tokens") if (root / k).is_dir()]
+            hint = (
+                f"{root} holds {', '.join(k + '/' for k in present)} but no night {ds} in {kind}/"
+                if present
+                else f"{root} is not an input root: it holds none of rollouts/, ledger/, tokens/"
+            )
+            raise InputError(
+                f"{part}: input partition folder is missing ({hint}; expected "
+                f"{root}/rollouts/ds={ds}/, {root}/ledger/ds={ds}/ and {root}/tokens/ds={ds}/)"
+            )
         found[kind] = _list_files(part, suffix, recursive, NOT_LEDGER_SUFFIX if kind == "ledger" else None)
-    return NightFiles(root, ds, found["rollouts"], found["ledger"], found["tokens"])
+    sidecars = [rel for rel in found["rollouts"] if rel.endswith(SIDECAR_SUFFIXES)]
+    rollouts = [rel for rel in found["rollouts"] if not rel.endswith(SIDECAR_SUFFIXES)]
+    return NightFiles(root, ds, rollouts, found["ledger"], found["tokens"], sidecars)

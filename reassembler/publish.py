@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import asdict, dataclass
@@ -60,8 +61,15 @@ class NightNumbers:
         return self.masked / self.audit_rows if self.audit_rows else 0.0
 
 
+def path_safe(run_id: str) -> str:
+    """A run id as a folder name: Airflow's run ids hold ':' and '+'."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
+
+
 def staging_dir(output: Path, ds: str, run_id: str) -> Path:
-    return Path(output) / "_staging" / ds / run_id
+    """Where the run stages the night; the run id itself is kept as it is everywhere else
+    (audit rows, the runs table, the manifest)."""
+    return Path(output) / "_staging" / ds / path_safe(run_id)
 
 
 def partition_dir(output: Path, kind: str, ds: str) -> Path:

@@ -44,12 +44,19 @@ def _bucket(value: int, edges: tuple[int, ...]) -> tuple[int, str]:
 
 
 def _rates(groups: dict, ordered: bool = False) -> list[dict]:
+    """One entry per value: its rollouts, masked ones and mask rate. `ordered`: the keys are
+    (order, label) and give the order; else the values come most frequent first."""
     out = []
     for value, masked in sorted(groups.items()) if ordered else groups.items():
         n = len(masked)
         label = value[1] if ordered else value
         out.append({"value": label, "rollouts": n, "masked": sum(masked), "mask_rate": sum(masked) / n if n else 0.0})
     return out if ordered else sorted(out, key=lambda r: (-r["rollouts"], r["value"]))
+
+
+def _version(wv) -> tuple[int, str]:
+    """A weight version's place on its axis: in numeric order, the rollouts without one last."""
+    return (2**63, "(no ledger)") if wv is None else (int(wv), str(wv))
 
 
 def _breakdowns(rollouts: list[dict], by: list[str] | None) -> tuple[dict[str, list[dict]], list[str]]:
@@ -66,14 +73,14 @@ def _breakdowns(rollouts: list[dict], by: list[str] | None) -> tuple[dict[str, l
     for r, m in zip(rollouts, metadata):
         masked = r["status"] == "masked"
         wv = r["weight_version"]
-        groups["weight version"]["(no ledger)" if wv is None else str(wv)].append(masked)
+        groups["weight version"][_version(wv)].append(masked)
         groups["model server"][r["model_server"] or "(one capture folder)"].append(masked)
         for key in by:
             v = m.get(key) if isinstance(m, dict) else None
             groups[f"metadata: {key}"][str(v) if v is not None else "(none)"].append(masked)
         groups["calls per rollout"][_bucket(r["n_ledger_calls"] or 0, CALL_BUCKETS)].append(masked)
         groups["declared tokens"][_bucket(r["declared_tokens"] or 0, TOKEN_BUCKETS)].append(masked)
-    sizes = ("calls per rollout", "declared tokens")
+    sizes = ("weight version", "calls per rollout", "declared tokens")  # in their own order
     return {name: _rates(g, ordered=name in sizes) for name, g in groups.items()}, by
 
 

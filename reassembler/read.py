@@ -94,6 +94,7 @@ class LoadSummary:
     tokens: SourceCount
     n_ledger_rows: int  # rows in the warehouse's ledger table (rows of unknown rollouts included)
     n_token_files: int
+    sidecars: tuple[str, ...] = ()  # Gym's files beside its results, not rollout lines (night.py)
 
     @property
     def n_rollouts(self) -> int:
@@ -104,10 +105,15 @@ class LoadSummary:
         return self.rollouts.rejected + self.ledger.rejected + self.tokens.rejected
 
     def lines(self) -> list[str]:
-        return [
+        out = [
             f"{name:<9}{count}"
             for name, count in (("rollouts", self.rollouts), ("ledger", self.ledger), ("tokens", self.tokens))
         ]
+        if self.sidecars:
+            out.append(
+                f"{'not read':<9}{len(self.sidecars)} NeMo Gym sidecar files, not results: {', '.join(self.sidecars)}"
+            )
+        return out
 
 
 def _ledger_files(night: NightFiles) -> list[tuple[str, Path]]:
@@ -190,6 +196,7 @@ def load_night(
         tokens=SourceCount(token_rows, token_rows - counts.get("tokens", 0), counts.get("tokens", 0)),
         n_ledger_rows=ledger_loaded,
         n_token_files=len(night.tokens),
+        sidecars=tuple(night.sidecars),
     )
     for name in ("rollouts", "ledger", "tokens"):
         c = getattr(summary, name)

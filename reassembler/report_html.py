@@ -68,18 +68,30 @@ def _plain(x) -> str:
     return html.escape(str(x), quote=False)
 
 
-def _fig(fig: go.Figure, div_id: str, height: int = 320) -> str:
+def _fig(fig: go.Figure, div_id: str, height: int = 320, x: str | None = None, y: str | None = None) -> str:
+    """A chart as an HTML fragment; `x` and `y`: its axis titles (every chart has both)."""
     fig.update_layout(
         height=height,
-        margin=dict(l=50, r=20, t=40, b=40),
+        margin=dict(l=60, r=20, t=40, b=50),
         template="plotly_white",
-        legend=dict(orientation="h", y=-0.2),
+        legend=dict(orientation="h", y=-0.3),
     )
+    fig.update_xaxes(title_text=x, automargin=True)
+    fig.update_yaxes(title_text=y, automargin=True)
     if div_id in ("chart-mask-rate", "chart-volume", "chart-reasons-by-night", "chart-index"):
         fig.update_xaxes(type="category", categoryorder="category ascending")  # nights, not a time axis
     return pio.to_html(
         fig, include_plotlyjs=False, full_html=False, div_id=div_id, config={"displaylogo": False, "responsive": True}
     )
+
+
+def _rate_axis(fig: go.Figure, rates: list[float]) -> None:
+    """A share axis from 0 (never below it), to a little above the highest value shown."""
+    fig.update_yaxes(tickformat=".0%", range=[0, max([0.05, *rates]) * 1.1], rangemode="nonnegative")
+
+
+def _nights(n: int) -> str:
+    return f"{n} night" if n == 1 else f"{n} nights"
 
 
 def _table(header: list[str], rows: list[list], numeric: frozenset[int] | set[int] = frozenset()) -> str:
@@ -135,10 +147,12 @@ def night_page(q: dict) -> str:
         parts.append(f'<p>Quality gate: <span class="{cls}" id="verdict">{_e(latest["verdict"])}</span> {_e(msgs)}</p>')
 
     trend, nights = q["trend"], [r["ds"] for r in q["trend"]]
-    parts.append(f'<h2>Trends over the last {len(nights)} nights</h2><div class="grid">')
-    fig = go.Figure(go.Scatter(x=nights, y=[r["mask_rate"] for r in trend], mode="lines+markers", name="mask rate"))
-    fig.update_layout(title="mask rate", yaxis_tickformat=".0%")
-    parts.append(_fig(fig, "chart-mask-rate"))
+    parts.append(f'<h2>Trends over the last {_nights(len(nights))}</h2><div class="grid">')
+    rates = [r["mask_rate"] for r in trend]
+    fig = go.Figure(go.Scatter(x=nights, y=rates, mode="lines+markers", name="mask rate"))
+    fig.update_layout(title="mask rate")
+    _rate_axis(fig, rates)
+    parts.append(_fig(fig, "chart-mask-rate", x="night", y="masked / rollouts"))
     fig = go.Figure(
         [
             go.Bar(x=nights, y=[r["rollouts"] for r in trend], name="rollouts"),
@@ -146,21 +160,31 @@ def night_page(q: dict) -> str:
         ]
     )
     fig.update_layout(title="rollouts and rows", barmode="group")
-    parts.append(_fig(fig, "chart-volume"))
+    parts.append(_fig(fig, "chart-volume", x="night", y="count"))
     parts.append("</div>")
-    reasons = sorted({x["reason"] for x in q["reasons_by_night"]})
-    fig = go.Figure(
-        [
-            go.Bar(
-                x=[x["ds"] for x in q["reasons_by_night"] if x["reason"] == r],
-                y=[x["n"] for x in q["reasons_by_night"] if x["reason"] == r],
-                name=r,
+    # reasons x nights as a heatmap: one colour scale, whatever the number of reasons
+    totals: dict[str, int] = {}
+    for x in q["reasons_by_night"]:
+        totals[x["reason"]] = totals.get(x["reason"], 0) + x["n"]
+    reasons = sorted(totals, key=lambda r: (-totals[r], r))[::-1]  # the most frequent on top
+    counts = {(x["reason"], x["ds"]): x["n"] for x in q["reasons_by_night"]}
+    if reasons:
+        fig = go.Figure(
+            go.Heatmap(
+                x=nights,
+                y=reasons,
+                z=[[counts.get((r, d), 0) for d in nights] for r in reasons],
+                colorscale="Reds",
+                zmin=0,
+                colorbar=dict(title="rollouts"),
+                texttemplate="%{z}" if len(nights) <= 10 else None,
+                hovertemplate="%{y} on %{x}: %{z} rollouts<extra></extra>",
+                xgap=2,
+                ygap=1,
             )
-            for r in reasons
-        ]
-    )
-    fig.update_layout(title="masked rollouts by reason", barmode="stack")
-    parts.append(_fig(fig, "chart-reasons-by-night", 380))
+        )
+        fig.update_layout(title="masked rollouts by reason and night")
+        parts.append(_fig(fig, "chart-reasons-by-night", max(300, 18 * len(reasons) + 120), x="night", y="reason"))
 
     parts.append(f"<h2>Why rollouts were masked on {_e(ds)}</h2>")
     if q["reasons"]:
@@ -175,7 +199,7 @@ def night_page(q: dict) -> str:
             )
         )
         fig.update_layout(title="masked rollouts by reason (colour: the step that raises it)")
-        parts.append(_fig(fig, "chart-reasons", max(260, 22 * len(q["reasons"]) + 80)))
+        parts.append(_fig(fig, "chart-reasons", max(260, 22 * len(q["reasons"]) + 80), x="masked rollouts", y="reason"))
         parts.append(
             '<div class="sub">'
             + " ".join(f'<span style="color:{c}">&#9632;</span> {_e(step)}' for step, c in STEP_COLORS.items())
@@ -216,8 +240,9 @@ def night_page(q: dict) -> str:
                 hovertemplate="%{x}: %{y:.1%} (%{customdata[1]} of %{customdata[0]})<extra></extra>",
             )
         )
-        fig.update_layout(title=_plain(f"mask rate by {name}"), yaxis_tickformat=".0%", xaxis_type="category")
-        parts.append(_fig(fig, f"chart-by-{k}", 280))
+        fig.update_layout(title=_plain(f"mask rate by {name}"), xaxis_type="category")
+        _rate_axis(fig, [g["mask_rate"] for g in groups])
+        parts.append(_fig(fig, f"chart-by-{k}", 300, x=_plain(name), y="masked / rollouts"))
     parts.append("</div>")
 
     c = q["compaction"]
@@ -247,7 +272,7 @@ def night_page(q: dict) -> str:
     )
     fig = go.Figure(go.Bar(x=[str(k) for k in c["segments"]], y=list(c["segments"].values())))
     fig.update_layout(title="rows (segments) per ok rollout", xaxis_type="category")
-    parts.append(_fig(fig, "chart-segments", 260))
+    parts.append(_fig(fig, "chart-segments", 280, x="rows of the rollout", y="ok rollouts"))
     parts.append(
         '<p class="sub">Ordinary capture (<code>--mode terminal</code>) masks every rollout whose '
         "ledger holds more than one root; the numbers above are the ok rollouts with several roots.</p>"
@@ -289,8 +314,10 @@ def index_page(q: dict) -> str:
     trend = q["trend"]
     verdicts = {v["ds"]: v["verdict"] for v in q.get("verdicts", [])}
     nights = [r["ds"] for r in trend]
-    fig = go.Figure(go.Scatter(x=nights, y=[r["mask_rate"] for r in trend], mode="lines+markers"))
-    fig.update_layout(title="mask rate by night", yaxis_tickformat=".0%")
+    rates = [r["mask_rate"] for r in trend]
+    fig = go.Figure(go.Scatter(x=nights, y=rates, mode="lines+markers"))
+    fig.update_layout(title="mask rate by night")
+    _rate_axis(fig, rates)
     rows = [
         [
             f'<a href="ds={_e(r["ds"])}/index.html">{_e(r["ds"])}</a>',
@@ -306,7 +333,7 @@ def index_page(q: dict) -> str:
     ]
     body = (
         '<h1>Capture quality, every night</h1><div class="sub">newest first; click a night for its report</div>'
-        + _fig(fig, "chart-index")
+        + _fig(fig, "chart-index", x="night", y="masked / rollouts")
         + _table(
             ["night", "rollouts", "ok", "masked", "mask rate", "rows", "rejects", "gate"], rows, {1, 2, 3, 4, 5, 6}
         )

@@ -1,16 +1,23 @@
 """Output tables (CONTRACT.md 5.1 and 5.2): training rows and audit rows as Arrow.
 
+Both carry the night as their first column, `ds` (date32), beside the contract's columns:
+Gym's rollout ids repeat every night, so (ds, row_id) and (ds, rollout_id) are the keys
+across nights, whichever reader drops the partition folder's name.
+
 Training rows are gathered from the TokenBatch in one vectorized pass per batch of
 outcomes; nothing here touches tokens one at a time.
 """
 
 from __future__ import annotations
 
+from datetime import date
+
 import numpy as np
 import pyarrow as pa
 
 ROW_SCHEMA = pa.schema(
     [
+        ("ds", pa.date32()),
         ("row_id", pa.string()),
         ("rollout_id", pa.string()),
         ("group_id", pa.string()),
@@ -41,6 +48,7 @@ ROW_WRITE_OPTIONS = {
 
 AUDIT_SCHEMA = pa.schema(
     [
+        ("ds", pa.date32()),
         ("rollout_id", pa.string()),
         ("group_id", pa.string()),
         ("slot", pa.int32()),
@@ -64,10 +72,10 @@ AUDIT_SCHEMA = pa.schema(
 )
 
 
-def rows_table(outcomes, batch) -> pa.Table:
-    """Training rows of the ok outcomes, in the order given (already output order)."""
+def rows_table(outcomes, batch, ds: str) -> pa.Table:
+    """Training rows of the ok outcomes of night `ds`, in the order given (already output order)."""
     meta: dict[str, list] = {
-        name: [] for name in ROW_SCHEMA.names if name not in ("input_ids", "loss_mask", "logprobs")
+        name: [] for name in ROW_SCHEMA.names if name not in ("ds", "input_ids", "loss_mask", "logprobs")
     }
     token_rows: list[int] = []
     segs_per_row: list[int] = []
@@ -100,6 +108,7 @@ def rows_table(outcomes, batch) -> pa.Table:
         np.asarray(token_rows, dtype=np.int64), np.asarray(segs_per_row, dtype=np.int64)
     )
     columns = {name: pa.array(values, type=ROW_SCHEMA.field(name).type) for name, values in meta.items()}
+    columns["ds"] = _night(ds, len(meta["row_id"]))
     off = pa.array(offsets, type=pa.int32())
     columns["input_ids"] = pa.ListArray.from_arrays(off, pa.array(ids, type=pa.int32()))
     columns["loss_mask"] = pa.ListArray.from_arrays(off, pa.array(mask, type=pa.int8()))
@@ -107,7 +116,11 @@ def rows_table(outcomes, batch) -> pa.Table:
     return pa.table([columns[n] for n in ROW_SCHEMA.names], schema=ROW_SCHEMA)
 
 
-def audit_table(outcomes, batch, run_id: str) -> pa.Table:
+def _night(ds: str, n: int) -> pa.Array:
+    return pa.array([date.fromisoformat(ds)], pa.date32()).take(pa.array([0] * n, pa.int32()))
+
+
+def audit_table(outcomes, batch, run_id: str, ds: str) -> pa.Table:
     records = []
     for o in outcomes:
         r = o.rollout
@@ -135,4 +148,5 @@ def audit_table(outcomes, batch, run_id: str) -> pa.Table:
                 "n_roots": o.n_roots,
             }
         )
-    return pa.Table.from_pylist(records, schema=AUDIT_SCHEMA)
+    table = pa.Table.from_pylist(records, schema=AUDIT_SCHEMA.remove(0))
+    return table.add_column(0, AUDIT_SCHEMA.field("ds"), _night(ds, table.num_rows))

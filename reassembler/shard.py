@@ -234,7 +234,7 @@ def run_shard(
     calls = _CallSlices(con, params, _slices(con, night.ds, shard, SLICE_CALLS))
     units = _units(calls, rollouts, settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
-    with _Pipeline(staging, shard, run_id) as pipeline:
+    with _Pipeline(staging, shard, run_id, night.ds) as pipeline:
         store = store or TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes)
         for rollouts_, table, checks in _prepared(units, store, pipeline):
             outcomes, batch = reassemble_unit(rollouts_, table, checks.tokens, settings.options, checks=checks)
@@ -262,11 +262,11 @@ class _Pipeline:
 
     The main thread meanwhile runs the current batch's rollouts, in Python."""
 
-    def __init__(self, staging: Path, shard: int, run_id: str):
+    def __init__(self, staging: Path, shard: int, run_id: str, ds: str):
         name = f"part-{shard:05d}.parquet"
         for kind in ("rows", "audit"):
             (staging / kind).mkdir(parents=True, exist_ok=True)
-        self.run_id = run_id
+        self.run_id, self.ds = run_id, ds
         self.rows_out = pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA, **ROW_WRITE_OPTIONS)
         self.audit_out = pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA)
         self.reader, self.checks, self.writer = (
@@ -280,10 +280,10 @@ class _Pipeline:
         return self
 
     def _write(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
-        rows = rows_table(outcomes, batch)
+        rows = rows_table(outcomes, batch, self.ds)
         if rows.num_rows:
             self.rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
-        self.audit_out.write_table(audit_table(outcomes, batch, self.run_id))
+        self.audit_out.write_table(audit_table(outcomes, batch, self.run_id, self.ds))
         self.n_rows += rows.num_rows
         self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
 

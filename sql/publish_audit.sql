@@ -3,4 +3,4 @@
 DELETE FROM loads WHERE ds = $ds;
 DELETE FROM audit WHERE ds = $ds;
 INSERT INTO audit BY NAME
-SELECT CAST($ds AS DATE) AS ds, * FROM read_parquet($audit_files, hive_partitioning = false);
+SELECT * REPLACE (CAST(ds AS DATE) AS ds) FROM read_parquet($audit_files, hive_partitioning = false);

@@ -59,7 +59,12 @@ def test_explain_names_the_reason_of_a_masked_rollout(tmp_path, night, capsys):
 def test_missing_input_exits_2_with_one_line_naming_the_folder(tmp_path, capsys):
     assert main(["build", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o"), "--ds", DS]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"reassembler: error: {tmp_path}/nope/rollouts/ds={DS}: input partition folder is missing"
+    nope = f"{tmp_path}/nope"
+    assert err == (
+        f"reassembler: error: {nope}/rollouts/ds={DS}: input partition folder is missing ({nope} is not an input "
+        f"root: it holds none of rollouts/, ledger/, tokens/; expected {nope}/rollouts/ds={DS}/, "
+        f"{nope}/ledger/ds={DS}/ and {nope}/tokens/ds={DS}/)"
+    )
     assert not (tmp_path / "o" / "rows").exists()
 
 

@@ -26,7 +26,17 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 DS = "2026-11-28"
 
 
-def test_dag_imports_with_the_expected_shape():
+@pytest.fixture(params=[None, "reassembler_warehouse"])
+def pool(request, monkeypatch):
+    """The DAG parsed without and with the warehouse pool (REASSEMBLER_WAREHOUSE_POOL)."""
+    if request.param is None:
+        monkeypatch.delenv("REASSEMBLER_WAREHOUSE_POOL", raising=False)
+    else:
+        monkeypatch.setenv("REASSEMBLER_WAREHOUSE_POOL", request.param)
+    return request.param
+
+
+def test_dag_imports_with_the_expected_shape(pool):
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(REPO / "dags"))
@@ -63,8 +73,9 @@ def test_dag_imports_with_the_expected_shape():
     writers = {"load_ledger", "publish", "quality_gate"}
     for task in dag.tasks:
         if task.task_id in writers | {"reassemble", "audit_checks", "quality_report"}:
-            assert task.pool == "reassembler_warehouse", task.task_id
-            assert task.pool_slots == (4 if task.task_id in writers else 1), task.task_id
+            # without a pool: Airflow's default one, and the warehouse's locks serialise the writers
+            assert task.pool == (pool or "default_pool"), task.task_id
+            assert task.pool_slots == (4 if pool and task.task_id in writers else 1), task.task_id
     assert dag.get_task("wait_for_input").mode == "reschedule"
     assert dag.get_task("reassemble").upstream_task_ids == {"load_ledger", "check_input"}
     assert dag.get_task("publish").upstream_task_ids >= {"audit_checks"}
@@ -83,12 +94,12 @@ def test_operator_execute_reassembles_one_shard(tmp_path, night):
     load_step(inp, out, DS, Settings(shards=2))
     operators = [
         ReassembleOperator(
-            task_id=f"reassemble_{k}", input_dir=str(inp), output_dir=str(out), ds=DS, run_key="test_run", shard=k
+            task_id=f"reassemble_{k}", input_dir=str(inp), output_dir=str(out), ds=DS, run_id="test_run", shard=k
         )
         for k in (0, 1)
     ]
     results = [op.execute(context={}) for op in operators]
-    assert [op.group_range for op in operators] == ["groups a .. a (1)", "groups b .. b (1)"]  # the map index label
+    assert [op.group_range for op in operators] == ["1 group: a", "1 group: b"]  # the map index label
     assert [(r["shard"], r["rollouts"], r["ok"], r["rows"]) for r in results] == [(0, 1, 1, 2), (1, 1, 1, 1)]
     staged = out / "_staging" / DS / "test_run"
     assert sorted(p.name for p in (staged / "rows").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
@@ -211,7 +222,7 @@ def _check_the_ui_plugin_in_a_running_api_server(env: dict, home: Path, out: Pat
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -293,6 +304,16 @@ def _check_the_ui_plugin_in_a_running_api_server(env: dict, home: Path, out: Pat
             frame = page.frame_locator("iframe")
             assert frame.locator("h1").inner_text(timeout=30_000) == f"Capture quality, night {DS}"
             frame.locator("div.js-plotly-plot svg.main-svg").first.wait_for(timeout=30_000)
+            if os.environ.get("REASSEMBLER_UPDATE_SCREENSHOT"):
+                page.wait_for_timeout(1500)
+                page.screenshot(path=str(REPO / "docs" / "airflow-run-view.png"))
+            # the first run published the same night before the second one did: its tab says so
+            page.goto(f"{base}/dags/capture_rows_nightly/runs/{runs[0]}/plugin/capture-quality-run")
+            frame = page.frame_locator("iframe")
+            said = frame.locator("#status").inner_text(timeout=30_000)
+            assert said.startswith(f"This run published night {DS} on ") and f"A later run, {runs[1]}," in said
+            frame.locator("a#report").click()
+            expect(frame.locator("h1")).to_have_text(f"Capture quality, night {DS}", timeout=30_000)
             report = context.new_page()  # the same session cookie
             errors: list[str] = []
             report.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -318,25 +339,10 @@ def test_check_input_resolves_the_night_and_names_what_is_missing(tmp_path, monk
     monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_INPUT", str(inp))
     monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_OUTPUT", str(tmp_path / "out"))
     nightly = datetime(2026, 11, 29, 2, tzinfo=UTC)
-    got = check(
-        params={"ds": None, "shards": 2},
-        logical_date=nightly,
-        dag_run=None,
-        run_id="scheduled__2026-11-29T02:00:00+00:00",
-    )
-    assert got == {
-        "ds": DS,
-        "input_dir": str(inp),
-        "output_dir": str(tmp_path / "out"),
-        "run_key": "scheduled__2026-11-29T02_00_00_00_00",
-    }
+    got = check(params={"ds": None, "shards": 2}, logical_date=nightly, dag_run=None)
+    assert got == {"ds": DS, "input_dir": str(inp), "output_dir": str(tmp_path / "out")}
     # a manual run without a logical date falls back to run_after
-    got = check(
-        params={"ds": None, "shards": 2},
-        logical_date=None,
-        dag_run=SimpleNamespace(run_after=nightly),
-        run_id="manual__1",
-    )
+    got = check(params={"ds": None, "shards": 2}, logical_date=None, dag_run=SimpleNamespace(run_after=nightly))
     assert got["ds"] == DS
 
 
@@ -376,4 +382,15 @@ def test_an_impossible_night_is_refused_at_trigger_time(ds):
     assert dag.params.get_param("ds").resolve("2026-02-28") == "2026-02-28"
     check = dag.get_task("check_input").python_callable
     with pytest.raises(AirflowFailException, match="ds"):
-        check(params={"ds": ds or "2026-02-30"}, logical_date=None, dag_run=None, run_id="manual__x")
+        check(params={"ds": ds or "2026-02-30"}, logical_date=None, dag_run=None)
+
+
+def test_shard_labels_read_in_the_order_people_expect():
+    from reassembler_airflow.operators import group_label
+
+    byte_order = ["32", "33", "34", "35", "36", "37", "38", "39", "4", "40", "41", "42", "43", "44", "45", "5", "6"]
+    assert group_label(byte_order) == "17 groups: 4-6, 32-45"
+    assert group_label(["grp00028", "grp00007", "grp00033"]) == "3 groups: grp00007 .. grp00033"
+    assert group_label(["007", "8"]) == "2 groups: 007 .. 8"  # not plain numbers: as text
+    assert group_label([str(n) for n in range(0, 40, 2)]) == "20 groups: 0, 2, 4, 6, 8, 10, ... (14 more ranges)"
+    assert group_label([]) == "no groups" and group_label(["3"]) == "1 group: 3"

@@ -357,33 +357,6 @@ def test_a_full_disk_is_exit_4_naming_the_path(tmp_path, inputs, monkeypatch, ca
     assert err.startswith("reassembler: error: no space left on device writing ") and "tables" in err
 
 
-def test_common_readers_load_the_rows_folder(tmp_path, inputs):
-    """pyarrow, DuckDB, polars and Hugging Face datasets, pointed at <output>/rows."""
-    old, new, _ = inputs
-    out = tmp_path / "out"
-    assert build(old, out).returncode == 0
-    other = Night(tmp_path / "other", ds="2026-11-27")
-    worked_example(other, "z_g0")
-    assert cli("build", "--input", other.write(), "--output", out, "--ds", "2026-11-27").returncode == 0
-    rows = out / "rows"
-    import pyarrow.dataset as pads
-
-    assert pads.dataset(rows, format="parquet", partitioning="hive").to_table().num_rows == 5
-    with duckdb.connect() as con:
-        assert con.execute(
-            f"SELECT count(*), count(DISTINCT ds) FROM read_parquet('{rows}/*/*.parquet', hive_partitioning = true)"
-        ).fetchone() == (5, 2)
-    import polars as pl
-
-    assert pl.scan_parquet(f"{rows}/**/*.parquet", hive_partitioning=True).collect().height == 5
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ["HF_HOME"] = str(tmp_path / "hf")
-    from datasets import load_dataset
-
-    ds = load_dataset("parquet", data_dir=str(rows), split="train", cache_dir=str(tmp_path / "hf-cache"))
-    assert ds.num_rows == 5 and set(ds.column_names) >= {"row_id", "input_ids", "advantage"}
-
-
 def test_a_read_only_output_serves_report_and_explain_and_refuses_a_build(tmp_path, inputs):
     old, _, _ = inputs
     src, ro = tmp_path / "out", tmp_path / "ro"
@@ -451,3 +424,21 @@ def test_the_gate_judges_a_published_night_of_no_rollout(tmp_path):
 def test_an_impossible_night_is_refused_with_what_is_wrong(tmp_path, ds, message):
     res = cli("build", "--input", tmp_path, "--output", tmp_path / "out", "--ds", ds)
     assert res.returncode == 2 and res.stderr.strip().endswith(f"argument --ds: {message}")
+
+
+def test_gyms_sidecar_files_are_never_read_as_results(tmp_path):
+    """NeMo Gym writes <stem>_failures.jsonl and <stem>_materialized_inputs.jsonl beside its
+    results: failed attempts and dispatched inputs. They are counted and named, not read."""
+    inp, out = night_input(tmp_path / "n"), tmp_path / "out"
+    part = _partition(inp, "rollouts")
+    failed = {"_ng_task_index": 9, "_ng_rollout_index": 0, "_ng_failure_class": "timeout", "_ng_failure_terminal": True}
+    (part / "rollouts_failures.jsonl").write_text(json.dumps(failed) + "\n")
+    (part / "rollouts_materialized_inputs.jsonl").write_text(json.dumps({"_ng_task_index": 9}) + "\n")
+    res = build(inp, out)
+    assert res.returncode == 0, res.stderr
+    assert "rollouts 3 read = 3 loaded + 0 rejected" in res.stdout
+    assert (
+        "not read 2 NeMo Gym sidecar files, not results: rollouts_failures.jsonl, rollouts_materialized_inputs.jsonl"
+        in res.stdout
+    )
+    assert reader_view(out) == {"rows": 3, "audit": 3}

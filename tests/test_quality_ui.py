@@ -37,13 +37,24 @@ def out(tmp_path):
     return out
 
 
+RUNS = {}  # run id -> RunInfo, what Airflow's metadata DB says of a run that published nothing
+
+
 @pytest.fixture
 def client(out):
     from fastapi.testclient import TestClient
 
     from reassembler_airflow.quality_ui import create_app
 
-    return TestClient(create_app(out, access=stub_access), headers={"x-user": "reader"})
+    return TestClient(create_app(out, access=stub_access, lookup=RUNS.get), headers={"x-user": "reader"})
+
+
+def _runs_snapshot(out, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (out / "tables").mkdir(exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out / "tables" / "runs.parquet")
 
 
 def test_the_index_and_a_nights_report_answer(client):
@@ -52,11 +63,53 @@ def test_the_index_and_a_nights_report_answer(client):
     assert client.get("/ds=2026-11-28/").content == PAGE
 
 
-def test_a_dag_run_view_finds_its_night(client):
+def test_a_dag_run_view_finds_its_night_or_says_what_became_of_it(client, out):
+    from datetime import datetime
+
+    from reassembler_airflow.quality_ui import RunInfo
+
+    _runs_snapshot(
+        out,
+        [
+            {
+                "run_id": "scheduled__2026-11-29T02_00_00_00_00",
+                "ds": "2026-11-28",
+                "published_at": datetime(2026, 11, 29, 2, 9),
+            },
+            {"run_id": "manual__early", "ds": "2026-11-28", "published_at": datetime(2026, 11, 28, 23, 1)},
+        ],
+    )
+    # the run the manifest names (its id made path-safe by an older release): its report
     res = client.get("/runs/scheduled__2026-11-29T02:00:00+00:00", follow_redirects=False)
     assert res.status_code == 307 and res.headers["location"] == "../ds=2026-11-28/index.html"
     assert client.get("/runs/scheduled__2026-11-29T02:00:00+00:00").content == PAGE
-    assert client.get("/runs/manual__other").status_code == 404
+    # a run whose night a later run published again: it says so, and links to the current report
+    res = client.get("/runs/manual__early")
+    assert res.status_code == 200 and res.headers["content-type"].startswith("text/html")
+    assert "This run published night 2026-11-28 on 2026-11-28 23:01 UTC. A later run, scheduled__2026" in res.text
+    assert "href='../ds=2026-11-28/index.html'" in res.text
+    # runs that published nothing: what they are doing, from Airflow's metadata DB
+    RUNS["manual__waiting"] = RunInfo(
+        "running", {"check_input": "success", "wait_for_input": "up_for_reschedule"}, "2026-11-30", str(out / "input")
+    )
+    res = client.get("/runs/manual__waiting")
+    assert "This run builds night 2026-11-30 and is waiting for its input (not there yet: " in res.text
+    assert "input partition folder is missing" in res.text
+    RUNS["manual__failed"] = RunInfo(
+        "failed", {"check_input": "success", "wait_for_input": "success", "load_ledger": "failed"}, "2026-11-30", "x"
+    )
+    assert "failed at load_ledger and published nothing" in client.get("/runs/manual__failed").text
+    RUNS["manual__queued"] = RunInfo("queued", {})
+    assert "has not resolved its night yet (run state: queued)" in client.get("/runs/manual__queued").text
+    res = client.get("/runs/manual__other")
+    assert (
+        res.status_code == 404
+        and res.text.startswith("<!doctype html>")
+        and "No run of the capture_rows_nightly" in res.text
+    )
+    # markup in a run id is text
+    res = client.get("/runs/<b>x")
+    assert "<b>" not in res.text and "&lt;b&gt;x" in res.text
 
 
 @pytest.mark.parametrize(
@@ -112,7 +165,7 @@ def test_every_response_carries_a_policy_that_allows_only_the_pages_own_scripts(
     assert f"script-src 'self' 'sha256-{digest}';" in policy
     assert "connect-src 'none'" in policy and "default-src 'none'" in policy and "frame-ancestors 'self'" in policy
     assert page.headers["x-content-type-options"] == "nosniff"
-    for other in ("/missing", "/runs/x"):
+    for other in ("/missing", "/runs/manual__other"):
         res = client.get(other)
         assert (
             "connect-src 'none'" in res.headers["content-security-policy"]

@@ -1,0 +1,86 @@
+"""The README's snippets for reading the rows, run as written on two nights whose rollout ids
+repeat (as NeMo Gym's do): each reader keeps the nights apart by the `ds` column, a date."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from nights import Night, worked_example
+from reassembler.build import build_night
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+NIGHTS = ("2026-11-27", "2026-11-28")
+
+
+def snippets() -> list[str]:
+    section = README.read_text().split("## Output and how to read it", 1)[1].split("\n## ", 1)[0]
+    found = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    assert len(found) == 5, "the README shows one snippet per reader"
+    return found
+
+
+@pytest.fixture(scope="module")
+def output(tmp_path_factory):
+    root = tmp_path_factory.mktemp("readers")
+    for ds in NIGHTS:
+        n = Night(root / ds, ds=ds)
+        worked_example(n, "a_g0", compaction=True)  # the same ids both nights
+        worked_example(n, "a_g1", compaction=False, reward=0.0)
+        build_night(n.write(), root / "out", ds)
+    return root / "out"
+
+
+def _columns(rows) -> tuple[list, list]:
+    """(ds values, row_id values) of whatever the reader returned."""
+    if hasattr(rows, "to_pydict") and not hasattr(rows, "features"):  # pyarrow
+        return rows.column("ds").to_pylist(), rows.column("row_id").to_pylist()
+    if hasattr(rows, "features"):  # datasets
+        return rows["ds"], rows["row_id"]
+    if hasattr(rows, "get_column"):  # polars
+        return rows.get_column("ds").to_list(), rows.get_column("row_id").to_list()
+    return list(rows["ds"]), list(rows["row_id"])  # pandas
+
+
+@pytest.mark.parametrize("k", range(5), ids=["pyarrow", "duckdb", "polars", "pandas", "datasets"])
+def test_each_readme_snippet_keeps_two_nights_apart(output, k):
+    namespace = {"OUTPUT": str(output)}
+    exec(snippets()[k], namespace)
+    ds, row_id = _columns(namespace["rows"])
+    per_night = pq.read_table(output / "rows" / f"ds={NIGHTS[0]}").num_rows
+    assert len(row_id) == 2 * per_night
+    assert {(d.isoformat() if isinstance(d, datetime.date) else str(d)) for d in ds} == set(NIGHTS)
+    assert all(isinstance(d, datetime.date) for d in ds)  # a date, whichever the reader
+    assert len(set(row_id)) == per_night  # row ids repeat across nights ...
+    assert len(set(zip(ds, row_id))) == 2 * per_night  # ... (ds, row_id) does not
+
+
+def test_the_files_themselves_carry_ds_as_date32(output):
+    import pyarrow as pa
+
+    for kind in ("rows", "audit"):
+        for ds in NIGHTS:
+            table = pq.read_table(output / kind / f"ds={ds}", partitioning=None)
+            assert table.schema.field("ds").type == pa.date32()
+            assert set(table.column("ds").to_pylist()) == {datetime.date.fromisoformat(ds)}
+
+
+def test_runs_are_recorded_under_their_own_ids(tmp_path):
+    """The run id a build is given (Airflow's, with ':' and '+') is the one recorded in the
+    audit rows, the runs table and the manifest; only the staging folder is path-safe."""
+    import json
+
+    import duckdb
+
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    out = tmp_path / "out"
+    run_id = "manual__2026-12-01T13:19:42.400957+00:00"
+    build_night(n.write(), out, "2026-11-28", run_id=run_id)
+    assert set(pq.read_table(out / "audit" / "ds=2026-11-28").column("run_id").to_pylist()) == {run_id}
+    assert json.loads((out / "_published" / "ds=2026-11-28.json").read_text())["run_id"] == run_id
+    assert duckdb.sql(f"SELECT run_id FROM '{out}/tables/runs.parquet'").fetchall() == [(run_id,)]
