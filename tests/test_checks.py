@@ -5,6 +5,7 @@ with the per-call checks, call by call: both pass, or both fail with the same re
 from __future__ import annotations
 
 import gc
+import math
 
 import pyarrow as pa
 from hypothesis import given, settings
@@ -70,7 +71,7 @@ def call(draw, k: int) -> tuple[dict, list[dict]]:
         mask = [0.0] * zeros + [1.0] * (n - zeros)
         lp = [0.0] * zeros + [-0.5] * (n - zeros)
         ids = list(range(10, 10 + n))
-        faults = ["id", "mask value", "mask order", "last mask 0", "logprob", "logprob under 0"]
+        faults = ["id", "mask value", "mask order", "last mask 0", "logprob", "logprob under 0", "short logprobs"]
         fault = draw(st.sampled_from([""] * 4 + faults))
         if fault == "id" and n:
             ids[-1] = draw(st.sampled_from([-1, 2**31]))
@@ -84,6 +85,8 @@ def call(draw, k: int) -> tuple[dict, list[dict]]:
             lp[-1] = float("nan")
         elif fault == "logprob under 0" and zeros:
             lp[0] = -1.0
+        elif fault == "short logprobs" and n:  # its own length_mismatch; the batch's other calls go row by row
+            lp = lp[:-1]
         token.update(ids=ids, mask=mask, logprobs=lp)
         tokens.append(token)
     return ledger, tokens
@@ -100,12 +103,31 @@ def batch(draw):
     return pa.Table.from_pylist(rows, schema=SCHEMA), pa.Table.from_pylist(tokens, schema=CANONICAL)
 
 
+def token_reason(ids: list[int], mask: list[float], lp: list[float]) -> str | None:
+    """CONTRACT.md 3.3's per-token checks of one token row, in their order, in plain Python
+    over the lists themselves: the reference the batch's columns are held to."""
+    if any(not 0 <= i < 2**31 for i in ids):
+        return "invalid_token"
+    if any(m not in (0.0, 1.0) for m in mask):
+        return "invalid_mask"
+    if any(a == 1.0 and b == 0.0 for a, b in zip(mask, mask[1:])):
+        return "invalid_mask"
+    if 1.0 not in mask:
+        return "empty_generation"
+    if any(math.isnan(x) or math.isinf(x) for x in lp):
+        return "invalid_logprob"
+    if any(m == 0.0 and x != 0.0 for m, x in zip(mask, lp)):
+        return "invalid_logprob"
+    return None
+
+
 @settings(max_examples=300, deadline=None)
 @given(batch())
 def test_columns_and_per_call_checks_agree(tables):
     table, tokens = tables
     checks = BatchChecks(table, tokens)
     scalar_fields = tokens.drop_columns(["ids", "mask", "logprobs"]).to_pylist()
+    lists = tokens.select(["ids", "mask", "logprobs"]).to_pylist()
     for c in calls_from_table(table):
         tok = scalar_fields[c.row] if c.n_token_rows else None
         expected = _explain_record(c, tok, checks.batch)
@@ -113,6 +135,9 @@ def test_columns_and_per_call_checks_agree(tables):
         if expected is None:
             expected = _explain_tokens(c, checks.batch)
             assert checks.token_reason[c.index] == (expected.reason if expected else None), c
+            # and both equal the reference over this call's own lists, whatever else the batch holds
+            row = lists[c.row]
+            assert checks.token_reason[c.index] == token_reason(row["ids"], row["mask"], row["logprobs"]), c
 
 
 def test_good_calls_pass_every_check_and_their_hashes_are_the_ledgers(tmp_path):

@@ -283,3 +283,30 @@ def test_a_null_version_is_unsupported(night, build, side):
     (ledger if side == "ledger" else tokens)[1]["digest_version"] = None
     audit = build(night).audit["gym_g0"]
     assert (audit["reason"], audit["failed_call_id"]) == ("unsupported_version", "c2")
+
+
+def test_afp_hashes_tool_arguments_as_their_canonical_json():
+    """CONTRACT.md 2.4, byte for byte for one function_call: arguments given as a JSON string
+    are parsed and written again with sorted keys and no whitespace (so a harness that
+    re-serialises them changes nothing); the layout is spelled out here, not taken from
+    gym_fingerprint.py."""
+    import hashlib
+    import struct
+
+    from reassembler.gym_fingerprint import afp
+
+    def field(tag: int, text: str) -> bytes:
+        data = text.encode()
+        return struct.pack(">BQ", tag, len(data)) + data
+
+    expected = hashlib.sha256(
+        b"nemo-gym-lineage" + field(2, "t1") + field(3, "read") + field(4, '{"n":1,"path":"a.py"}')
+    ).hexdigest()
+    for arguments in ('  {"path" : "a.py", "n": 1}  ', '{"n":1,"path":"a.py"}', {"path": "a.py", "n": 1}):
+        item = {"type": "function_call", "call_id": "t1", "name": "read", "arguments": arguments}
+        assert afp([item]) == expected, arguments
+    not_json = {"type": "function_call", "call_id": "t1", "name": "read", "arguments": "  not json  "}
+    assert (
+        afp([not_json])
+        == hashlib.sha256(b"nemo-gym-lineage" + field(2, "t1") + field(3, "read") + field(4, "not json")).hexdigest()
+    )

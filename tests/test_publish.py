@@ -84,11 +84,8 @@ def test_a_crash_between_renames_leaves_nothing_half_and_the_next_run_recovers(t
     monkeypatch.setattr(publish_module.os, "rename", real_rename)
     summary = build_night(two_groups, out, DS)
     assert summary.numbers.n_rows == 3
-    assert (
-        not (out / "_publish" / f"ds={DS}.json").exists()
-        and not (out / "_trash").exists()
-        or not any((out / "_trash").iterdir())
-    )
+    assert not (out / "_publish" / f"ds={DS}.json").exists()  # the journal is gone
+    assert (not (out / "_trash").exists()) or (not any((out / "_trash").iterdir()))  # and the trash is empty
 
 
 def test_mask_rate_over_the_limit_publishes_nothing_and_says_why(tmp_path, two_groups):
@@ -98,3 +95,77 @@ def test_mask_rate_over_the_limit_publishes_nothing_and_says_why(tmp_path, two_g
     ):
         build_night(two_groups, out, DS, Settings(max_mask_rate=0.1))
     assert not (out / "rows").exists() and not (out / "audit").exists()
+
+
+# ---------------------------------------------------------------- the audit invariants
+
+
+def _staged(tmp_path, two_groups):
+    """The night loaded and staged by one shard, not published: (output, staging folder)."""
+    from reassembler.build import load_step, shard_step
+    from reassembler.publish import staging_dir
+
+    out = tmp_path / "out"
+    load_step(two_groups, out, DS, run_id="r")
+    shard_step(two_groups, out, DS, 0, "r")
+    return out, staging_dir(out, DS, "r")
+
+
+def _rewrite(folder, edit):
+    import pyarrow as pa
+
+    [path] = sorted(folder.glob("part-*.parquet"))
+    rows = pq.read_table(path, partitioning=None).to_pylist()
+    schema = pq.read_schema(path)
+    pq.write_table(pa.Table.from_pylist(edit(rows), schema=schema), path)
+
+
+def _verify(out, staging, **kw):
+    from reassembler.publish import verify_staged
+    from reassembler.warehouse import connect
+
+    with connect(out, read_only=True) as con:
+        return verify_staged(con, staging, DS, run_id="r", **kw)
+
+
+INVARIANTS = {
+    # each broken on its own, named in the message (CONTRACT.md 3.4: nothing is dropped silently)
+    "an audit row lost": (
+        "audit",
+        lambda rows: rows[1:],
+        "rollouts in 3 != audit rows 2",
+    ),
+    "a rollout audited twice": (
+        "audit",
+        lambda rows: rows[:2] + [rows[0]],
+        "audit rows 3 but 2 distinct rollouts",
+    ),
+    "an ok rollout without rows": (
+        "rows",
+        lambda rows: [r for r in rows if r["rollout_id"] != "a_g1"],
+        "ok rollouts 2 != distinct rollouts in rows 1",
+    ),
+    "rows of a masked rollout": (
+        "rows",
+        lambda rows: rows + [dict(rows[0], rollout_id="b_g0", row_id="b_g0_s0")],
+        "ok rollouts 2 != distinct rollouts in rows 3",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(INVARIANTS))
+def test_each_audit_invariant_refuses_the_night_and_names_itself(tmp_path, two_groups, case):
+    out, staging = _staged(tmp_path, two_groups)
+    assert _verify(out, staging).audit_rows == 3  # whole, it passes
+    kind, edit, named = INVARIANTS[case]
+    _rewrite(staging / kind, edit)
+    with pytest.raises(AuditCheckFailed, match=f"night {DS} not published: .*{named}"):
+        _verify(out, staging)
+    assert not (out / "rows").exists()
+
+
+def test_the_mask_rate_limit_is_exclusive(tmp_path, two_groups):
+    out, staging = _staged(tmp_path, two_groups)
+    assert _verify(out, staging, max_mask_rate=1 / 3).masked == 1  # at the limit: published
+    with pytest.raises(AuditCheckFailed, match=r"mask rate 0.333 \(1/3\) above the limit 0.330"):
+        _verify(out, staging, max_mask_rate=0.33)

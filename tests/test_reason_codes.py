@@ -268,3 +268,62 @@ def test_strict_policy_masks_a_faulty_off_chain_call_with_its_own_reason(night, 
     assert build(night).audit["grp_g1"]["status"] == "ok"
     strict = build(night, STRICT).audit["grp_g1"]
     assert (strict["reason"], strict["failed_call_id"]) == ("digest_mismatch", "c4")
+
+
+# Every version field, as CONTRACT.md 2.2 and 2.3 state what is supported: schema_version 2
+# or 3, digest_version 2, extras_digest_version 1. Written out here, never read from the code.
+UNSUPPORTED = {"schema_version": [1, 4], "digest_version": [1, 3], "extras_digest_version": [0, 2]}
+VERSION_CASES = [
+    # (field, value, on which side) -> the contract's reason: a ledger row outside the supported
+    # set, or a null anywhere, is unsupported_version; a token row that merely differs from a
+    # supported ledger row disagrees with it (field_mismatch)
+    *[(f, v, "ledger", "unsupported_version") for f, values in UNSUPPORTED.items() for v in values],
+    *[(f, None, "ledger", "unsupported_version") for f in UNSUPPORTED],
+    *[(f, None, "token", "unsupported_version") for f in UNSUPPORTED],
+    *[(f, v, "token", "field_mismatch") for f, values in UNSUPPORTED.items() for v in values],
+    *[(f, v, "both", "unsupported_version") for f, values in UNSUPPORTED.items() for v in values],
+]
+
+
+@pytest.mark.parametrize("field, value, side, reason", VERSION_CASES, ids=lambda x: str(x))
+def test_every_version_field_out_of_the_supported_set(field, value, side, reason, night, build):
+    worked_example(night, "grp_g0", compaction=True, reward=1.0)
+    ledger, tokens = _rollout(night)
+    if side in ("ledger", "both"):
+        by_id(ledger, "c3")[field] = value
+    if side in ("token", "both"):
+        by_id(tokens, "c3")[field] = value
+    built = build(night)
+    bad = built.audit["grp_g1"]
+    assert (bad["reason"], bad["failed_call_id"]) == (reason, "c3"), bad["detail"]
+    assert built.audit["grp_g0"]["status"] == "ok"
+
+
+def test_the_supported_versions_build(night, build):
+    """The other side of the set above: schema_version 3 is supported as well as 2."""
+    ledger, tokens = _rollout(night)
+    for row in (*ledger, *tokens):
+        row["schema_version"] = 3
+    for led, tok in zip(ledger, tokens):
+        resign(led, tok)
+    assert build(night).audit["grp_g1"]["status"] == "ok"
+
+
+def test_token_checks_of_one_call_do_not_depend_on_the_others_in_its_batch(night, build):
+    """One batch: grp_g1's c5 has a logprob list shorter than its mask (length_mismatch),
+    grp_g2's c5 a logprob that is not 0.0 under mask 0 (invalid_logprob). Each is masked
+    with its own reason; the unequal lengths of one call do not switch the other's check off."""
+    worked_example(night, "grp_g0", compaction=True, reward=1.0)
+    _, tokens = worked_example(night, "grp_g1", compaction=True)
+    set_lists(by_id(tokens, "c5"), lp=[0.0, 0.0, -0.5])  # 3 logprobs for 4 tokens
+    _, tokens = worked_example(night, "grp_g2", compaction=True)
+    set_lists(by_id(tokens, "c5"), lp=[0.0, -0.25, -0.5, -0.5])  # mask 0 at token 2
+    built = build(night)
+    assert built.summary.numbers.audit_rows == 3
+    short, under = built.audit["grp_g1"], built.audit["grp_g2"]
+    assert (short["reason"], short["failed_call_id"]) == ("length_mismatch", "c5")
+    assert (under["reason"], under["failed_call_id"], under["detail"]) == (
+        "invalid_logprob",
+        "c5",
+        "1 logprobs not 0.0 under mask 0",
+    )

@@ -77,3 +77,15 @@ def test_ids_of_rows_end_to_end_are_the_rows_bytes_joined():
         assert joined(rows) == one_by_one(rows), rows
     assert len(b.ids_be_of([0, 1, 2, 3, 4])) == 1  # adjacent rows: one slice
     assert joined([0, 1]) == np.array([1, 2, 3], ">u8").tobytes()
+
+
+def test_a_logprob_under_mask_0_is_counted_in_a_batch_where_another_row_has_unequal_lengths():
+    """Unequal mask and logprob lengths in one row (its own length_mismatch) switch the batch
+    to row-by-row alignment: every other row is still checked."""
+    ids = pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int64()))
+    mask = pa.array([[0.0, 1.0], [0.0, 1.0], [0.0, 1.0]], pa.list_(pa.float32()))
+    lp = pa.array([[0.0], [-1.0, -0.5], [0.0, -0.5]], pa.list_(pa.float32()))
+    batch = TokenBatch(ids, mask, lp)
+    assert batch.lp_under_zero.tolist() == [0, 1, 0]
+    assert batch.token_fault(1) == (Reason.INVALID_LOGPROB, "1 logprobs not 0.0 under mask 0")
+    assert batch.token_fault(2) is None
