@@ -310,3 +310,19 @@ def test_afp_hashes_tool_arguments_as_their_canonical_json():
         afp([not_json])
         == hashlib.sha256(b"nemo-gym-lineage" + field(2, "t1") + field(3, "read") + field(4, "not json")).hexdigest()
     )
+
+
+def test_the_span_is_the_longest_even_when_a_shorter_one_hashes_the_same(night, build):
+    """An assistant message with empty content adds no field to afp, so afp of [a, empty]
+    equals afp of [a]: the call's span is the longer one (CONTRACT.md 3.1 b). Here the
+    empty message ends the output; a shorter span would leave it to match no call."""
+    empty = {"type": "message", "role": "assistant", "content": ""}
+    calls = [
+        call("c1", None, [101, 102], [11, 12], [answer("first")]),
+        call("c2", "c1", [201], [21], [answer("last"), empty]),
+    ]
+    assert afp([answer("last"), empty]) == afp([answer("last")])
+    night.add("gym_g0", calls, [answer("first"), answer("last"), empty], evidence=GYM)
+    built = build(night)
+    assert built.audit["gym_g0"]["status"] == "ok", built.audit["gym_g0"]["detail"]
+    assert built.rows_of("gym_g0")[0]["model_call_ids"] == ["c1", "c2"]

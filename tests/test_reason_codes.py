@@ -327,3 +327,31 @@ def test_token_checks_of_one_call_do_not_depend_on_the_others_in_its_batch(night
         "c5",
         "1 logprobs not 0.0 under mask 0",
     )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_logprob_that_is_not_finite_is_invalid_logprob(bad, night, build):
+    """Under mask 1, where a logprob may be anything else (the other invalid_logprob fixture
+    is a logprob that is not 0.0 under mask 0)."""
+    worked_example(night, "grp_g0", compaction=True, reward=1.0)
+    _, tokens = _rollout(night)
+    set_lists(by_id(tokens, "c5"), lp=[0.0, 0.0, -0.5, bad])
+    bad_row = build(night).audit["grp_g1"]
+    assert (bad_row["reason"], bad_row["failed_call_id"], bad_row["detail"]) == (
+        "invalid_logprob",
+        "c5",
+        "1 logprobs not finite",
+    )
+
+
+def test_an_output_item_id_picks_the_call_that_produced_it(night, build):
+    """Two calls produced items of one fingerprint (a retried call), with different item ids:
+    the output item's id says which one the agent kept (CONTRACT.md 3.1 a: ids equal where
+    both sides carry one), where fingerprints alone would be ambiguous_output."""
+    c1 = call("c1", None, [101, 102], [11], [answer("a1", "msg_1")])
+    retry = call("c2a", "c1", [201], [21], [answer("a2", "msg_2a")])
+    kept = call("c2b", "c1", [201], [22], [answer("a2", "msg_2b")])
+    night.add("grp_g1", [c1, retry, kept], [answer("a1", "msg_1"), answer("a2", "msg_2b")])
+    built = build(night)
+    assert built.audit["grp_g1"]["status"] == "ok", built.audit["grp_g1"]["detail"]
+    assert built.rows_of("grp_g1")[0]["model_call_ids"] == ["c1", "c2b"]

@@ -1,0 +1,399 @@
+"""Mutation check: apply single-line mutations to a copy of the core, one at a time, run the
+tests that should notice each, and print which were killed and which survived.
+
+Run by hand (it takes a few minutes; not part of `make test`):
+
+    .venv/bin/python scripts/mutants.py            # every mutation
+    .venv/bin/python scripts/mutants.py -k select  # those whose name contains "select"
+
+Each mutation names a file of the repository, a line as it is (it must occur exactly once),
+the line that replaces it, and the test files to run. The copy is made once (the working
+tree's files, committed or not); each mutation is applied to it, tested, and undone. Exit 1
+when a mutation survives or no longer applies (the code it names changed: update the list).
+The list covers the contract's check families: digests, select, cut, finalize, the
+per-token checks, advantages, the publish invariants, and the version and gate defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    line: str
+    becomes: str
+    tests: tuple[str, ...]
+
+
+REASONS = "tests/test_reason_codes.py"
+MUTANTS = [
+    # versions and defaults (the four survivors of the independent mutation run)
+    Mutant(
+        "schema version 1 accepted",
+        "reassembler/checks.py",
+        "SUPPORTED_SCHEMA = (2, 3)",
+        "SUPPORTED_SCHEMA = (1, 2, 3)",
+        (REASONS,),
+    ),
+    Mutant(
+        "digest version 3 accepted",
+        "reassembler/checks.py",
+        "SUPPORTED_DIGEST = (2,)",
+        "SUPPORTED_DIGEST = (2, 3)",
+        (REASONS,),
+    ),
+    Mutant(
+        "extras version 2 accepted",
+        "reassembler/checks.py",
+        "SUPPORTED_EXTRAS = (1,)",
+        "SUPPORTED_EXTRAS = (1, 2)",
+        (REASONS,),
+    ),
+    Mutant(
+        "logprob under mask 0 skipped beside unequal lengths",
+        "reassembler/tokens.py",
+        "for i in np.flatnonzero((self.n_mask == self.n_lp) & (self.n_mask > 0)):",
+        "for i in np.flatnonzero((self.n_mask == self.n_lp) & (self.n_mask > 0))[:0]:",
+        (REASONS, "tests/test_tokens.py"),
+    ),
+    Mutant(
+        "ok rollouts = rollouts in rows not checked",
+        "reassembler/publish.py",
+        "if numbers.ok_rollouts != numbers.rollouts_in_rows:",
+        "if False:",
+        ("tests/test_publish.py",),
+    ),
+    Mutant(
+        "gate's reason rate 0.2",
+        "reassembler/settings.py",
+        "max_reason_rate: float | None = 0.1",
+        "max_reason_rate: float | None = 0.2",
+        ("tests/test_docs.py",),
+    ),
+    # publish invariants
+    Mutant(
+        "audit rows = rollouts in not checked",
+        "reassembler/publish.py",
+        "if numbers.audit_rows != numbers.rollouts_in:",
+        "if False:",
+        ("tests/test_publish.py",),
+    ),
+    Mutant(
+        "each rollout once not checked",
+        "reassembler/publish.py",
+        "if numbers.audit_rollouts != numbers.audit_rows:",
+        "if False:",
+        ("tests/test_publish.py",),
+    ),
+    Mutant(
+        "mask rate limit inclusive",
+        "reassembler/publish.py",
+        "if numbers.mask_rate > max_mask_rate:",
+        "if numbers.mask_rate >= max_mask_rate:",
+        ("tests/test_publish.py",),
+    ),
+    Mutant(
+        "the load's count not checked",
+        "reassembler/publish.py",
+        "if numbers.rollouts_in != n_loaded:",
+        "if False:",
+        ("tests/test_warehouse.py",),
+    ),
+    Mutant(
+        "an empty night replaces one",
+        "reassembler/publish.py",
+        "if numbers.audit_rows == 0 and not allow_empty:",
+        "if False:",
+        ("tests/test_warehouse.py",),
+    ),
+    # digests (CONTRACT.md 4)
+    Mutant(
+        "chain prefix",
+        "reassembler/digests.py",
+        'PREFIX_CHAIN = b"nemo-gym-staging-chain-v1"',
+        'PREFIX_CHAIN = b"nemo-gym-staging-chain-v2"',
+        ("tests/test_digests.py", REASONS),
+    ),
+    Mutant(
+        "cumulative prefix",
+        "reassembler/digests.py",
+        'PREFIX_CUMULATIVE = b"nemo-gym-staging-prefix-v2"',
+        'PREFIX_CUMULATIVE = b"nemo-gym-staging-prefix-v1"',
+        ("tests/test_digests.py",),
+    ),
+    Mutant(
+        "staged call prefix",
+        "reassembler/digests.py",
+        'PREFIX_CALL = b"nemo-gym-staging-call-v2"',
+        'PREFIX_CALL = b"nemo-gym-staging-call-v1"',
+        ("tests/test_digests.py",),
+    ),
+    Mutant(
+        "ids as little-endian",
+        "reassembler/digests.py",
+        'ids.astype(">u8").data.cast("B"),',
+        'ids.astype("<u8").data.cast("B"),',
+        ("tests/test_digests.py", REASONS),
+    ),
+    Mutant("digest compared never", "reassembler/checks.py", "if recomputed != call.digest:", "if False:", (REASONS,)),
+    Mutant(
+        "chain hash compared never",
+        "reassembler/checks.py",
+        "if recomputed != call.chain_hash:",
+        "if False:",
+        (REASONS,),
+    ),
+    Mutant(
+        "cumulative hash compared never",
+        "reassembler/finalize.py",
+        "if joined != leaf.cumulative_hash:",
+        "if False:",
+        (REASONS,),
+    ),
+    Mutant(
+        "afp prefix",
+        "reassembler/gym_fingerprint.py",
+        'PREFIX = b"nemo-gym-lineage"',
+        'PREFIX = b"nemo-gym-lineage-v2"',
+        ("tests/test_gym_evidence.py",),
+    ),
+    Mutant(
+        "afp arguments not re-serialised",
+        "reassembler/gym_fingerprint.py",
+        "        return _cj(parsed)",
+        "        return _utf8(value)",
+        ("tests/test_gym_evidence.py",),
+    ),
+    Mutant(
+        "item fingerprint keeps status",
+        "reassembler/items.py",
+        'body = {k: v for k, v in item.items() if k not in ("id", "status")}',
+        'body = {k: v for k, v in item.items() if k not in ("id",)}',
+        ("tests/test_items.py", "tests/test_worked_example.py"),
+    ),
+    # select (CONTRACT.md 3.1)
+    Mutant(
+        "select: a tie goes to the first candidate",
+        "reassembler/select.py",
+        "if len(candidates) > 1:",
+        "if False:",
+        (REASONS,),
+    ),
+    Mutant(
+        "select: the shortest fingerprint span",
+        "reassembler/select.py",
+        "span[id(c)] = (c, k)  # the largest k wins",
+        "span.setdefault(id(c), (c, k))",
+        ("tests/test_gym_evidence.py",),
+    ),
+    Mutant(
+        "select: capture order not checked",
+        "reassembler/select.py",
+        "if after.capture_seq <= before.capture_seq:",
+        "if False:",
+        (REASONS,),
+    ),
+    Mutant(
+        "select: terminal not checked",
+        "reassembler/select.py",
+        "if declared is not None and selected[-1].model_call_id not in declared:",
+        "if False:",
+        (REASONS,),
+    ),
+    Mutant(
+        "select: items evidence ignores ids",
+        "reassembler/select.py",
+        "if pfp != gfp or (pid and gid and pid != gid):",
+        "if pfp != gfp:",
+        ("tests/test_properties.py", "tests/test_worked_example.py", REASONS, "tests/test_items.py"),
+    ),
+    # cut (3.2)
+    Mutant(
+        "cut: any call continues the chain",
+        "reassembler/cut.py",
+        "elif i > 0 and call.parent_call_id == selected[i - 1].model_call_id:",
+        "elif i > 0:",
+        (REASONS, "tests/test_properties.py"),
+    ),
+    Mutant(
+        "cut: no new chain at a root",
+        "reassembler/cut.py",
+        "        if call.is_root:",
+        "        if call.is_root and i == 0:",
+        ("tests/test_worked_example.py", REASONS),
+    ),
+    # finalize (3.3)
+    Mutant(
+        "finalize: walk not compared to the chain",
+        "reassembler/finalize.py",
+        "if [c.model_call_id for c in walk] != [c.model_call_id for c in chain]:",
+        "if False:",
+        (REASONS,),
+    ),
+    Mutant(
+        "finalize: parent length not checked",
+        "reassembler/finalize.py",
+        "if k > 0 and chain[k - 1].cum_len != call.prev_len:",
+        "if False:",
+        (REASONS,),
+    ),
+    Mutant(
+        "finalize: cycle not detected",
+        "reassembler/finalize.py",
+        "        if call.model_call_id in seen:",
+        "        if False:",
+        (REASONS,),
+    ),
+    # per-token checks
+    Mutant(
+        "token ids up to 2**32",
+        "reassembler/tokens.py",
+        "TOKEN_LIMIT = 2**31",
+        "TOKEN_LIMIT = 2**32",
+        (REASONS, "tests/test_tokens.py", "tests/test_checks.py"),
+    ),
+    Mutant(
+        "mask 1 before 0 allowed",
+        "reassembler/tokens.py",
+        "np.less(m[1:], m[:-1], out=drop[1:])",
+        "np.less(m[1:], m[:-1], out=drop[1:]); drop[:] = False",
+        (REASONS, "tests/test_checks.py"),
+    ),
+    Mutant(
+        "non-finite logprobs allowed",
+        "reassembler/tokens.py",
+        "self.bad_lp = _per_row(~np.isfinite(lp), self.lp_starts)",
+        "self.bad_lp = _per_row(np.isnan(lp) & False, self.lp_starts)",
+        (REASONS, "tests/test_checks.py"),
+    ),
+    Mutant(
+        "empty generation allowed",
+        "reassembler/checks.py",
+        "(Reason.EMPTY_GENERATION, batch.ones[rows] == 0),",
+        "(Reason.EMPTY_GENERATION, batch.ones[rows] < 0),",
+        (REASONS, "tests/test_checks.py"),
+    ),
+    Mutant(
+        "lengths not compared to the lists",
+        "reassembler/checks.py",
+        "        lengths |= counted[rows] != delta",
+        "        pass",
+        (REASONS, "tests/test_checks.py"),
+    ),
+    # advantages (3.4)
+    Mutant(
+        "advantage without +1e-6", "reassembler/advantage.py", "EPS = 1e-6", "EPS = 0.0", ("tests/test_advantage.py",)
+    ),
+    Mutant(
+        "sample std",
+        "reassembler/advantage.py",
+        "adv = adv / (r.std() + EPS)",
+        "adv = adv / (r.std(ddof=1) + EPS)",
+        ("tests/test_advantage.py",),
+    ),
+    Mutant(
+        "leave-one-out mean of all",
+        "reassembler/advantage.py",
+        "mean = (r.sum() - r) / (n - 1) if leave_one_out else np.full(n, r.mean())",
+        "mean = np.full(n, r.mean())",
+        ("tests/test_advantage.py",),
+    ),
+    Mutant(
+        "rollout weight 1",
+        "reassembler/rows.py",
+        'meta["rollout_weight"].append(1.0 / k)',
+        'meta["rollout_weight"].append(1.0)',
+        ("tests/test_worked_example.py",),
+    ),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree's files (committed or not), without the venv and build output."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    for rel in listed:
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def run_tests(tree: Path, tests: tuple[str, ...]) -> bool:
+    """Whether the tests pass in `tree` (its own package first on the path)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "tests"), str(tree / "plugins")]))
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout", "60", *tests],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return res.returncode == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-k", default="", help="only the mutations whose name contains this")
+    args = p.parse_args(argv)
+    chosen = [m for m in MUTANTS if args.k in m.name]
+    with tempfile.TemporaryDirectory(prefix="reassembler-mutants-") as tmp:
+        tree = Path(tmp)
+        copy_tree(tree)
+        probe = subprocess.run(
+            [sys.executable, "-c", "import reassembler; print(reassembler.__file__)"],
+            cwd=tree,
+            env=dict(os.environ, PYTHONPATH=str(tree)),
+            capture_output=True,
+            text=True,
+        )
+        assert probe.stdout.strip().startswith(str(tree)), f"the copy is not what gets imported: {probe.stdout}"
+        baseline = sorted({t for m in chosen for t in m.tests})
+        if not run_tests(tree, tuple(baseline)):
+            print("the tests fail on the unmutated code: fix them first")
+            return 1
+        survivors, stale = [], []
+        for m in chosen:
+            path = tree / m.path
+            original = path.read_text()
+            lines = [k for k, line in enumerate(original.splitlines()) if m.line in line]
+            if len(lines) != 1:
+                stale.append(m)
+                print(f"STALE     {m.name}: {m.path} holds {len(lines)} lines with {m.line!r}", flush=True)
+                continue
+            path.write_text(original.replace(m.line, m.becomes, 1))
+            started = time.monotonic()
+            try:
+                passed = run_tests(tree, m.tests)
+            finally:
+                path.write_text(original)
+            verdict = "SURVIVED" if passed else "killed"
+            print(f"{verdict:<9} {m.name} ({m.path}, {time.monotonic() - started:.0f} s)", flush=True)
+            if passed:
+                survivors.append(m)
+    print(f"\n{len(chosen) - len(survivors) - len(stale)} of {len(chosen)} killed", end="")
+    print(f"; survived: {', '.join(m.name for m in survivors)}" if survivors else "", end="")
+    print(f"; stale: {', '.join(m.name for m in stale)}" if stale else "")
+    return 1 if survivors or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
