@@ -218,7 +218,7 @@ def capture_rows_nightly():
         from airflow.sdk.exceptions import AirflowFailException
 
         from reassembler.errors import InputError
-        from reassembler.night import find_night
+        from reassembler.formats.night import find_night
 
         try:
             night = find_night(input_dir, night_ds)
@@ -262,7 +262,7 @@ def capture_rows_nightly():
         """Check the staged night in SQL before anything is published."""
         from dataclasses import asdict
 
-        from reassembler.publish import staging_dir, verify_staged
+        from reassembler.publish.protocol import staging_dir, verify_staged
         from reassembler.warehouse import connect
 
         settings = task_settings(params, POOL)

@@ -23,15 +23,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .checkpoints import checkpoint
 from .errors import InputError
-from .lock import OutputLock
-from .night import find_night
-from .publish import NightNumbers, publish_staged, published_numbers, recover, staging_dir, verify_staged
-from .read import LoadSummary, load_night, prepare_ledger
+from .formats.night import find_night
+from .load.read import LoadSummary, load_night, prepare_ledger
+from .load.token_store import TokenStore
+from .publish.checkpoints import checkpoint
+from .publish.lock import OutputLock
+from .publish.protocol import NightNumbers, publish_staged, published_numbers, recover, staging_dir, verify_staged
 from .settings import DEFAULTS, Settings
-from .shard import ShardResult, run_shard
-from .token_store import TokenStore
+from .verify.shard import ShardResult, run_shard
 from .warehouse import BackgroundCheckpoint, apply_retention, clear_dead_spill_folders, connect, run_script, sql
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,7 @@ def report_step(
     output_dir, ds: str | None, settings: Settings = DEFAULTS, nights: int = 30, by: list[str] | None = None
 ) -> Path | None:
     """Write the night's capture-quality report and the index, from the warehouse alone."""
-    from .report_html import write_reports
+    from .audit.report_html import write_reports
 
     with connect(output_dir, settings.duckdb, read_only=True) as con:
         return write_reports(con, output_dir, ds, nights, by)
@@ -276,8 +276,8 @@ def gate_step(
 ) -> list[dict]:
     """Check the night against `thresholds`, record the verdict in the warehouse and rewrite
     the report so that it shows it; return the breaches (empty: the night passed)."""
-    from .quality import gate, night_quality, record_verdict
-    from .report_html import write_reports
+    from .audit.quality import gate, night_quality, record_verdict
+    from .audit.report_html import write_reports
 
     with (
         OutputLock(output_dir, ds, "gate", settings.duckdb.lock_wait_seconds),

@@ -213,8 +213,8 @@ def settings_from(args) -> Settings:
 
 def run(args) -> int:
     if args.command == "build":
-        from . import rollout_lines
-        from .night import find_night
+        from .formats.night import find_night
+        from .load import rollout_lines
 
         settings = settings_from(args)
         early = rollout_lines.start(find_night(args.input, args.ds), settings.max_line_bytes)
@@ -263,7 +263,7 @@ def run(args) -> int:
         )
         print(f"input: {args.output}  expected outcomes: {args.output}/_expected/ds={args.ds}/outcomes.jsonl")
     elif args.command == "explain":
-        from .explain import explain
+        from .audit.explain import explain
 
         replay = explain(args.output, args.ds, args.rollout_id)
         print(json.dumps(replay.to_dict(), indent=2) if args.json else replay.text())
@@ -276,7 +276,7 @@ def run(args) -> int:
             raise InputError(f"{args.output}: no published night{' ' + args.ds if args.ds else ''} in the warehouse")
         print(f"report: {page}\nindex:  {page.parent.parent / 'index.html'}")
     elif args.command == "report":
-        from .report import report
+        from .audit.report_text import report
 
         print(report(args.output))
     elif args.command == "gate":

@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 
 from .errors import InputError, OutputBusy
-from .fields import LEDGER, ROLLOUT, ddl
+from .formats.fields import LEDGER, ROLLOUT, ddl
 from .settings import DuckDBSettings
 
 SCHEMA_VERSION = 4  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it

@@ -229,7 +229,7 @@ def _tokens(path: Path) -> int:
 def report_seconds(workdir: Path, nights: int = 30, rollouts: int = 10_000, calls: int = 8) -> tuple[float, int]:
     """Time the capture-quality report over `nights` nights of `rollouts` rollouts each,
     written straight into a fresh warehouse (scripts/report_bench.sql): (seconds, HTML bytes)."""
-    from reassembler.report_html import write_reports
+    from reassembler.audit.report_html import write_reports
     from reassembler.warehouse import connect
 
     out = workdir / "report"

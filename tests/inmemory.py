@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from reassembler.fields import CALL, arrow_schema
-from reassembler.records import SHARED_FIELDS, parse_rollout
+from reassembler.formats.fields import CALL, arrow_schema
+from reassembler.formats.records import SHARED_FIELDS, parse_rollout
+from reassembler.load.token_store import CANONICAL
 from reassembler.settings import Options
-from reassembler.shard import reassemble_unit
-from reassembler.token_store import CANONICAL
+from reassembler.verify.shard import reassemble_unit
 
 # the columns of sql/shard_calls.sql: the group, the call fields (reassembler/fields.py), the token location
 SCHEMA = pa.schema([("group_id", pa.string()), *arrow_schema(CALL), ("t_file", pa.string()), ("t_row", pa.int64())])

@@ -4,7 +4,7 @@ cannot change unseen."""
 
 import math
 
-from reassembler.advantage import group_advantages
+from reassembler.verify.advantage import group_advantages
 
 
 def test_grpo_advantage_uses_population_std_plus_1e_6():

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from inmemory import SCHEMA, tables
 from nights import DS, Night, worked_example
 from reassembler.build import build_night
-from reassembler.calls import calls_from_table
-from reassembler.checks import BatchChecks, _explain_record, _explain_tokens
+from reassembler.formats.records import SHARED_FIELDS
+from reassembler.load.token_store import CANONICAL
 from reassembler.producer.synth import SynthConfig, synth_night
-from reassembler.records import SHARED_FIELDS
 from reassembler.settings import Options, Settings
-from reassembler.token_store import CANONICAL
+from reassembler.verify.calls import calls_from_table
+from reassembler.verify.checks import BatchChecks, _explain_record, _explain_tokens
 
 HEX = "0f" * 32
 DIGESTS = st.sampled_from([HEX] * 12 + [HEX.upper(), "xyz", "0" * 63])

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reassembler import digests
+from reassembler.formats import digests
 
 # Copies of the vectors NeMo Gym publishes (the 0.7.0 one as shipped in its wheel, schema 2;
 # the other the same call at schema 3): the repo carries them, nothing is read from outside.

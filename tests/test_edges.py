@@ -20,7 +20,7 @@ import pytest
 
 from nights import DS, Night, worked_example
 from reassembler.errors import ResourceExhausted, classify
-from reassembler.publish import KINDS
+from reassembler.publish.protocol import KINDS
 from reassembler.settings import DuckDBSettings
 
 STEPS = ["journal", "rows_aside", "rows_in", "audit_aside", "audit_in", "warehouse", "manifest"]
@@ -343,8 +343,8 @@ def test_a_broken_pipe_is_no_traceback(tmp_path, inputs):
 def test_a_full_disk_is_exit_4_naming_the_path(tmp_path, inputs, monkeypatch, capsys):
     import errno
 
-    from reassembler import publish
     from reassembler.cli import main
+    from reassembler.publish import protocol as publish
 
     old, _, _ = inputs
 

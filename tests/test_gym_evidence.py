@@ -11,7 +11,7 @@ import json
 import pytest
 
 from nights import DS, answer, call, reasoning
-from reassembler.gym_fingerprint import afp
+from reassembler.formats.gym_fingerprint import afp
 from reassembler.producer.capture import TokenFileTypes, as_gym_lineage_row, write_jsonl, write_token_file
 from reassembler.settings import Options
 
@@ -293,7 +293,7 @@ def test_afp_hashes_tool_arguments_as_their_canonical_json():
     import hashlib
     import struct
 
-    from reassembler.gym_fingerprint import afp
+    from reassembler.formats.gym_fingerprint import afp
 
     def field(tag: int, text: str) -> bytes:
         data = text.encode()

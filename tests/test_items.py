@@ -6,9 +6,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reassembler.json_lines as json_lines
-from reassembler.gym_fingerprint import model_items
-from reassembler.items import canonical_json, fingerprint, generated_items, is_generated
+import reassembler.load.json_lines as json_lines
+from reassembler.formats.gym_fingerprint import model_items
+from reassembler.formats.items import canonical_json, fingerprint, generated_items, is_generated
 
 
 def test_generated_items_are_reasoning_function_calls_and_assistant_messages():

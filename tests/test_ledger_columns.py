@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import reassembler.json_lines as json_lines
-import reassembler.read as read
+import reassembler.load.json_lines as json_lines
+import reassembler.load.read as read
 from nights import DS, worked_example
-from reassembler.night import find_night
-from reassembler.read import load_night
+from reassembler.formats.night import find_night
+from reassembler.load.read import load_night
 from reassembler.settings import MAX_LINE_BYTES
 from reassembler.warehouse import connect
 

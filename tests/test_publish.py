@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from nights import DS, worked_example
-from reassembler import publish as publish_module
-from reassembler import shard as shard_module
 from reassembler.build import build_night
-from reassembler.publish import AuditCheckFailed
+from reassembler.publish import protocol as publish_module
+from reassembler.publish.protocol import AuditCheckFailed
 from reassembler.settings import Settings
+from reassembler.verify import shard as shard_module
 
 
 def _files(folder):
@@ -103,7 +103,7 @@ def test_mask_rate_over_the_limit_publishes_nothing_and_says_why(tmp_path, two_g
 def _staged(tmp_path, two_groups):
     """The night loaded and staged by one shard, not published: (output, staging folder)."""
     from reassembler.build import load_step, shard_step
-    from reassembler.publish import staging_dir
+    from reassembler.publish.protocol import staging_dir
 
     out = tmp_path / "out"
     load_step(two_groups, out, DS, run_id="r")
@@ -121,7 +121,7 @@ def _rewrite(folder, edit):
 
 
 def _verify(out, staging, **kw):
-    from reassembler.publish import verify_staged
+    from reassembler.publish.protocol import verify_staged
     from reassembler.warehouse import connect
 
     with connect(out, read_only=True) as con:

@@ -13,9 +13,9 @@ import pytest
 from nights import DS, worked_example
 from reassembler.build import build_night
 from reassembler.errors import InputError
-from reassembler.night import find_night
+from reassembler.formats.night import find_night
+from reassembler.load.read import load_night
 from reassembler.producer.capture import TOKEN_FILE_VARIANTS, write_jsonl, write_token_file
-from reassembler.read import load_night
 from reassembler.warehouse import connect
 
 
@@ -222,7 +222,7 @@ def test_token_rows_read_ahead_are_the_rows_read_on_demand(tmp_path, night):
     """A one-process build decodes token row groups while the night loads
     (TokenStore.read_ahead); what the shard then fetches is the same, and each row group
     read ahead is handed over once."""
-    from reassembler.token_store import TokenStore
+    from reassembler.load.token_store import TokenStore
 
     worked_example(night, "grp_g0", compaction=True)
     worked_example(night, "grp_g1", compaction=False)
@@ -256,8 +256,8 @@ def test_reading_ahead_holds_at_most_its_budget_and_follows_the_shard(monkeypatc
     import threading
     import time
 
-    from reassembler import token_store
-    from reassembler.token_store import TokenStore
+    from reassembler.load import token_store
+    from reassembler.load.token_store import TokenStore
 
     worked_example(night, "grp_g0", compaction=True)
     worked_example(night, "grp_g1", compaction=False)
@@ -304,7 +304,7 @@ def test_keep_ahead_changes_what_the_read_ahead_holds(night):
     goes on."""
     import time
 
-    from reassembler.token_store import TokenStore
+    from reassembler.load.token_store import TokenStore
 
     worked_example(night, "grp_g0", compaction=True)
     paths, n = _one_row_per_group(night)
@@ -328,7 +328,7 @@ def test_reading_ahead_waits_for_what_it_is_told_to(tmp_path, night):
     closing the store meanwhile ends the wait without reading anything."""
     import threading
 
-    from reassembler.token_store import TokenStore
+    from reassembler.load.token_store import TokenStore
 
     worked_example(night, "grp_g0", compaction=True)
     files = find_night(night.write(), DS)

@@ -11,9 +11,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from reassembler.audit.quality import Thresholds
 from reassembler.build import build_night, gate_step, report_step
 from reassembler.producer.synth import SynthConfig, synth_night
-from reassembler.quality import Thresholds
 
 NIGHTS = ["2026-11-25", "2026-11-26", "2026-11-27", "2026-11-28"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -118,7 +118,7 @@ def test_the_report_in_headless_chromium(reports, tmp_path):
 
 
 def test_the_gate_lists_every_breached_threshold_and_keeps_the_verdict(reports):
-    from reassembler.quality import gate, night_quality
+    from reassembler.audit.quality import gate, night_quality
     from reassembler.warehouse import connect
 
     out, _ = reports

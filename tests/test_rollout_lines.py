@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from nights import DS, worked_example
-from reassembler import rollout_lines
 from reassembler.cli import main
 from reassembler.errors import InputError
-from reassembler.json_lines import json_lines
-from reassembler.night import find_night
-from reassembler.read import load_night
+from reassembler.formats.night import find_night
+from reassembler.load import rollout_lines
+from reassembler.load.json_lines import json_lines
+from reassembler.load.read import load_night
 from reassembler.warehouse import connect
 
 EVERY_KIND_OF_LINE = [
@@ -269,7 +269,9 @@ def test_only_a_process_with_no_thread_and_no_native_library_forks():
     """This test process has pyarrow and DuckDB loaded: it spawns. A process that has imported
     only what the command imports before it starts the children forks."""
     assert not rollout_lines._can_fork()
-    probe = "import reassembler.cli, reassembler.rollout_lines as r, reassembler.night; print(r._can_fork())"
+    probe = (
+        "import reassembler.cli, reassembler.load.rollout_lines as r, reassembler.formats.night; print(r._can_fork())"
+    )
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "True\n"
 
 
@@ -318,7 +320,7 @@ def test_the_command_forks_its_child_and_builds_the_same_rows(tmp_path, odd_nigh
     assert main(["build", "--input", str(odd_night), "--output", str(here), "--ds", DS]) == 0
     forked = tmp_path / "forked"
     script = (
-        "import sys, reassembler.rollout_lines as r\n"
+        "import sys, reassembler.load.rollout_lines as r\n"
         "r.BACKGROUND_BYTES = 0\n"
         "made = []\n"
         "class Counted(r._Forked):\n"

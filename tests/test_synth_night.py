@@ -6,11 +6,11 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from reassembler import shard
 from reassembler.build import build_night
 from reassembler.producer.synth import FAULTS, SynthConfig, read_expected, synth_night
 from reassembler.reasons import Reason
 from reassembler.settings import Options, Settings
+from reassembler.verify import shard
 
 DS = "2026-11-28"
 CFG = SynthConfig(

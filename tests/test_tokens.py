@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 
 from reassembler.reasons import Reason
-from reassembler.tokens import TokenBatch
+from reassembler.verify.tokens import TokenBatch
 
 IDS, F32 = pa.list_(pa.int64()), pa.list_(pa.float32())
 

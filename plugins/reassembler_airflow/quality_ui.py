@@ -127,7 +127,7 @@ def _progress(info: RunInfo) -> str:
     waiting = info.tasks.get("wait_for_input") in ("up_for_reschedule", "running", "queued", "scheduled", "none")
     if waiting:
         from reassembler.errors import InputError
-        from reassembler.night import find_night
+        from reassembler.formats.night import find_night
 
         try:
             find_night(info.input_dir or "", info.ds)

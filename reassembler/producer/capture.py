@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import digests
-from ..gym_fingerprint import VERSION as GYM_FINGERPRINT_VERSION
-from ..gym_fingerprint import afp
-from ..items import fingerprint
-from ..records import LEDGER_INTS, SHARED_FIELDS, VERSION_DEFAULTS
+from ..formats import digests
+from ..formats.gym_fingerprint import VERSION as GYM_FINGERPRINT_VERSION
+from ..formats.gym_fingerprint import afp
+from ..formats.items import fingerprint
+from ..formats.records import LEDGER_INTS, SHARED_FIELDS, VERSION_DEFAULTS
 
 
 @dataclass

@@ -40,8 +40,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from ..formats.records import VERSION_DEFAULTS
 from ..reasons import Reason as R
-from ..records import VERSION_DEFAULTS
 from .capture import (
     TOKEN_FILE_VARIANTS,
     CapturedCall,

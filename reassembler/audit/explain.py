@@ -7,14 +7,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import InputError
-from .fields import CALL, select_list
-from .night import find_night
-from .reasons import DESCRIPTIONS
-from .select import select_calls
-from .settings import Options
-from .shard import reassemble_one
-from .warehouse import connect, sql
+from ..errors import InputError
+from ..formats.fields import CALL, select_list
+from ..formats.night import find_night
+from ..reasons import DESCRIPTIONS
+from ..settings import Options
+from ..verify.select import select_calls
+from ..verify.shard import reassemble_one
+from ..warehouse import connect, sql
 
 
 def _ledger_line(ledger) -> str:
@@ -30,11 +30,11 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     """The trace of one published rollout replayed from the warehouse alone (no token
     reads): its ledger, selection, cut and walks, then the outcome the build recorded. The
     per-call token checks are not rerun here; `reassembler explain` reruns everything."""
-    from .calls import calls_from_table
-    from .cut import cut_chains
-    from .finalize import walk_to_root
-    from .reasons import Masked
-    from .rollout import declared_terminal
+    from ..reasons import Masked
+    from ..verify.calls import calls_from_table
+    from ..verify.cut import cut_chains
+    from ..verify.finalize import walk_to_root
+    from ..verify.rollout import declared_terminal
 
     params = {"ds": ds, "shard": None, "rollout_id": rollout_id}
     cur = con.execute(sql("shard_rollouts"), params)

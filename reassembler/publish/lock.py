@@ -21,7 +21,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .errors import OutputBusy
+from ..errors import OutputBusy
 
 LOCK_FILE = "_lock"
 

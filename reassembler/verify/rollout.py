@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..reasons import Masked, Reason
+from ..settings import Options
 from .calls import Call
 from .cut import cut_chains
 from .finalize import Segment, finalize_chain, walk_to_root
-from .reasons import Masked, Reason
 from .select import select_calls
-from .settings import Options
 
 
 @dataclass

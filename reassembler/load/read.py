@@ -21,17 +21,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import InputError
+from ..formats.fields import LEDGER, ROLLOUT, arrow_schema
+from ..formats.night import NightFiles
+from ..formats.records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS, parse_ledger_row
+from ..settings import DEFAULTS, MAX_LINE_BYTES
+from ..warehouse import run_script, sql
 from . import rollout_lines
-from .errors import InputError
-from .fields import LEDGER, ROLLOUT, arrow_schema
 from .json_lines import decode, one_line, read_file_lines
 from .ledger_columns import Chunk, PreparedChunks
-from .night import NightFiles
-from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS, parse_ledger_row
-from .settings import DEFAULTS, MAX_LINE_BYTES
 from .token_store import LOGPROB_NAMES
 from .token_store import too_big as token_too_big
-from .warehouse import run_script, sql
 
 CHUNK_ROWS = 500  # rows buffered before an insert: a rollout row carries its whole output's fingerprints
 

@@ -7,8 +7,8 @@ means the output does not follow the lineage (missing_root first, broken_chain l
 
 from __future__ import annotations
 
+from ..reasons import Masked, Reason
 from .calls import Call
-from .reasons import Masked, Reason
 
 
 def cut_chains(selected: list[Call], trace: list[str] | None = None) -> list[list[Call]]:

@@ -23,9 +23,9 @@ import json
 from collections import Counter, defaultdict
 from datetime import date
 
-from .reasons import DESCRIPTIONS, STEPS, Reason
-from .settings import Thresholds
-from .warehouse import run_script, sql
+from ..reasons import DESCRIPTIONS, STEPS, Reason
+from ..settings import Thresholds
+from ..warehouse import run_script, sql
 
 TRAILING = 7
 CALL_BUCKETS = (5, 10, 20, 40)

@@ -15,11 +15,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
-from .items import JsonFloat
-from .night import NightFiles
-from .records import RecordError, has_surrogate, rollout_id_from_path
-from .settings import MAX_JSON_DEPTH, MAX_LINE_BYTES
+from ..errors import InputError
+from ..formats.items import JsonFloat
+from ..formats.night import NightFiles
+from ..formats.records import RecordError, has_surrogate, rollout_id_from_path
+from ..settings import MAX_JSON_DEPTH, MAX_LINE_BYTES
 
 RAW_CHARS = 300
 

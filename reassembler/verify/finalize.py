@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..formats.digests import cumulative_hash
+from ..reasons import Masked, Reason
 from .calls import Call
-from .digests import cumulative_hash
-from .reasons import Masked, Reason
 
 
 @dataclass(frozen=True)

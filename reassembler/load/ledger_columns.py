@@ -38,10 +38,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from .errors import InputError
-from .fields import ITEMS, LEDGER
-from .records import LEDGER_DIGESTS, LEDGER_INTS, VERSION_DEFAULTS, rollout_id_from_path
-from .settings import MAX_JSON_DEPTH
+from ..errors import InputError
+from ..formats.fields import ITEMS, LEDGER
+from ..formats.records import LEDGER_DIGESTS, LEDGER_INTS, VERSION_DEFAULTS, rollout_id_from_path
+from ..settings import MAX_JSON_DEPTH
 
 STRINGS = ("rollout_id", "model_call_id", "parent_call_id", "failure_reason", "mode", "staging_digest")
 JSON_SCHEMA = pa.schema(

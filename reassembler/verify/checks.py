@@ -28,10 +28,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..formats.digests import STAGED_FIELDS, chain_hash, staged_call_digest, staged_digest_of
+from ..formats.records import HEX64, HEX64_PATTERN, LEDGER_DIGESTS, SHARED_FIELDS, VERSION_DEFAULTS
+from ..reasons import Masked, Reason
 from .calls import Call, call_starts, token_row_counts
-from .digests import STAGED_FIELDS, chain_hash, staged_call_digest, staged_digest_of
-from .reasons import Masked, Reason
-from .records import HEX64, HEX64_PATTERN, LEDGER_DIGESTS, SHARED_FIELDS, VERSION_DEFAULTS
 from .tokens import TokenBatch
 
 VERSION_FIELDS = tuple(VERSION_DEFAULTS)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .publish import pending
-from .warehouse import connect, sql
+from ..publish.protocol import pending
+from ..warehouse import connect, sql
 
 
 def report(output_dir) -> str:

@@ -25,18 +25,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..formats.fields import CALL, select_list
+from ..formats.night import NightFiles
+from ..load.read import token_rows_sql
+from ..load.token_store import TokenStore
+from ..settings import Options, Settings
+from ..warehouse import sql
 from .advantage import assign_advantages
 from .calls import calls_from_heads
 from .checks import BatchChecks
-from .fields import CALL, select_list
-from .night import NightFiles
-from .read import token_rows_sql
 from .rollout import Outcome, reassemble_rollout
 from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, rows_table
-from .settings import Options, Settings
-from .token_store import TokenStore
 from .tokens import TokenBatch
-from .warehouse import sql
 
 ROW_GROUP_ROWS = 256
 log = logging.getLogger(__name__)

@@ -34,9 +34,9 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import AuditCheckFailed
+from ..warehouse import run_script, sql
 from .checkpoints import checkpoint
-from .errors import AuditCheckFailed
-from .warehouse import run_script, sql
 
 KINDS = ("rows", "audit")
 __all__ = ["AuditCheckFailed", "NightNumbers", "verify_staged", "publish_staged", "recover", "staging_dir"]

@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .gym_fingerprint import VERSION as FINGERPRINT_VERSION
-from .records import HEX64_PATTERN
+from ..formats.gym_fingerprint import VERSION as FINGERPRINT_VERSION
+from ..formats.records import HEX64_PATTERN
 
 
 @dataclass(slots=True, eq=False)

@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .digests import to_be_bytes
-from .reasons import Reason
+from ..formats.digests import to_be_bytes
+from ..reasons import Reason
 
 TOKEN_LIMIT = 2**31
 

@@ -40,10 +40,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from .errors import InputError
+from ..errors import InputError
+from ..formats.night import NightFiles
+from ..formats.records import RecordError, parse_rollout
 from .json_lines import ROLLOUT_DECODER, LineRange, decode, guess_ids, line_ranges, read_file_lines, read_lines, reject
-from .night import NightFiles
-from .records import RecordError, parse_rollout
 
 BACKGROUND_BYTES = 1 << 20  # rollout lines of a night above this are parsed by a child process
 PART_BYTES = 4 << 20  # and by one more child for each PART_BYTES more, up to one per core
@@ -52,7 +52,7 @@ CHUNK = 500  # rows per pickled chunk
 # The child: this interpreter, without the working folder on its path (-P: nothing there
 # shadows a module), importing this package as this process does, else from the folder
 # this file was loaded from (appended, so it never shadows anything either).
-CHILD = "import sys; sys.path.append(sys.argv[1]); from reassembler.rollout_lines import _child; _child()"
+CHILD = "import sys; sys.path.append(sys.argv[1]); from reassembler.load.rollout_lines import _child; _child()"
 
 
 Part = list[tuple[str, LineRange]]  # runs of lines of the night's rollout files, in reading order
@@ -131,7 +131,7 @@ class _Child:
             args.write(json.dumps(dict(what, max_line_bytes=max_line_bytes)).encode())
             args.seek(0)
             self._proc = subprocess.Popen(
-                [sys.executable, "-P", "-c", CHILD, str(Path(__file__).resolve().parent.parent)],
+                [sys.executable, "-P", "-c", CHILD, str(Path(__file__).resolve().parents[2])],
                 stdin=args,
                 stdout=self._out,
                 stderr=self._err,

@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError
+from ..errors import InputError
 
 # NeMo Gym's local capture mode writes TokenEntry records as <rollout_id>.tokens.jsonl beside
 # the lineage files: token arrays, not ledger rows (CONTRACT.md 2).

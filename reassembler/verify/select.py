@@ -20,10 +20,10 @@ import hashlib
 from collections.abc import Callable
 from typing import Literal
 
+from ..formats.gym_fingerprint import PREFIX as AFP_PREFIX
+from ..formats.records import HEX64
+from ..reasons import Masked, Reason
 from .calls import Call
-from .gym_fingerprint import PREFIX as AFP_PREFIX
-from .reasons import Masked, Reason
-from .records import HEX64
 
 Item = tuple[str | None, str]  # (id or None, fingerprint)
 ModelItem = tuple[int, bytes | None]  # (index in output, F bytes or None: unfingerprintable)
