@@ -37,7 +37,7 @@ from pathlib import Path
 
 from airflow.sdk import Asset, Param, PokeReturnValue, Variable, dag, task
 
-from reassembler.settings import DEFAULTS, DS_PATTERN, Thresholds, parse_ds
+from reassembler.settings import DS_PATTERN, dag_params, parse_ds, thresholds_from_params
 from reassembler_airflow import DAG_ID
 from reassembler_airflow.failures import task_errors
 from reassembler_airflow.operators import ReassembleOperator
@@ -53,7 +53,6 @@ ROWS_ASSET = Asset(name="capture_rows", uri=f"file://{DEFAULT_OUTPUT}/rows")
 DEFAULT_DS = os.environ.get("REASSEMBLER_DEFAULT_DS") or None
 POOL = warehouse_pool()  # None: the tasks wait for the warehouse's locks instead
 READER, WRITER = reader(POOL), writer(POOL)
-GATE = Thresholds()
 POKE_SECONDS = float(os.environ.get("REASSEMBLER_INPUT_POKE_SECONDS", "300"))  # how often wait_for_input looks
 
 
@@ -86,42 +85,8 @@ def _setting(name: str, default: str) -> str:
                 else "."
             ),
         ),
-        "shards": Param(
-            4,
-            type="integer",
-            minimum=1,
-            maximum=256,
-            description="Group ranges reassembled as separate mapped tasks (in parallel).",
-        ),
-        "mode": Param(
-            DEFAULTS.options.mode,
-            enum=["select", "terminal"],
-            description="select: compaction-aware selection (the default). terminal: ordinary "
-            "capture, one row from the last call (to compare against).",
-        ),
-        "offchain": Param(
-            DEFAULTS.options.offchain,
-            enum=["selected", "strict"],
-            description="selected: calls outside every chain are counted, never mask. strict: "
-            "a poison row or a faulty off-chain call masks the rollout.",
-        ),
-        "std_normalize": Param(
-            DEFAULTS.options.std_normalize,
-            type="boolean",
-            description="Divide each group's advantages by its population std (+1e-6).",
-        ),
-        "leave_one_out": Param(
-            DEFAULTS.options.leave_one_out,
-            type="boolean",
-            description="Use the mean of the group's other valid rollouts as the baseline.",
-        ),
-        "max_mask_rate": Param(
-            0.5,
-            type="number",
-            minimum=0,
-            maximum=1,
-            description="Refuse to publish a night whose share of masked rollouts is above this.",
-        ),
+        # the params Settings owns (reassembler/settings.py): defaults, ranges and enums from there
+        **{name: Param(**spec) for name, spec in dag_params().items()},
         "input_wait_hours": Param(
             6.0,
             type="number",
@@ -134,52 +99,6 @@ def _setting(name: str, default: str) -> str:
             description="A file the capture writes into rollouts/ds=<ds>/ when the night is "
             "complete (for example _SUCCESS); empty: the partitions suffice.",
         ),
-        "duckdb_memory_limit": Param(
-            DEFAULTS.duckdb.memory_limit,
-            type="string",
-            pattern=r"^\d+(\.\d+)?\s*([KMGT]i?B|B)$",
-            description="DuckDB memory_limit of every task.",
-        ),
-        "duckdb_threads": Param(
-            DEFAULTS.duckdb.threads, type="integer", minimum=1, description="DuckDB threads of every task."
-        ),
-        "duckdb_temp_directory": Param(
-            None, type=["null", "string"], description="DuckDB spill folder. Empty: <output>/_tmp/duckdb."
-        ),
-        "retention_nights": Param(
-            DEFAULTS.retention_nights,
-            type="integer",
-            minimum=1,
-            description="Nights of per-call tables (rollouts, ledger) kept in the warehouse.",
-        ),
-        "gate_max_mask_rate": Param(
-            GATE.max_mask_rate,
-            type=["null", "number"],
-            minimum=0,
-            maximum=1,
-            description="Alert when the night's mask rate is above this (empty: off).",
-        ),
-        "gate_max_reason_rate": Param(
-            GATE.max_reason_rate,
-            type=["null", "number"],
-            minimum=0,
-            maximum=1,
-            description="Alert when one reason masks more than this share of rollouts.",
-        ),
-        "gate_max_mask_rate_rise": Param(
-            GATE.max_mask_rate_rise,
-            type=["null", "number"],
-            minimum=0,
-            maximum=1,
-            description="Alert when the mask rate rises more than this over the trailing 7-night mean.",
-        ),
-        "gate_max_rejects": Param(
-            GATE.max_rejects,
-            type=["null", "integer"],
-            minimum=0,
-            description="Alert when more input lines than this were rejected.",
-        ),
-        "report_nights": Param(30, type="integer", minimum=1, description="Nights shown in the report's trends."),
         "report_by": Param(
             None,
             type=["null", "string"],
@@ -248,12 +167,13 @@ def capture_rows_nightly():
         """Export the night's ledger and rollouts into the warehouse; plan the shards.
         Returns the shard numbers, which the reassemble task is mapped over."""
         from reassembler.build import load_step
+        from reassembler.load.night_load import NightLoad
+        from reassembler.warehouse import Warehouse
 
         settings = task_settings(params, POOL)
-        with task_errors():
-            summary = load_step(
-                input_dir, output_dir, night_ds, settings, settings.duckdb.lock_wait_seconds, run_id=run_id
-            )
+        with task_errors(), NightLoad(input_dir, night_ds, settings) as load:
+            warehouse = Warehouse(output_dir, settings.duckdb)
+            summary = load_step(load, warehouse, run_id, lock_wait=settings.duckdb.lock_wait_seconds)
         print(f"loaded ds={night_ds}:\n  " + "\n  ".join(summary.lines()))
         return list(range(settings.shards))
 
@@ -263,10 +183,10 @@ def capture_rows_nightly():
         from dataclasses import asdict
 
         from reassembler.publish.protocol import staging_dir, verify_staged
-        from reassembler.warehouse import connect
+        from reassembler.warehouse import Warehouse
 
         settings = task_settings(params, POOL)
-        with task_errors(), connect(output_dir, settings.duckdb, read_only=True) as con:
+        with task_errors(), Warehouse(output_dir, settings.duckdb).reading() as con:
             numbers = verify_staged(
                 con,
                 staging_dir(output_dir, night_ds, run_id),
@@ -291,11 +211,13 @@ def capture_rows_nightly():
         """Swap the rows and audit partitions in whole; emit the rows asset event. Returns
         the published numbers (the report task waits for them)."""
         from reassembler.build import publish_step
+        from reassembler.warehouse import Warehouse
 
         settings = task_settings(params, POOL)
         with task_errors():
+            warehouse = Warehouse(output_dir, settings.duckdb)
             n = publish_step(
-                input_dir, output_dir, night_ds, run_id, settings, lock_wait=settings.duckdb.lock_wait_seconds
+                warehouse, night_ds, run_id, input_dir, settings, lock_wait=settings.duckdb.lock_wait_seconds
             )
         print(
             f"published ds={night_ds}: {n.n_rows} rows, {n.ok_rollouts} ok, {n.masked} masked; "
@@ -321,10 +243,12 @@ def capture_rows_nightly():
     def quality_report(output_dir: str, night_ds: str, published: dict, params=None) -> str:
         """Write the night's capture-quality report and the index page (no token reads)."""
         from reassembler.build import report_step
+        from reassembler.warehouse import Warehouse
 
+        settings = task_settings(params, POOL)
         with task_errors():
             page = report_step(
-                output_dir, night_ds, task_settings(params, POOL), int(params["report_nights"]), _by(params)
+                Warehouse(output_dir, settings.duckdb), night_ds, int(params["report_nights"]), _by(params)
             )
         print(f"capture-quality report of ds={night_ds}: {page}")
         return str(page)
@@ -335,20 +259,15 @@ def capture_rows_nightly():
         from airflow.sdk.exceptions import AirflowFailException
 
         from reassembler.build import gate_step
+        from reassembler.warehouse import Warehouse
 
-        thresholds = Thresholds(
-            params["gate_max_mask_rate"],
-            params["gate_max_reason_rate"],
-            params["gate_max_mask_rate_rise"],
-            params["gate_max_rejects"],
-        )
+        settings = task_settings(params, POOL)
         with task_errors():
             breaches = gate_step(
-                output_dir,
+                Warehouse(output_dir, settings.duckdb),
                 night_ds,
                 run_id,
-                thresholds,
-                task_settings(params, POOL),
+                thresholds_from_params(params),
                 int(params["report_nights"]),
                 _by(params),
             )
@@ -367,7 +286,6 @@ def capture_rows_nightly():
     ready >> loaded
     shards = ReassembleOperator.partial(
         task_id="reassemble",
-        input_dir=night["input_dir"],
         output_dir=night["output_dir"],
         ds=night["ds"],
         run_id="{{ run_id }}",

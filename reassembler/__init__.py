@@ -1,17 +1,8 @@
-"""Rebuild verified training rows from one night of NeMo Gym token capture (README.md).
+"""Rebuild verified training rows from one night of LLM-agent token capture (README.md).
 
-The process settings below are read by numpy and Arrow as they load, so they are set
-before any module of this package imports them (a value already set in the environment
-wins). Every entry point (the `reassembler` command, the Airflow tasks, the tests) imports
-this package first.
+The core, by stage, as the data flows: formats/ (what the files hold), load/ (input ->
+warehouse), verify/ (select, cut, finalize, rows), publish/ (the staged night swapped in),
+audit/ (quality, reports, explain); settings, reasons and errors beneath them all; build.py
+runs a night's steps and cli.py is the `reassembler` command. Importing the package sets
+nothing in the process (the command sets its own environment: cli.entry).
 """
-
-import os
-
-# numpy's OpenBLAS starts no thread pool (its threads spin for a while after start; nothing
-# here multiplies matrices).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# jemalloc for every Arrow allocation, the ones inside the Parquet and JSON readers too
-# (build._steady_memory sets pyarrow's own default, which those do not use): under mimalloc
-# each batch faulted fresh zeroed pages in; with it peak RSS is ~35-50 MiB lower.
-os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")

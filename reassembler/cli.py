@@ -13,15 +13,24 @@ import json
 import logging
 import os
 import sys
-from dataclasses import replace
 
 from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
 from .producer.config import SynthConfig
-from .settings import DEFAULTS, MEMORY_LIMIT, DuckDBSettings, Options, Settings, Thresholds, parse_ds
+from .settings import (
+    DEFAULTS,
+    GATE_DEFAULTS,
+    MEMORY_LIMIT,
+    MODES,
+    OFFCHAIN_POLICIES,
+    REPORT_NIGHTS,
+    Settings,
+    Thresholds,
+    parse_ds,
+)
 
 # The commands' modules (DuckDB, pyarrow: ~0.4 s) are imported by `run` when a command needs
-# them; a build first starts parsing its rollout lines in a child process, which runs while
-# this one imports them (rollout_lines.py).
+# them; a build first starts parsing its rollout lines in child processes (load.NightLoad),
+# which run while this one imports them.
 
 
 def _ds(value: str) -> str:
@@ -82,13 +91,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
     b.add_argument(
         "--mode",
-        choices=("select", "terminal"),
+        choices=MODES,
         default=DEFAULTS.options.mode,
         help="select: compaction-aware; terminal: ordinary capture, to compare against",
     )
     b.add_argument(
         "--offchain",
-        choices=("selected", "strict"),
+        choices=OFFCHAIN_POLICIES,
         default=DEFAULTS.options.offchain,
         help="strict: poison rows and faulty off-chain calls mask the rollout",
     )
@@ -166,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
         help="write <output>/reports/ds=<ds>/index.html and the index page instead of a text table",
     )
     r.add_argument("--ds", type=_ds, default=None, help="the night of the HTML report (None: the latest)")
-    r.add_argument("--nights", type=_positive, default=30, help="nights in the trends")
+    r.add_argument("--nights", type=_positive, default=REPORT_NIGHTS, help="nights in the trends")
     r.add_argument(
         "--by",
         default=None,
@@ -177,7 +186,7 @@ def parser() -> argparse.ArgumentParser:
     g = command("gate", "check a published night against alert thresholds (exit 5 when breached)")
     g.add_argument("--output", required=True, help="output root of the builds")
     g.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
-    d = Thresholds()
+    d = GATE_DEFAULTS
     g.add_argument("--max-mask-rate", type=_rate, default=d.max_mask_rate, help="share of masked rollouts")
     g.add_argument(
         "--max-reason-rate", type=_rate, default=d.max_reason_rate, help="share of rollouts masked by any one reason"
@@ -196,35 +205,16 @@ def _scaled(span: tuple[int, int], scale: float) -> tuple[int, int]:
     return max(1, int(span[0] * scale)), max(1, int(span[1] * scale))
 
 
-def settings_from(args) -> Settings:
-    """The build's Settings from its command line (settings.py holds every default)."""
-    return replace(
-        DEFAULTS,
-        options=Options(args.mode, args.offchain, not args.no_std_normalize, args.leave_one_out),
-        duckdb=DuckDBSettings(args.memory_limit, args.threads, args.temp_directory, args.lock_wait),
-        shards=args.shards,
-        workers=args.workers,
-        max_mask_rate=args.max_mask_rate,
-        allow_empty=args.allow_empty,
-        max_line_bytes=args.max_line_bytes,
-        retention_nights=args.retention_nights,
-    )
-
-
 def run(args) -> int:
     if args.command == "build":
-        from .formats.night import find_night
-        from .load import rollout_lines
+        from .load.night_load import NightLoad
 
-        settings = settings_from(args)
-        early = rollout_lines.start(find_night(args.input, args.ds), settings.max_line_bytes)
-        try:
-            from .build import build_night
+        settings = Settings.from_cli(args)
+        # entered before the heavy imports below: the rollout children parse meanwhile
+        with NightLoad(args.input, args.ds, settings) as load:
+            from .build import build_loaded
 
-            s = build_night(args.input, args.output, args.ds, settings, rollouts=early)
-        finally:
-            if early is not None:
-                early.close()
+            s = build_loaded(load, args.output)
         n = s.numbers
         print(
             f"built ds={args.ds} in {s.seconds:.1f}s: {n.audit_rows} rollouts, {n.ok_rollouts} ok, "
@@ -269,9 +259,10 @@ def run(args) -> int:
         print(json.dumps(replay.to_dict(), indent=2) if args.json else replay.text())
     elif args.command == "report" and args.html:
         from .build import report_step
+        from .warehouse import Warehouse
 
         by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
-        page = report_step(args.output, args.ds, nights=args.nights, by=by)
+        page = report_step(Warehouse(args.output), args.ds, nights=args.nights, by=by)
         if page is None:
             raise InputError(f"{args.output}: no published night{' ' + args.ds if args.ds else ''} in the warehouse")
         print(f"report: {page}\nindex:  {page.parent.parent / 'index.html'}")
@@ -281,9 +272,10 @@ def run(args) -> int:
         print(report(args.output))
     elif args.command == "gate":
         from .build import gate_step
+        from .warehouse import Warehouse
 
         thresholds = Thresholds(args.max_mask_rate, args.max_reason_rate, args.max_mask_rate_rise, args.max_rejects)
-        breaches = gate_step(args.output, args.ds, None, thresholds)
+        breaches = gate_step(Warehouse(args.output), args.ds, None, thresholds)
         if breaches:
             print(
                 f"reassembler: quality gate breached for ds={args.ds}: " + "; ".join(b["message"] for b in breaches),
@@ -311,7 +303,7 @@ def _main(args) -> int:
     settings = None
     try:
         if args.command == "build":
-            settings = settings_from(args).duckdb
+            settings = Settings.from_cli(args).duckdb
         return run(args)
     except BrokenPipeError:
         # the reader of our output went away (`| head`): the work itself is done
@@ -351,7 +343,14 @@ class _KeepPandasOut:
 
 
 def entry(argv: list[str] | None = None) -> int:
-    """The `reassembler` command: `main` in a process of its own."""
+    """The `reassembler` command: `main` in a process of its own, set up as the build runs
+    best (docs/performance.md): Arrow allocates through jemalloc, also inside its Parquet and
+    JSON readers (its default, mimalloc, cost ~100 MiB of peak memory here), numpy's OpenBLAS
+    starts no idle threads, and pandas stays out. These are set here, for this process, before
+    anything imports pyarrow or numpy; a process that imports the package (an Airflow worker,
+    a notebook) keeps its own settings."""
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if "pandas" not in sys.modules:
         sys.meta_path.insert(0, _KeepPandasOut())
     return main(argv)

@@ -1,9 +1,10 @@
 """Every setting of the nightly job, with its one default, resolved in one place.
 
-The command line (`Settings.from_cli`), the DAG's tasks and the operator
-(`Settings.from_params`, from the DAG params) all build a `Settings` here, so a default
-changes in one line and the README's table quotes these values. This module imports
-nothing heavy: the DAG file reads the defaults when it is parsed.
+`Settings` builds itself from the command line (`Settings.from_cli`) and from the DAG's params
+(`Settings.from_params`, for every task and the operator), and says what the DAG's params are
+(`dag_params`: their defaults, types, ranges and enums), so a default changes in one line and
+the README's table quotes these values (tests/test_docs.py holds it to them). This module
+imports nothing heavy: the DAG file reads it when it is parsed.
 
 | setting | default | what it bounds |
 |---|---|---|
@@ -17,9 +18,9 @@ nothing heavy: the DAG file reads the defaults when it is parsed.
 | batch_rows / batch_tokens | 16,384 calls / 1,000,000 tokens | one batch of a shard |
 | token_cache_bytes | 64 MiB | decoded token row groups kept |
 | max_row_group_bytes | 64 MiB | largest token row group decoded; its rows are reject rows beyond |
-| token_read_ahead_bytes | 128 MiB | decoded ahead in the load; then 1/4 of it beside the shard (one process; 0: off) |
 | retention_nights | 30 | nights of per-call tables kept in the warehouse |
 | Thresholds | mask rate 0.2, one reason 0.1, rise 0.05, rejects 0 | the quality gate's alerts |
+| REPORT_NIGHTS | 30 | nights in the report's trends |
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from .errors import InputError
 
 Mode = Literal["select", "terminal"]
 OffchainPolicy = Literal["selected", "strict"]
+MODES: tuple[str, ...] = get_args(Mode)
+OFFCHAIN_POLICIES: tuple[str, ...] = get_args(OffchainPolicy)
+REPORT_NIGHTS = 30  # nights in the report's trends (the command's --nights, the DAG's report_nights)
 MEMORY_LIMIT = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
 MAX_LINE_BYTES = 16 << 20
 DS_PATTERN = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"  # a night: YYYY-MM-DD, ASCII digits only (JSON Schema's \\d is not)
@@ -64,10 +68,10 @@ class Options:
     leave_one_out: bool = False
 
     def __post_init__(self):
-        if self.mode not in ("select", "terminal"):
-            raise InputError(f"mode must be select or terminal, not {self.mode!r}")
-        if self.offchain not in ("selected", "strict"):
-            raise InputError(f"offchain must be selected or strict, not {self.offchain!r}")
+        if self.mode not in MODES:
+            raise InputError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.offchain not in OFFCHAIN_POLICIES:
+            raise InputError(f"offchain must be one of {', '.join(OFFCHAIN_POLICIES)}, not {self.offchain!r}")
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,26 @@ class Settings:
     batch_tokens: int = 1_000_000
     token_cache_bytes: int = 64 << 20
     max_row_group_bytes: int = 64 << 20  # a token row group decoding to more is not read (reject rows)
-    token_read_ahead_bytes: int = 128 << 20  # one-process builds: decoded while the night loads
     retention_nights: int = 30
+
+    @classmethod
+    def from_cli(cls, args) -> Settings:
+        """From `reassembler build`'s parsed arguments (cli.py's parser)."""
+        d = cls()
+        return cls(
+            options=Options(args.mode, args.offchain, not args.no_std_normalize, args.leave_one_out),
+            duckdb=DuckDBSettings(args.memory_limit, args.threads, args.temp_directory, args.lock_wait),
+            shards=args.shards,
+            workers=args.workers,
+            max_mask_rate=args.max_mask_rate,
+            allow_empty=args.allow_empty,
+            max_line_bytes=args.max_line_bytes,
+            batch_rows=d.batch_rows,
+            batch_tokens=d.batch_tokens,
+            token_cache_bytes=d.token_cache_bytes,
+            max_row_group_bytes=d.max_row_group_bytes,
+            retention_nights=args.retention_nights,
+        )
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Settings:
@@ -122,7 +144,7 @@ class Settings:
             value = params.get(name)
             return default if value is None or value == "" else cast(value)
 
-        d = cls()
+        d = DAG_DEFAULTS
         return cls(
             options=Options(
                 get("mode", d.options.mode, str),
@@ -155,3 +177,105 @@ def _bool(value) -> bool:
 
 
 DEFAULTS = Settings()
+DAG_DEFAULTS = Settings(shards=4, max_mask_rate=0.5)  # the DAG: a task per shard; refuse a night half masked
+GATE_DEFAULTS = Thresholds()
+
+
+def dag_params() -> dict[str, dict[str, Any]]:
+    """The DAG params this module owns, as keyword arguments of Airflow's `Param` (the DAG
+    file adds its own: ds, the input wait, the report's): default, type, range or enum, and a
+    description the trigger form shows."""
+    d, g = DAG_DEFAULTS, GATE_DEFAULTS
+    rate = {"minimum": 0, "maximum": 1}
+    return {
+        "shards": dict(
+            default=d.shards,
+            type="integer",
+            minimum=1,
+            maximum=256,
+            description="Group ranges reassembled as separate mapped tasks (in parallel).",
+        ),
+        "mode": dict(
+            default=d.options.mode,
+            enum=list(MODES),
+            description="select: compaction-aware selection (the default). terminal: ordinary capture, one row "
+            "from the last call (to compare against).",
+        ),
+        "offchain": dict(
+            default=d.options.offchain,
+            enum=list(OFFCHAIN_POLICIES),
+            description="selected: calls outside every chain are counted, never mask. strict: a poison row or a "
+            "faulty off-chain call masks the rollout.",
+        ),
+        "std_normalize": dict(
+            default=d.options.std_normalize,
+            type="boolean",
+            description="Divide each group's advantages by its population std (+1e-6).",
+        ),
+        "leave_one_out": dict(
+            default=d.options.leave_one_out,
+            type="boolean",
+            description="Use the mean of the group's other valid rollouts as the baseline.",
+        ),
+        "max_mask_rate": dict(
+            default=d.max_mask_rate,
+            type="number",
+            **rate,
+            description="Refuse to publish a night whose share of masked rollouts is above this.",
+        ),
+        "duckdb_memory_limit": dict(
+            default=d.duckdb.memory_limit,
+            type="string",
+            pattern=r"^\d+(\.\d+)?\s*([KMGT]i?B|B)$",
+            description="DuckDB memory_limit of every task.",
+        ),
+        "duckdb_threads": dict(
+            default=d.duckdb.threads, type="integer", minimum=1, description="DuckDB threads of every task."
+        ),
+        "duckdb_temp_directory": dict(
+            default=None, type=["null", "string"], description="DuckDB spill folder. Empty: <output>/_tmp/duckdb."
+        ),
+        "retention_nights": dict(
+            default=d.retention_nights,
+            type="integer",
+            minimum=1,
+            description="Nights of per-call tables (rollouts, ledger) kept in the warehouse.",
+        ),
+        "gate_max_mask_rate": dict(
+            default=g.max_mask_rate,
+            type=["null", "number"],
+            **rate,
+            description="Alert when the night's mask rate is above this (empty: off).",
+        ),
+        "gate_max_reason_rate": dict(
+            default=g.max_reason_rate,
+            type=["null", "number"],
+            **rate,
+            description="Alert when one reason masks more than this share of rollouts.",
+        ),
+        "gate_max_mask_rate_rise": dict(
+            default=g.max_mask_rate_rise,
+            type=["null", "number"],
+            **rate,
+            description="Alert when the mask rate rises more than this over the trailing 7-night mean.",
+        ),
+        "gate_max_rejects": dict(
+            default=g.max_rejects,
+            type=["null", "integer"],
+            minimum=0,
+            description="Alert when more input lines than this were rejected.",
+        ),
+        "report_nights": dict(
+            default=REPORT_NIGHTS, type="integer", minimum=1, description="Nights shown in the report's trends."
+        ),
+    }
+
+
+def thresholds_from_params(params: Mapping[str, Any]) -> Thresholds:
+    """The gate's thresholds from the DAG's params (None switches one off)."""
+    return Thresholds(
+        params.get("gate_max_mask_rate"),
+        params.get("gate_max_reason_rate"),
+        params.get("gate_max_mask_rate_rise"),
+        params.get("gate_max_rejects"),
+    )

@@ -14,8 +14,9 @@ import re
 import shutil
 import socket
 import tempfile
-import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -212,31 +213,44 @@ def apply_retention(con, ds: str, nights: int) -> None:
     run_script(con, "retention", {"ds": ds, "nights": nights, "hold_days": LOAD_HOLD_DAYS})
 
 
-class BackgroundCheckpoint:
-    """DuckDB's CHECKPOINT (the WAL written into the database file) on a cursor of `con`,
-    on a thread of its own, while the caller goes on reading through other cursors: a
-    one-process build checkpoints the night it just loaded while its shards read it, instead
-    of on one core in between. DuckDB runs reads beside a checkpoint. `join()` before the
-    next write; it raises the checkpoint's error, if any (as closing the connection did
-    when it checkpointed: a failed checkpoint fails the build, and DuckDB may have
-    invalidated the database)."""
+class Warehouse:
+    """The warehouse of one output folder, as a night's steps use it: each step takes its
+    connection from here, `writing()` to change it, `reading()` to query it. Outside
+    `held()` every step opens the file and closes it again (an Airflow task: DuckDB lets one
+    process write the file, and readers in other processes only when no process writes it).
+    Inside `held()`, a one-process build's steps share one read-write connection, opened
+    once (readers get cursors of it): the file is opened and closed once for the night."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection):
-        self._cursor = con.cursor()
-        self._error: Exception | None = None
-        self._thread = threading.Thread(target=self._run, name="warehouse-checkpoint", daemon=True)
-        self._thread.start()
+    def __init__(self, output_dir: str | Path, settings: DuckDBSettings = DuckDBSettings()):
+        self.output_dir, self.settings = Path(output_dir), settings
+        self._held: duckdb.DuckDBPyConnection | None = None
 
-    def _run(self) -> None:
-        try:
-            self._cursor.execute("CHECKPOINT")
-        except Exception as e:  # noqa: BLE001 - handed to join(), raised there
-            self._error = e
-        finally:
-            self._cursor.close()
+    @property
+    def path(self) -> Path:
+        return self.output_dir / WAREHOUSE_FILE
 
-    def join(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+    @contextmanager
+    def held(self) -> Iterator[Warehouse]:
+        with connect(self.output_dir, self.settings) as con:
+            self._held = con
+            try:
+                yield self
+            finally:
+                self._held = None
+
+    @contextmanager
+    def writing(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self._held is not None:
+            yield self._held
+            return
+        with connect(self.output_dir, self.settings) as con:
+            yield con
+
+    @contextmanager
+    def reading(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self._held is not None:
+            with self._held.cursor() as cursor:
+                yield cursor
+            return
+        with connect(self.output_dir, self.settings, read_only=True) as con:
+            yield con

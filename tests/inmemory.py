@@ -1,5 +1,5 @@
 """Run the per-rollout core on staged capture without files or DuckDB: the same
-`reassemble_unit` the shards run, fed with a table shaped like sql/shard_calls.sql's."""
+`verify_batch` the shards run, fed with a table shaped like sql/shard_calls.sql's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from reassembler.formats.fields import CALL, arrow_schema
 from reassembler.formats.records import SHARED_FIELDS, parse_rollout
 from reassembler.load.token_store import CANONICAL
 from reassembler.settings import Options
-from reassembler.verify.shard import reassemble_unit
+from reassembler.verify.batch import verify_batch
 
 # the columns of sql/shard_calls.sql: the group, the call fields (reassembler/fields.py), the token location
 SCHEMA = pa.schema([("group_id", pa.string()), *arrow_schema(CALL), ("t_file", pa.string()), ("t_row", pa.int64())])
@@ -18,7 +18,7 @@ SCHEMA = pa.schema([("group_id", pa.string()), *arrow_schema(CALL), ("t_file", p
 
 def reassemble(record: dict, staged: list[tuple[dict, dict | None]], options: Options = Options()):
     rollout, table, tokens = tables(record, staged)
-    outcomes, batch = reassemble_unit([rollout], table, tokens, options)
+    outcomes, batch = verify_batch([rollout], table, tokens, options)
     return outcomes[0], batch
 
 

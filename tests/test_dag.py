@@ -83,19 +83,18 @@ def test_dag_imports_with_the_expected_shape(pool):
 
 
 def test_operator_execute_reassembles_one_shard(tmp_path, night):
+    from steps import load, publish
+
     from nights import worked_example
-    from reassembler.build import load_step, publish_step
     from reassembler.settings import Settings
     from reassembler_airflow.operators import ReassembleOperator
 
     worked_example(night, "a_g0", compaction=True, reward=1.0)
     worked_example(night, "b_g0", compaction=False, reward=0.0)
     inp, out = night.write(), tmp_path / "out"
-    load_step(inp, out, DS, Settings(shards=2))
+    load(inp, out, DS, Settings(shards=2))
     operators = [
-        ReassembleOperator(
-            task_id=f"reassemble_{k}", input_dir=str(inp), output_dir=str(out), ds=DS, run_id="test_run", shard=k
-        )
+        ReassembleOperator(task_id=f"reassemble_{k}", output_dir=str(out), ds=DS, run_id="test_run", shard=k)
         for k in (0, 1)
     ]
     results = [op.execute(context={}) for op in operators]
@@ -104,7 +103,7 @@ def test_operator_execute_reassembles_one_shard(tmp_path, night):
     staged = out / "_staging" / DS / "test_run"
     assert sorted(p.name for p in (staged / "rows").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
     assert not (out / "rows").exists()  # nothing visible before publish
-    numbers = publish_step(inp, out, DS, "test_run")
+    numbers = publish(inp, out, DS, "test_run")
     assert (numbers.n_rows, numbers.ok_rollouts) == (3, 2)
 
 

@@ -17,7 +17,7 @@ import reassembler.load.read as read
 from nights import DS, worked_example
 from reassembler.formats.night import find_night
 from reassembler.load.read import load_night
-from reassembler.settings import MAX_LINE_BYTES
+from reassembler.settings import Settings
 from reassembler.warehouse import connect
 
 ABSENT = object()
@@ -165,7 +165,7 @@ NIGHT = st.lists(
 def _load(root: Path, out: Path, in_columns: bool, monkeypatch) -> tuple[list, list, tuple]:
     monkeypatch.setattr(read, "LEDGER_IN_COLUMNS", in_columns)
     with connect(out) as con:
-        summary = load_night(con, find_night(root, DS), allow_empty=True)
+        summary = load_night(con, find_night(root, DS), Settings(allow_empty=True))
         ledger = con.execute("SELECT * EXCLUDE (ds) FROM ledger ORDER BY capture_seq").fetchall()
         rejects = con.execute("SELECT * EXCLUDE (ds) FROM rejects ORDER BY source, file, line").fetchall()
     return ledger, rejects, (summary.ledger, summary.n_ledger_rows)
@@ -230,7 +230,7 @@ def test_files_the_columns_cannot_take_are_read_line_by_line(tmp_path, night, da
         read.LEDGER_IN_COLUMNS = in_columns
         try:
             with connect(tmp_path / f"out{in_columns}") as con:
-                load_night(con, find_night(inp, DS), max_line_bytes=1000)
+                load_night(con, find_night(inp, DS), Settings(max_line_bytes=1000))
                 results.append(
                     (
                         con.execute("SELECT * EXCLUDE (ds) FROM ledger ORDER BY capture_seq").fetchall(),
@@ -240,28 +240,3 @@ def test_files_the_columns_cannot_take_are_read_line_by_line(tmp_path, night, da
         finally:
             read.LEDGER_IN_COLUMNS = True
     assert results[0] == results[1] and len(results[0][0]) >= len(ledger) - 1
-
-
-def test_a_ledger_prepared_early_is_used_only_for_the_files_it_reads(tmp_path, night, monkeypatch):
-    """load_step starts parsing the ledger before it opens the warehouse (read.prepare_ledger);
-    load_night takes those chunks only when they read the very files it finds, else it
-    parses the folder as it is now."""
-    worked_example(night, "grp_g0", compaction=True)
-    inp = night.write()
-    with connect(tmp_path / "reference") as con:
-        load_night(con, find_night(inp, DS))
-        reference = con.execute("SELECT * EXCLUDE (ds) FROM ledger ORDER BY capture_seq").fetchall()
-    prepare = read.prepare_ledger
-    with prepare(find_night(inp, DS)) as early, connect(tmp_path / "same") as con, monkeypatch.context() as m:
-        m.setattr(read, "prepare_ledger", lambda *a: pytest.fail("parsed the ledger again"))
-        load_night(con, find_night(inp, DS), ledger=early)
-        assert con.execute("SELECT * EXCLUDE (ds) FROM ledger ORDER BY capture_seq").fetchall() == reference
-    with prepare(find_night(inp, DS)) as early:
-        assert early.reads(read._ledger_files(find_night(inp, DS)), MAX_LINE_BYTES, True)
-        extra = inp / "ledger" / f"ds={DS}" / "late.jsonl"  # written after the parse started
-        extra.write_text(json.dumps(_line([("model_call_id", "late_call")])) + "\n")
-        assert not early.reads(read._ledger_files(find_night(inp, DS)), MAX_LINE_BYTES, True)
-        with connect(tmp_path / "changed") as con:
-            summary = load_night(con, find_night(inp, DS), ledger=early)
-            ids = [c for (c,) in con.execute("SELECT model_call_id FROM ledger ORDER BY capture_seq").fetchall()]
-    assert summary.ledger.read == len(reference) + 1 and "late_call" in ids

@@ -102,12 +102,13 @@ def test_mask_rate_over_the_limit_publishes_nothing_and_says_why(tmp_path, two_g
 
 def _staged(tmp_path, two_groups):
     """The night loaded and staged by one shard, not published: (output, staging folder)."""
-    from reassembler.build import load_step, shard_step
+    from steps import load, shard
+
     from reassembler.publish.protocol import staging_dir
 
     out = tmp_path / "out"
-    load_step(two_groups, out, DS, run_id="r")
-    shard_step(two_groups, out, DS, 0, "r")
+    load(two_groups, out, DS, run_id="r")
+    shard(out, DS, 0, "r")
     return out, staging_dir(out, DS, "r")
 
 

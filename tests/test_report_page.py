@@ -14,6 +14,7 @@ import pytest
 from reassembler.audit.quality import Thresholds
 from reassembler.build import build_night, gate_step, report_step
 from reassembler.producer.synth import SynthConfig, synth_night
+from reassembler.warehouse import Warehouse
 
 NIGHTS = ["2026-11-25", "2026-11-26", "2026-11-27", "2026-11-28"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -34,11 +35,11 @@ def reports(tmp_path_factory):
         )
         synth_night(root / "input", ds, cfg)
         build_night(root / "input", root / "out", ds)
-        gate_step(root / "out", ds, None, Thresholds())
+        gate_step(Warehouse(root / "out"), ds, None, Thresholds())
     with open(root / "input" / "rollouts" / f"ds={NIGHTS[-1]}" / "rollouts-00000.jsonl", "a") as fh:
         fh.write("{not json\n")  # one rejected line on the last night
     build_night(root / "input", root / "out", NIGHTS[-1])
-    page = report_step(root / "out", NIGHTS[-1])
+    page = report_step(Warehouse(root / "out"), NIGHTS[-1])
     return root / "out", page
 
 
@@ -144,7 +145,7 @@ def test_the_gate_lists_every_breached_threshold_and_keeps_the_verdict(reports):
     [b] = gate(q, Thresholds(None, None, rise - 0.001, None))
     assert b["check"] == "mask_rate_rise" and "over the trailing 3-night mean" in b["message"]
     breaches = gate_step(
-        out,
+        Warehouse(out),
         NIGHTS[-1],
         "run-x",
         Thresholds(max_mask_rate=0.0, max_reason_rate=None, max_mask_rate_rise=None, max_rejects=None),
@@ -186,7 +187,7 @@ def test_capture_strings_are_drawn_as_text_never_as_markup(tmp_path):
     (inp / "ledger" / "ds=2026-11-28" / "ledger.jsonl").rename(server / "ledger.jsonl")
     out = tmp_path / "out"
     build_night(inp, out, "2026-11-28")
-    gate_step(out, "2026-11-28", None, Thresholds())
+    gate_step(Warehouse(out), "2026-11-28", None, Thresholds())
     page_path = out / "reports" / "ds=2026-11-28" / "index.html"
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         [(reason, failed, detail)] = con.execute(

@@ -1,13 +1,12 @@
-"""Rollout lines parsed by a child process (rollout_lines.py) load exactly what this process
-loads: the same rows, the same reject rows and messages, the same errors."""
+"""Rollout lines parsed by child processes (rollout_lines.py, started by load.NightLoad) load
+exactly what this process loads: the same rows, the same reject rows and messages, the same
+errors; and the NightLoad that started them stops them, whatever happens."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -18,7 +17,9 @@ from reassembler.errors import InputError
 from reassembler.formats.night import find_night
 from reassembler.load import rollout_lines
 from reassembler.load.json_lines import json_lines
+from reassembler.load.night_load import NightLoad
 from reassembler.load.read import load_night
+from reassembler.settings import Settings
 from reassembler.warehouse import connect
 
 EVERY_KIND_OF_LINE = [
@@ -60,21 +61,13 @@ def odd_night(night):
     return inp
 
 
-@pytest.fixture(params=["spawned", "forked"])
-def child_kind(request, monkeypatch) -> str:
-    """Children as a new interpreter, or forked from this process (what the command does at
-    its start; forced here, where pyarrow is loaded: the child only parses in Python)."""
-    monkeypatch.setattr(rollout_lines, "_can_fork", lambda: request.param == "forked")
-    return request.param
-
-
 def _load(inp, out, background_bytes: int, monkeypatch) -> tuple:
     monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", background_bytes)
     started = []
     real_start = rollout_lines.start
     monkeypatch.setattr(rollout_lines, "start", lambda *a: started.append(real_start(*a)) or started[-1])
-    with connect(out) as con:
-        summary = load_night(con, find_night(inp, DS), max_line_bytes=4096)
+    with connect(out) as con, NightLoad(inp, DS, Settings(max_line_bytes=4096)) as load:
+        summary = load.into(con)
         rollouts = con.execute("SELECT * EXCLUDE (ds) FROM rollouts ORDER BY rollout_seq").fetchall()
         rejects = con.execute("SELECT * FROM rejects ORDER BY ALL").fetchall()
     return summary, rollouts, rejects, [s is not None for s in started]
@@ -95,7 +88,7 @@ def test_the_child_loads_the_same_whether_it_is_done_before_the_ledger_or_after(
         assert a.execute(query).fetchall() == b.execute(query).fetchall()
 
 
-def test_a_child_process_loads_what_this_process_loads(tmp_path, odd_night, monkeypatch, child_kind):
+def test_a_child_process_loads_what_this_process_loads(tmp_path, odd_night, monkeypatch):
     here = _load(odd_night, tmp_path / "here", 1 << 40, monkeypatch)
     child = _load(odd_night, tmp_path / "child", 0, monkeypatch)
     assert (here[3], child[3]) == ([False], [True])  # each path taken as meant
@@ -119,13 +112,14 @@ def test_the_child_ignores_modules_in_the_working_folder(tmp_path, odd_night, mo
 
 
 def test_a_file_gone_since_the_listing_is_the_same_one_line_error(tmp_path, odd_night, monkeypatch):
-    night = find_night(odd_night, DS)
-    (odd_night / "rollouts" / f"ds={DS}" / "z-more.jsonl").unlink()
     messages = []
     for bytes_ in (1 << 40, 0):
         monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", bytes_)
-        with connect(tmp_path / f"out{bytes_}") as con, pytest.raises(InputError) as err:
-            load_night(con, night)
+        load = NightLoad(odd_night, DS)
+        (odd_night / "rollouts" / f"ds={DS}" / "z-more.jsonl").rename(tmp_path / "aside")
+        with connect(tmp_path / f"out{bytes_}") as con, load, pytest.raises(InputError) as err:
+            load.into(con)
+        (tmp_path / "aside").rename(odd_night / "rollouts" / f"ds={DS}" / "z-more.jsonl")
         messages.append(str(err.value))
     assert messages[0] == messages[1] == "z-more.jsonl: cannot open (No such file or directory)"
 
@@ -136,9 +130,9 @@ def test_a_child_that_dies_fails_the_load_and_leaves_no_half_night(tmp_path, odd
         before = con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall()
     monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
     monkeypatch.setattr(sys, "executable", "/bin/false")  # exits 1 at once, writes nothing
-    with connect(tmp_path / "out") as con:
+    with connect(tmp_path / "out") as con, NightLoad(odd_night, DS) as load:
         with pytest.raises(RuntimeError, match="rollout parser process ended with exit code 1"):
-            load_night(con, find_night(odd_night, DS))
+            load.into(con)
         assert con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall() == before  # the earlier load stands
 
 
@@ -149,20 +143,9 @@ def test_a_child_that_leaves_no_readable_results_fails_the_load(tmp_path, odd_ni
     fake.chmod(0o755)
     monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
     monkeypatch.setattr(sys, "executable", str(fake))
-    with connect(tmp_path / "out") as con, pytest.raises(RuntimeError, match="left unreadable results"):
-        load_night(con, find_night(odd_night, DS))
-
-
-def test_rollouts_parsed_early_from_another_listing_are_parsed_again(tmp_path, odd_night, monkeypatch):
-    monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
-    early = rollout_lines.start(find_night(odd_night, DS), 16 << 20)
-    assert early is not None
-    with open(odd_night / "rollouts" / f"ds={DS}" / "late.jsonl", "w") as fh:  # written after it started
-        fh.write(json.dumps({"rollout_id": "late_g9", "group_id": "late", "slot": 0, "output": []}) + "\n")
-    with connect(tmp_path / "out") as con:
-        load_night(con, find_night(odd_night, DS), background=early)
-        ids = [r for (r,) in con.execute("SELECT rollout_id FROM rollouts ORDER BY rollout_seq").fetchall()]
-    assert ids == ["late_g9", "grp_g0", "grp_g1", "long", "floats_and_unicode"]
+    with connect(tmp_path / "out") as con, NightLoad(odd_night, DS) as load:
+        with pytest.raises(RuntimeError, match="left unreadable results"):
+            load.into(con)
 
 
 def test_the_command_builds_the_same_rows_with_the_child(tmp_path, odd_night, monkeypatch):
@@ -207,7 +190,7 @@ def test_the_rollout_lines_cut_into_parts_hold_every_line_once(odd_night):
 
 
 @pytest.mark.parametrize("parts", [2, 3, 5, 8])
-def test_children_over_parts_hand_over_what_this_process_parses(odd_night, parts, child_kind):
+def test_children_over_parts_hand_over_what_this_process_parses(odd_night, parts):
     """The same rows (numbered across parts), the same reject rows in the same order, the
     same count of lines, whichever part a repeated rollout_id falls in."""
     night = find_night(odd_night, DS)
@@ -222,7 +205,7 @@ def test_children_over_parts_hand_over_what_this_process_parses(odd_night, parts
     assert sum("already seen" in r["error"] for r in got.rejects) == 2  # grp_g0 twice more
 
 
-def test_a_big_night_is_parsed_by_several_children_and_loads_the_same(tmp_path, odd_night, monkeypatch, child_kind):
+def test_a_big_night_is_parsed_by_several_children_and_loads_the_same(tmp_path, odd_night, monkeypatch):
     here = _load(odd_night, tmp_path / "here", 1 << 40, monkeypatch)
     monkeypatch.setattr(rollout_lines, "PART_BYTES", 1)
     monkeypatch.setattr(rollout_lines.os, "cpu_count", lambda: 3)
@@ -248,97 +231,36 @@ def test_several_children_that_die_fail_the_load_and_leave_the_night_before(tmp_
         before = con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall()
     _several_children(monkeypatch)
     monkeypatch.setattr(sys, "executable", "/bin/false")
-    with connect(tmp_path / "out") as con:
+    with connect(tmp_path / "out") as con, NightLoad(odd_night, DS) as load:
         with pytest.raises(RuntimeError, match="rollout parser process ended with exit code 1"):
-            load_night(con, find_night(odd_night, DS))
+            load.into(con)
         assert con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall() == before
 
 
-def test_a_file_gone_after_the_night_was_split_is_the_same_one_line_error(tmp_path, odd_night, monkeypatch, child_kind):
-    night = find_night(odd_night, DS)
+def test_a_file_gone_after_the_night_was_split_is_the_same_one_line_error(tmp_path, odd_night, monkeypatch):
     _several_children(monkeypatch)
-    early = rollout_lines.start(night, 4096)
-    assert early is not None and len(early._children) > 1
-    (odd_night / "rollouts" / f"ds={DS}" / "z-more.jsonl").unlink()
-    with connect(tmp_path / "out") as con, pytest.raises(InputError) as err:
-        load_night(con, night, background=early, max_line_bytes=4096)
+    with connect(tmp_path / "out") as con, NightLoad(odd_night, DS, Settings(max_line_bytes=4096)) as load:
+        assert load._children is not None and len(load._children._children) > 1
+        (odd_night / "rollouts" / f"ds={DS}" / "z-more.jsonl").unlink()
+        with pytest.raises(InputError) as err:
+            load.into(con)
     assert str(err.value) == "z-more.jsonl: cannot open (No such file or directory)"
 
 
-def test_only_a_process_with_no_thread_and_no_native_library_forks():
-    """This test process has pyarrow and DuckDB loaded: it spawns. A process that has imported
-    only what the command imports before it starts the children forks."""
-    assert not rollout_lines._can_fork()
-    probe = (
-        "import reassembler.cli, reassembler.load.rollout_lines as r, reassembler.formats.night; print(r._can_fork())"
-    )
-    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "True\n"
-
-
-def _interrupted() -> None:
-    raise KeyboardInterrupt
-
-
-@pytest.mark.parametrize(
-    "dies, said",
-    [
-        (lambda: os._exit(3), "exit code 3: no output"),
-        (_interrupted, "exit code 1: KeyboardInterrupt"),
-    ],
-)
-def test_a_forked_child_that_dies_fails_the_load_and_says_how(tmp_path, odd_night, monkeypatch, dies, said):
-    with connect(tmp_path / "out") as con:
-        load_night(con, find_night(odd_night, DS))
-        before = con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall()
-    monkeypatch.setattr(rollout_lines, "_can_fork", lambda: True)
+def test_leaving_the_night_load_stops_a_child_still_parsing(tmp_path, odd_night, monkeypatch):
+    """A child blocked on a file (a named pipe put in place of a rollout file once the night
+    was listed: nothing ever writes to it) is killed and reaped when the NightLoad is left,
+    here by an error in the body: no process, and no zombie, is left behind."""
     monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
-    monkeypatch.setattr(rollout_lines, "_parse_to", lambda *a: dies())
-    with connect(tmp_path / "out") as con:
-        with pytest.raises(RuntimeError, match=f"rollout parser process ended with {said}"):
-            load_night(con, find_night(odd_night, DS))
-        assert con.execute("SELECT * FROM rollouts ORDER BY ALL").fetchall() == before
-
-
-def test_closing_stops_a_forked_child_that_is_still_parsing(odd_night, monkeypatch):
-    monkeypatch.setattr(rollout_lines, "_can_fork", lambda: True)
-    monkeypatch.setattr(rollout_lines, "_parse_to", lambda *a: time.sleep(60))
-    background = rollout_lines.InBackground(find_night(odd_night, DS), 4096)
-    (child,) = background._children
-    pid = child._proc.pid
-    assert not background.done()
-    started = time.monotonic()
-    background.close()
-    assert time.monotonic() - started < 10
-    with pytest.raises(ChildProcessError):  # killed and reaped: no zombie left behind
-        os.waitpid(pid, os.WNOHANG)
-
-
-def test_the_command_forks_its_child_and_builds_the_same_rows(tmp_path, odd_night):
-    """`reassembler build` as a user runs it, in a process of its own: the child is forked
-    (counted), and the rows are those of a build that parses in this process."""
-    here = tmp_path / "here"
-    assert main(["build", "--input", str(odd_night), "--output", str(here), "--ds", DS]) == 0
-    forked = tmp_path / "forked"
-    script = (
-        "import sys, reassembler.load.rollout_lines as r\n"
-        "r.BACKGROUND_BYTES = 0\n"
-        "made = []\n"
-        "class Counted(r._Forked):\n"
-        "    def __init__(self, *a):\n"
-        "        made.append(1)\n"
-        "        super().__init__(*a)\n"
-        "r._Forked = Counted\n"
-        "from reassembler.cli import entry\n"
-        "rc = entry(sys.argv[1:])\n"
-        "print('forked', len(made))\n"
-        "sys.exit(rc)\n"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", script, "build", "--input", str(odd_night), "--output", str(forked), "--ds", DS],
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[-1] == "forked 1"
-    rows = [pq.read_table(out / "rows" / f"ds={DS}").to_pylist() for out in (here, forked)]
-    assert rows[0] == rows[1] and len(rows[0]) == 3
+    load = NightLoad(odd_night, DS)
+    more = odd_night / "rollouts" / f"ds={DS}" / "z-more.jsonl"
+    more.unlink()
+    os.mkfifo(more)
+    with pytest.raises(KeyboardInterrupt), load:
+        [child] = load._children._children
+        proc = child._proc
+        assert proc.poll() is None  # still parsing: blocked on the pipe
+        raise KeyboardInterrupt
+    assert load._children is None and proc.returncode is not None  # killed, and waited for
+    with pytest.raises(ChildProcessError):  # reaped: no zombie left behind
+        os.waitpid(proc.pid, os.WNOHANG)

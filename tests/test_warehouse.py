@@ -15,7 +15,7 @@ import pytest
 from nights import DS, Night, worked_example
 from reassembler.build import build_night
 from reassembler.settings import Settings
-from reassembler.warehouse import SCHEMA_VERSION, BackgroundCheckpoint, connect, schema_version
+from reassembler.warehouse import SCHEMA_VERSION, connect, schema_version
 
 V1_SCHEMA = Path(__file__).parent / "data" / "warehouse_v1_schema.sql"  # sql/schema.sql of release 1
 
@@ -98,44 +98,20 @@ def _wal(out: Path) -> int:
     return wal.stat().st_size if wal.exists() else 0
 
 
-def test_the_checkpoint_after_the_load_runs_beside_reads(tmp_path):
-    """A one-process build checkpoints the loaded night on a thread while its shards read it
-    through other cursors of the same connection (BackgroundCheckpoint)."""
+def test_the_load_step_writes_the_night_into_the_file(tmp_path):
+    """The loaded night is checkpointed before the shards read it: the WAL is empty, and a
+    reader in another process sees the night."""
+    from steps import load
+
     out = tmp_path / "out"
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
     with connect(out) as con:
-        con.execute("CREATE TABLE t AS SELECT range AS i FROM range(10)")
-        con.execute("CHECKPOINT")
-        con.execute("INSERT INTO t SELECT range + 10 FROM range(100000)")  # lands in the WAL
-        assert _wal(out) > 0
-        reader = con.cursor().sql("SELECT i FROM t ORDER BY i").to_arrow_reader(1000)
-        first = reader.read_next_batch()  # a read in progress
-        flush = BackgroundCheckpoint(con)
-        rest = sum(batch.num_rows for batch in reader)
-        flush.join()
-        assert first.num_rows + rest == 100010
-        assert _wal(out) == 0  # written into the database file
+        con.execute("CREATE TABLE t AS SELECT 1 AS i")  # an earlier write, in the WAL of a closed file
+    load(n.write(), out, DS)
+    assert _wal(out) == 0
     with connect(out, read_only=True) as con:
-        assert con.execute("SELECT count(*), sum(i) FROM t").fetchone() == (100010, sum(range(100010)))
-
-
-def test_a_checkpoint_that_fails_fails_when_joined():
-    """As closing the connection did when it checkpointed: the error reaches the build."""
-
-    class Cursor:
-        def execute(self, statement):
-            assert statement == "CHECKPOINT"
-            raise duckdb.IOException("No space left on device")
-
-        def close(self):
-            pass
-
-    class Connection:
-        def cursor(self):
-            return Cursor()
-
-    flush = BackgroundCheckpoint(Connection())
-    with pytest.raises(duckdb.IOException, match="No space left on device"):
-        flush.join()
+        assert con.execute("SELECT count(*) FROM rollouts WHERE ds = ?", [DS]).fetchone() == (1,)
 
 
 def _published(out: Path, ds: str) -> tuple[int, int]:
@@ -179,7 +155,7 @@ def test_a_backfill_older_than_the_retention_window_publishes_its_night(tmp_path
 def test_a_night_loaded_and_not_published_is_held_against_retention(tmp_path):
     """The DAG loads a night, then other nights load before its shards and publish run: the
     retention of those loads keeps the held night's per-call rows."""
-    from reassembler.build import load_step, publish_step, shard_step
+    from steps import load, publish, shard
 
     out = tmp_path / "out"
     inputs = {}
@@ -188,12 +164,12 @@ def test_a_night_loaded_and_not_published_is_held_against_retention(tmp_path):
         worked_example(n, "a_g0")
         inputs[ds] = n.write()
     settings = Settings(retention_nights=1)
-    load_step(inputs["2026-11-20"], out, "2026-11-20", settings, run_id="backfill")
+    load(inputs["2026-11-20"], out, "2026-11-20", settings, run_id="backfill")
     for ds in ("2026-11-26", "2026-11-27"):
         build_night(inputs[ds], out, ds, settings)
     assert _per_call_nights(out) == {"2026-11-20", "2026-11-27"}
-    shard_step(inputs["2026-11-20"], out, "2026-11-20", 0, "backfill", settings)
-    numbers = publish_step(inputs["2026-11-20"], out, "2026-11-20", "backfill", settings)
+    shard(out, "2026-11-20", 0, "backfill", settings)
+    numbers = publish(inputs["2026-11-20"], out, "2026-11-20", "backfill", settings)
     assert (numbers.audit_rows, numbers.ok_rollouts) == (1, 1) and _published(out, "2026-11-20") == (2, 1)
     build_night(inputs["2026-11-27"], out, "2026-11-27", settings)  # published: no longer held
     assert _per_call_nights(out) == {"2026-11-27"}
@@ -202,7 +178,8 @@ def test_a_night_loaded_and_not_published_is_held_against_retention(tmp_path):
 def test_publish_refuses_a_night_whose_rollouts_left_the_warehouse_after_the_load(tmp_path):
     """Whatever removed them (a retention of another release, a hand-made DELETE), a staged
     night built from fewer rollouts than the load read is not published."""
-    from reassembler.build import load_step, publish_step, shard_step
+    from steps import load, publish, shard
+
     from reassembler.errors import AuditCheckFailed
 
     out = tmp_path / "out"
@@ -212,35 +189,37 @@ def test_publish_refuses_a_night_whose_rollouts_left_the_warehouse_after_the_loa
     inp = n.write()
     build_night(inp, out, DS)
     before = _published(out, DS)
-    load_step(inp, out, DS, run_id="r2")
+    load(inp, out, DS, run_id="r2")
     with connect(out) as con:
         con.execute("DELETE FROM rollouts WHERE ds = ?", [DS])
-    shard_step(inp, out, DS, 0, "r2")
+    shard(out, DS, 0, "r2")
     with pytest.raises(AuditCheckFailed, match=r"the load read 2 rollouts but the warehouse holds 0") as e:
-        publish_step(inp, out, DS, "r2")
+        publish(inp, out, DS, "r2")
     assert "no rollout staged" in str(e.value)
     assert _published(out, DS) == before == (4, 2)
 
 
 def test_publish_refuses_a_night_another_run_loaded_again(tmp_path):
-    from reassembler.build import load_step, publish_step, shard_step
+    from steps import load, publish, shard
+
     from reassembler.errors import AuditCheckFailed
 
     out = tmp_path / "out"
     n = Night(tmp_path / "n")
     worked_example(n, "a_g0")
     inp = n.write()
-    load_step(inp, out, DS, run_id="first")
-    load_step(inp, out, DS, run_id="second")  # while the first run waits for its shards
-    shard_step(inp, out, DS, 0, "first")
+    load(inp, out, DS, run_id="first")
+    load(inp, out, DS, run_id="second")  # while the first run waits for its shards
+    shard(out, DS, 0, "first")
     with pytest.raises(AuditCheckFailed, match="run second loaded it again after run first did"):
-        publish_step(inp, out, DS, "first")
-    shard_step(inp, out, DS, 0, "second")
-    assert publish_step(inp, out, DS, "second").ok_rollouts == 1
+        publish(inp, out, DS, "first")
+    shard(out, DS, 0, "second")
+    assert publish(inp, out, DS, "second").ok_rollouts == 1
 
 
 def test_an_empty_staged_night_replaces_nothing_without_allow_empty(tmp_path):
-    from reassembler.build import load_step, publish_step, shard_step
+    from steps import load, publish, shard
+
     from reassembler.errors import AuditCheckFailed
 
     out = tmp_path / "out"
@@ -250,12 +229,12 @@ def test_an_empty_staged_night_replaces_nothing_without_allow_empty(tmp_path):
     build_night(inp, out, DS)
     empty = Night(tmp_path / "empty")
     empty_input = empty.write()
-    load_step(empty_input, out, DS, Settings(allow_empty=True), run_id="r2")
-    shard_step(empty_input, out, DS, 0, "r2")
+    load(empty_input, out, DS, Settings(allow_empty=True), run_id="r2")
+    shard(out, DS, 0, "r2")
     with pytest.raises(AuditCheckFailed, match="no rollout staged"):
-        publish_step(empty_input, out, DS, "r2")
+        publish(empty_input, out, DS, "r2")
     assert _published(out, DS) == (2, 1)
-    assert publish_step(empty_input, out, DS, "r2", Settings(allow_empty=True)).audit_rows == 0
+    assert publish(empty_input, out, DS, "r2", Settings(allow_empty=True)).audit_rows == 0
     assert _published(out, DS) == (0, 0)
 
 

@@ -26,14 +26,12 @@ class ReassembleOperator(BaseOperator):
     core's defaults.
     """
 
-    template_fields = ("input_dir", "output_dir", "ds", "run_id", "settings")
+    template_fields = ("output_dir", "ds", "run_id", "settings")
     ui_color = "#e8f4ea"
 
-    def __init__(
-        self, *, input_dir: str, output_dir: str, ds: str, run_id: str, shard: int, settings: Any = None, **kwargs
-    ):
+    def __init__(self, *, output_dir: str, ds: str, run_id: str, shard: int, settings: Any = None, **kwargs):
         super().__init__(**kwargs)
-        self.input_dir, self.output_dir, self.ds, self.run_id = input_dir, output_dir, ds, run_id
+        self.output_dir, self.ds, self.run_id = output_dir, ds, run_id
         self.shard = shard
         self.settings = settings
         self.group_range = ""
@@ -41,17 +39,16 @@ class ReassembleOperator(BaseOperator):
     def execute(self, context: Any) -> dict:
         # imported here so that parsing the DAG file stays light (no DuckDB / Arrow import)
         from reassembler.build import shard_step
-        from reassembler.warehouse import connect, sql
+        from reassembler.warehouse import Warehouse, sql
 
         settings = task_settings(self.settings, self.pool)
+        warehouse = Warehouse(self.output_dir, settings.duckdb)
         with task_errors():
-            with connect(self.output_dir, settings.duckdb, read_only=True) as con:
-                groups = [
-                    g for (g,) in con.execute(sql("shard_groups"), {"ds": self.ds, "shard": int(self.shard)}).fetchall()
-                ]
-            self.group_range = group_label(groups)
-            self.log.info("shard %s of ds=%s: %s, from %s", self.shard, self.ds, self.group_range, self.input_dir)
-            result = shard_step(self.input_dir, self.output_dir, self.ds, int(self.shard), self.run_id, settings)
+            with warehouse.reading() as con:
+                query = con.execute(sql("shard_groups"), {"ds": self.ds, "shard": int(self.shard)})
+                self.group_range = group_label([g for (g,) in query.fetchall()])
+            self.log.info("shard %s of ds=%s: %s", self.shard, self.ds, self.group_range)
+            result = shard_step(warehouse, self.ds, int(self.shard), self.run_id, settings)
         return {
             "shard": result.shard,
             "rollouts": result.n_rollouts,

@@ -9,33 +9,21 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..formats.fields import CALL, select_list
-from ..formats.night import find_night
+from ..formats.night import NightFiles, find_night
+from ..load.read import token_rows_sql
+from ..load.token_store import TokenStore
 from ..reasons import DESCRIPTIONS
 from ..settings import Options
-from ..verify.select import select_calls
-from ..verify.shard import reassemble_one
+from ..verify.batch import verify_batch
+from ..verify.calls import calls_from_table
+from ..verify.replay import ledger_line, selection_lines
 from ..warehouse import connect, sql
-
-
-def _ledger_line(ledger) -> str:
-    if not ledger:
-        return "ledger: no calls"
-    return f"ledger: {len(ledger)} calls in capture order: " + ", ".join(
-        f"{cid} ({'poison: ' + fr if fr else 'root' if parent is None else 'parent ' + parent})"
-        for cid, parent, fr in ledger
-    )
 
 
 def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     """The trace of one published rollout replayed from the warehouse alone (no token
     reads): its ledger, selection, cut and walks, then the outcome the build recorded. The
-    per-call token checks are not rerun here; `reassembler explain` reruns everything."""
-    from ..reasons import Masked
-    from ..verify.calls import calls_from_table
-    from ..verify.cut import cut_chains
-    from ..verify.finalize import walk_to_root
-    from ..verify.rollout import declared_terminal
-
+    per-call token checks are not rerun here; `explain` reruns everything."""
     params = {"ds": ds, "shard": None, "rollout_id": rollout_id}
     cur = con.execute(sql("shard_rollouts"), params)
     names = [d[0] for d in cur.description]
@@ -50,21 +38,35 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
         .to_arrow_table()
     )
     status, reason, detail, failed, *_, mode = published[:8]
-    lines = [_ledger_line([(c.model_call_id, c.parent_call_id, c.failure_reason) for c in calls])]
+    lines = [ledger_line([(c.model_call_id, c.parent_call_id, c.failure_reason) for c in calls])]
     if mode != "terminal" and calls and not rollout["failure_reason"] and rollout["reward"] is not None:
-        try:
-            selected = select_calls(rollout, calls, declared_terminal(rollout, calls), lines)
-            chains = cut_chains(selected, lines)
-            by_id = {c.model_call_id: c for c in calls}
-            for chain in chains:
-                lines.append(
-                    "finalize: walk " + " -> ".join(c.model_call_id for c in reversed(walk_to_root(chain[-1], by_id)))
-                )
-        except Masked as m:
-            lines.append(f"stopped: {m.reason.value}: {m.detail}")
+        lines += selection_lines(rollout, calls)
     at = f" at call {failed}" if failed else ""
     lines.append(f"result (as built): {status}" + (f", {reason}{at}: {detail}" if reason else ""))
     return lines
+
+
+def rerun(con, night: NightFiles, rollout_id: str, options: Options):
+    """One rollout rerun through verification (verify.batch) on the night's files as they
+    are now: (outcome or None, the trace of its steps, its token batch)."""
+    params = {"ds": night.ds, "shard": None, "rollout_id": rollout_id}
+    cur = con.execute(sql("shard_rollouts"), params)
+    names = [d[0] for d in cur.description]
+    rollouts = [dict(zip(names, row)) for row in cur.fetchall()]
+    if not rollouts:
+        return None, [], None
+    table = (
+        con.cursor()
+        .sql(
+            sql("shard_calls", tokens=token_rows_sql(night), call_columns=select_list(CALL, "l")),
+            params=dict(params, first_group=None, last_group=None),
+        )
+        .to_arrow_table()
+    )
+    tokens = TokenStore().fetch(table.column("t_file"), table.column("t_row"))
+    trace: dict[str, list[str]] = {}
+    outcomes, batch = verify_batch(rollouts, table, tokens, options, trace)
+    return outcomes[0], trace.get(rollout_id, []), batch
 
 
 @dataclass
@@ -86,7 +88,7 @@ class Replay:
     def text(self) -> str:
         lines = [
             self.header,
-            _ledger_line([(c["model_call_id"], c["parent_call_id"], c["failure_reason"]) for c in self.ledger]),
+            ledger_line([(c["model_call_id"], c["parent_call_id"], c["failure_reason"]) for c in self.ledger]),
         ]
         lines += self.steps
         lines += [
@@ -120,7 +122,7 @@ def explain(output_dir, ds: str, rollout_id: str) -> Replay:
         status, reason, detail, failed, advantage, run_id, input_dir, mode, offchain, options = published
         opts = Options(**json.loads(options)) if options else Options()
         night = find_night(input_dir, ds)
-        outcome, trace, batch = reassemble_one(con, night, rollout_id, opts)
+        outcome, trace, batch = rerun(con, night, rollout_id, opts)
         if outcome is None or batch is None:  # the audit row is kept for good, the per-call tables are not
             raise InputError(
                 f"rollout {rollout_id} of ds={ds} is no longer in the warehouse's per-call tables "

@@ -24,7 +24,7 @@ from collections import Counter, defaultdict
 from datetime import date
 
 from ..reasons import DESCRIPTIONS, STEPS, Reason
-from ..settings import Thresholds
+from ..settings import REPORT_NIGHTS, Thresholds
 from ..warehouse import run_script, sql
 
 TRAILING = 7
@@ -99,7 +99,7 @@ def _compaction(rollouts: list[dict]) -> dict:
 
 
 def night_quality(
-    con, ds: str, nights: int = 30, by: list[str] | None = None, examples: int = 3, traces: bool = True
+    con, ds: str, nights: int = REPORT_NIGHTS, by: list[str] | None = None, examples: int = 3, traces: bool = True
 ) -> dict:
     """Everything the report shows for night `ds` (a JSON-able dict)."""
     from .explain import ledger_trace

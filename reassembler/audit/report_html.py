@@ -20,6 +20,7 @@ import plotly
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from ..settings import REPORT_NIGHTS
 from .quality import night_quality, nights_overview
 
 STEP_COLORS = {
@@ -359,7 +360,7 @@ def _plotly_js(folder: Path) -> None:
 
 
 def write_reports(
-    con, output: str | Path, ds: str | None = None, nights: int = 30, by: list[str] | None = None
+    con, output: str | Path, ds: str | None = None, nights: int = REPORT_NIGHTS, by: list[str] | None = None
 ) -> Path | None:
     """Write the night's page (default: the latest night) and the index; return the page."""
     folder = Path(output) / "reports"

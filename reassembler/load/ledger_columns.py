@@ -27,8 +27,6 @@ numbers of lines and objects means one object per line, in order.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,7 +195,7 @@ def ledger_table(parsed: pa.Table, files: list[ScannedFile]) -> tuple[pa.Table, 
     return table, per_line
 
 
-# -- whole chunks of files, prepared on a thread of their own
+# -- whole chunks of files
 
 
 @dataclass
@@ -214,7 +212,9 @@ class Chunk:
 CHUNK_BYTES = 8 << 20
 
 
-def _chunks(files: list[tuple[str, Path]], max_line_bytes: int, in_columns: bool) -> Iterator[Chunk]:
+def ledger_chunks(files: list[tuple[str, Path]], max_line_bytes: int, in_columns: bool = True) -> Iterator[Chunk]:
+    """The files read, scanned and parsed in chunks of about CHUNK_BYTES, in order (pyarrow
+    parses a chunk's files at once); `in_columns` False leaves every file to the per-line path."""
     chunk: list[tuple[str, ScannedFile | None]] = []
     size = 0
     for rel, path in files:
@@ -244,54 +244,3 @@ def _prepare(files: list[tuple[str, ScannedFile | None]]) -> Chunk:
         return Chunk(files)
     table, per_line = ledger_table(pa.concat_tables(tables), columnar)
     return Chunk(files, columnar, table, per_line)
-
-
-class PreparedChunks:
-    """The files read, scanned and parsed in chunks of about CHUNK_BYTES, one chunk ahead on
-    a thread of its own that starts at once (pyarrow parses and computes without the GIL),
-    so that this work overlaps what the caller does meanwhile (read.py: the rollouts).
-    Iterate once, inside `with`."""
-
-    def __init__(self, files: list[tuple[str, Path]], max_line_bytes: int, in_columns: bool = True):
-        self.args = (list(files), max_line_bytes, in_columns)
-        self._ahead: queue.Queue = queue.Queue(maxsize=1)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._produce, args=(files, max_line_bytes, in_columns), name="ledger-read", daemon=True
-        )
-        self._thread.start()
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._ahead.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _produce(self, files, max_line_bytes: int, in_columns: bool) -> None:
-        try:
-            for chunk in _chunks(files, max_line_bytes, in_columns):
-                if not self._put(chunk):
-                    return
-            self._put(None)
-        except BaseException as e:  # handed to the caller, raised there
-            self._put(e)
-
-    def reads(self, files: list[tuple[str, Path]], max_line_bytes: int, in_columns: bool) -> bool:
-        """Whether this reads exactly these files, with these settings."""
-        return self.args == (list(files), max_line_bytes, in_columns)
-
-    def __iter__(self) -> Iterator[Chunk]:
-        while (item := self._ahead.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def __enter__(self) -> PreparedChunks:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()

@@ -1,18 +1,17 @@
 """Read one night of capture (CONTRACT.md section 2) into the DuckDB warehouse.
 
-- rollout JSONL is parsed line by line (rollout_lines.py: in a child process for a big
-  night); the ledger's files are parsed in columns (ledger_columns.py) on a thread of their
-  own, and the files and lines that path cannot take exactly are parsed line by line
-  (json_lines.py); a line that is not JSON, or not the shape of its record, becomes a
-  reject row;
-- token Parquet is not copied: each file's schema is checked (a missing column or an
-  unsupported type stops the night with exit 2); `token_rows_sql` exposes the scalar
-  columns to SQL, and token_store.py reads the lists of the rows a shard needs.
+- rollout JSONL is parsed line by line (rollout_lines.py: in child processes for a big
+  night); the ledger's files are parsed in columns (ledger_columns.py), and the files and
+  lines that path cannot take exactly are parsed line by line (json_lines.py); a line that
+  is not JSON, or not the shape of its record, becomes a reject row;
+- token Parquet is not copied: each file's schema is checked (formats/token_file.py: a
+  missing column or an unsupported type stops the night with exit 2); the keys of its rows
+  go into the warehouse's token_rows, and token_store.py reads the lists of the rows a shard
+  needs.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,16 +21,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
+from ..formats import token_file
 from ..formats.fields import LEDGER, ROLLOUT, arrow_schema
 from ..formats.night import NightFiles
-from ..formats.records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS, parse_ledger_row
-from ..settings import DEFAULTS, MAX_LINE_BYTES
+from ..formats.records import parse_ledger_row
+from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script, sql
 from . import rollout_lines
 from .json_lines import decode, one_line, read_file_lines
-from .ledger_columns import Chunk, PreparedChunks
-from .token_store import LOGPROB_NAMES
-from .token_store import too_big as token_too_big
+from .ledger_columns import Chunk, ledger_chunks
 
 CHUNK_ROWS = 500  # rows buffered before an insert: a rollout row carries its whole output's fingerprints
 
@@ -120,75 +118,48 @@ def _ledger_files(night: NightFiles) -> list[tuple[str, Path]]:
     return [(rel, night.path("ledger", rel)) for rel in night.ledger]
 
 
-def prepare_ledger(night: NightFiles, max_line_bytes: int = MAX_LINE_BYTES) -> PreparedChunks:
-    """Start reading and parsing the night's ledger files on a thread of their own, for a
-    `load_night` to come (the caller connects to the warehouse meanwhile). Use inside `with`."""
-    return PreparedChunks(_ledger_files(night), max_line_bytes, LEDGER_IN_COLUMNS)
-
-
 def load_night(
     con: duckdb.DuckDBPyConnection,
     night: NightFiles,
-    allow_empty: bool = False,
-    max_line_bytes: int = MAX_LINE_BYTES,
+    settings: Settings = DEFAULTS,
     background: rollout_lines.InBackground | None = None,
-    ledger: PreparedChunks | None = None,
-    token_bound: int = DEFAULTS.max_row_group_bytes,
 ) -> LoadSummary:
     """Replace the night `night.ds` in the warehouse, in one transaction: clear it, load the
-    rollout lines, load the ledger lines, record the rows nobody asks for, count. A night
-    from which no rollout could be read is refused (InputError) unless `allow_empty`.
-    `background`: these rollout lines already being parsed (used only if it parses these
-    very files with these settings); else a big night's start being parsed now. `ledger`:
-    the ledger files already being parsed (`prepare_ledger`; used only if it reads these
-    very files with these settings, and left to the caller to close)."""
-    ds = night.ds
-    if background is not None and not background.parses(night, max_line_bytes):
-        background.close()  # the folder changed since it started: parse what is there now
-        background = None
-    if background is None:
-        background = rollout_lines.start(night, max_line_bytes)  # parsed meanwhile
+    token rows' keys, the rollout lines and the ledger lines, record the rows nobody asks
+    for, count. A night from which no rollout could be read is refused (InputError) unless
+    `settings.allow_empty`. `background`: this night's rollout lines being parsed by child
+    processes (load.NightLoad started them), else they are parsed here."""
+    ds, max_line_bytes = night.ds, settings.max_line_bytes
+    files = token_files(night, settings.max_row_group_bytes)  # unusable token files: refused before anything
+    con.execute("BEGIN TRANSACTION")
     try:
-        files = token_files(night, token_bound)  # fail on unusable token files before touching anything
-        con.execute("BEGIN TRANSACTION")
-        try:
-            run_script(con, "clear_night", {"ds": ds})
-            con.execute(sql("insert_token_rows", tokens=files.sql), {"ds": ds})  # the files' keys, read once
-            if files.too_big:
-                _reject_too_big(con, night, files)
-            tokens = sql("night_token_rows")
-            rejects = _Inserter(con, "insert_rejects", REJECT_BATCH, ds)
-            # the ledger files are read and parsed on a thread of their own meanwhile
-            with (
-                nullcontext(ledger)
-                if ledger is not None and ledger.reads(_ledger_files(night), max_line_bytes, LEDGER_IN_COLUMNS)
-                else prepare_ledger(night, max_line_bytes)
-            ) as chunks:
-                # the rollouts first when they are ready (parsed here, or the child is done)
-                # while the ledger's chunks may still be parsing; else the ledger first
-                rollouts_first = background is None or background.done()
-                if rollouts_first:
-                    rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background)
-                ledger_lines, ledger_loaded = _load_ledger(con, night, chunks, rejects, max_line_bytes)
-            if not rollouts_first:
-                rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background)
-            rejects.flush()
-            if rollouts_loaded == 0 and not allow_empty:
-                raise InputError(
-                    f"{night.path('rollouts', '')}: no rollout could be read ({len(night.rollouts)} files, "
-                    f"{rollout_count} lines); an empty night is published only with --allow-empty"
-                )
-            _reject_orphans(con, night, tokens)
-            counts = dict(con.execute(sql("count_rejects"), {"ds": ds}).fetchall())
-            loaded = con.execute(sql("count_loaded", tokens=tokens), {"ds": ds}).fetchone()
-            ledger_used, token_rows = loaded or (0, 0)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-    finally:
-        if background is not None:
-            background.close()
+        run_script(con, "clear_night", {"ds": ds})
+        con.execute(sql("insert_token_rows", tokens=files.sql), {"ds": ds})  # the files' keys, read once
+        if files.too_big:
+            _reject_too_big(con, night, files)
+        tokens = sql("night_token_rows")
+        rejects = _Inserter(con, "insert_rejects", REJECT_BATCH, ds)
+        # the ledger while the rollout children (if any) parse; the rollouts first if they are done
+        rollouts_first = background is None or background.done()
+        if rollouts_first:
+            rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background)
+        ledger_lines, ledger_loaded = _load_ledger(con, night, rejects, max_line_bytes)
+        if not rollouts_first:
+            rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background)
+        rejects.flush()
+        if rollouts_loaded == 0 and not settings.allow_empty:
+            raise InputError(
+                f"{night.path('rollouts', '')}: no rollout could be read ({len(night.rollouts)} files, "
+                f"{rollout_count} lines); an empty night is published only with --allow-empty"
+            )
+        _reject_orphans(con, night, tokens)
+        counts = dict(con.execute(sql("count_rejects"), {"ds": ds}).fetchall())
+        loaded = con.execute(sql("count_loaded", tokens=tokens), {"ds": ds}).fetchone()
+        ledger_used, token_rows = loaded or (0, 0)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
     token_rows += files.n_too_big  # read, and rejected
     summary = LoadSummary(
         rollouts=SourceCount(rollout_count, rollouts_loaded, counts.get("rollouts", 0)),
@@ -224,11 +195,11 @@ def _load_rollouts(
     return lines, rollouts.count
 
 
-def _load_ledger(con, night: NightFiles, chunks, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
+def _load_ledger(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
     """Every ledger line, in capture order (files by path, then lines): a ledger row, or a
-    reject row. `chunks`: the files as ledger_columns.PreparedChunks gives them; the ones
-    (and the lines) it could not take in columns are read here line by line. Returns
-    (lines read, rows loaded)."""
+    reject row. The files are parsed in columns a chunk at a time (ledger_columns.py); the
+    ones (and the lines) it cannot take are read here line by line. Returns (lines read,
+    rows loaded)."""
     ledger = _Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
     loaded = 0
 
@@ -237,7 +208,7 @@ def _load_ledger(con, night: NightFiles, chunks, rejects: _Inserter, max_line_by
         ledger.add(row)
 
     number = 0
-    for chunk in chunks:
+    for chunk in ledger_chunks(_ledger_files(night), max_line_bytes, LEDGER_IN_COLUMNS):
         columnar = {f.rel: f for f in chunk.columnar}
         bases = []  # the number before each file read in columns
         for rel, _ in chunk.files:
@@ -311,56 +282,6 @@ def _reject_orphans(con, night: NightFiles, tokens: str) -> None:
 # ---------------------------------------------------------------- token Parquet -> SQL
 
 
-def _is_string(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
-
-
-def _list_value_type(t: pa.DataType) -> pa.DataType | None:
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
-        return t.value_type
-    return None
-
-
-def check_token_schema(schema: pa.Schema, rel: str) -> None:
-    """Check one token file's schema; InputError naming the file and the problem."""
-
-    def need(name: str) -> pa.DataType:
-        if name not in schema.names:
-            raise InputError(f"{rel}: token file has no column {name}")
-        return schema.field(name).type
-
-    def bad(name: str, t, expected: str) -> InputError:
-        return InputError(f"{rel}: column {name} has type {t}, expected {expected}")
-
-    for name in ("staging_key",) + LINEAGE_FIELDS:
-        t = need(name)
-        if not (_is_string(t) or pa.types.is_null(t)):
-            raise bad(name, t, "string")
-    for name in LEDGER_INTS:
-        if name in VERSION_DEFAULTS and name not in schema.names:
-            continue  # Gym's StagedCallRecord default (token_store.py fills it in)
-        t = need(name)
-        if not pa.types.is_integer(t):
-            raise bad(name, t, "int64")
-    for name in LEDGER_DIGESTS:
-        t = need(name)
-        if not (_is_string(t) or (pa.types.is_fixed_size_binary(t) and t.byte_width == 32)):
-            raise bad(name, t, "string (64 hex) or fixed_size_binary(32)")
-    t = need("token_ids_delta")
-    value = _list_value_type(t)
-    if value is None or not pa.types.is_integer(value):
-        raise bad("token_ids_delta", t, "a list of integers (list<int64> or list<int32>)")
-    t = need("token_mask_delta")
-    if _list_value_type(t) not in (pa.float32(), pa.bool_(), pa.int8()):
-        raise bad("token_mask_delta", t, "list<float32>, list<bool> or list<int8>")
-    lp_name = next((n for n in LOGPROB_NAMES if n in schema.names), None)
-    if lp_name is None:
-        raise InputError(f"{rel}: token file has no column generation_logprobs_delta")
-    t = schema.field(lp_name).type
-    if _list_value_type(t) not in (pa.float32(), pa.float64()):
-        raise bad(lp_name, t, "list<float32> or list<float64>")
-
-
 def _sql_string(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
@@ -381,7 +302,7 @@ class TokenFiles:
 
 def token_files(night: NightFiles, bound: int = DEFAULTS.max_row_group_bytes) -> TokenFiles:
     """Check every token file's schema (InputError naming the file), and find the row
-    groups that would decode to more than `bound` bytes (token_store.too_big)."""
+    groups that would decode to more than `bound` bytes (formats/token_file.py)."""
     paths, too_big = [], []
     for rel in night.tokens:
         path = night.path("tokens", rel)
@@ -390,12 +311,12 @@ def token_files(night: NightFiles, bound: int = DEFAULTS.max_row_group_bytes) ->
             schema = metadata.schema.to_arrow_schema()
         except Exception as e:  # pyarrow raises several types for a broken footer
             raise InputError(f"{rel}: unreadable Parquet file ({str(e).splitlines()[0]})") from e
-        check_token_schema(schema, rel)
+        token_file.check_schema(schema, rel)
         paths.append(str(path))
         first = 0
         for group in range(metadata.num_row_groups):
             n = metadata.row_group(group).num_rows
-            why = token_too_big(str(path), metadata, group, bound)
+            why = token_file.too_big(str(path), metadata, group, bound)
             if why is not None and n:
                 too_big.append((str(path), first, first + n - 1, why))
             first += n

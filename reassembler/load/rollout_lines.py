@@ -1,27 +1,19 @@
-"""Parse a night's rollout lines into rollout rows and reject rows, here or in a process of
+"""Parse a night's rollout lines into rollout rows and reject rows, here or in processes of
 their own.
 
 A rollout line is parsed in Python through and through: the JSON, then the fingerprint of
 every output item (records.parse_rollout), about 1 ms a rollout, all of it holding the
-GIL. So a night of more than BACKGROUND_BYTES of rollout lines is parsed by a child process
-(`InBackground`), started before the ledger loads: the parse, the ledger load and the token
-read-ahead then run on the cores side by side. A bigger night is cut between lines into
-parts of about equal bytes (`split`), one more child per PART_BYTES, at most one per core:
-on a night 4x the benchmark's, the load otherwise waited ~0.8 s for one child. Each child
-runs exactly `parse_rollouts` over its part and writes what it gives as pickled chunks to a
-temporary file; the load then inserts them part after part, a chunk at a time, so memory
-is bounded by a chunk on both sides, and a rollout_id an earlier part holds makes its line
-the same reject row one child would have written. A child that cannot start falls back to
-parsing in this process; one that fails re-raises its error here (an InputError stays an
-InputError, with the same message).
-
-A child is forked (`_Forked`) when this process may fork safely: one thread and no native
-library that starts threads of its own loaded yet, which is the `reassembler build`
-command at its start (cli.py starts the children before it imports pyarrow and DuckDB).
-The fork starts at once with this package already imported; a new interpreter (`CHILD`)
-spent ~0.13 CPU-s starting up and importing it, ~4% of the benchmark's build. Anywhere
-else (the Airflow tasks, tests) the child is a new interpreter: `_child` is its entry
-point, and it reads its arguments as JSON on stdin.
+GIL. So a night of more than BACKGROUND_BYTES of rollout lines is parsed by child
+processes (`InBackground`, a new interpreter each), started by the night's load as it
+begins (load.NightLoad), so that the parse runs beside the imports and the ledger load. A
+bigger night is cut between lines into parts of about equal bytes (`split`), one more child
+per PART_BYTES, at most one per core. Each child runs exactly `parse_rollouts` over its part
+and writes what it gives as pickled chunks to a temporary file; the load then inserts them
+part after part, a chunk at a time, so memory is bounded by a chunk on both sides, and a
+rollout_id an earlier part holds makes its line the same reject row one child would have
+written. A child that cannot start leaves the parse to this process; one that fails
+re-raises its error here (an InputError stays an InputError, with the same message).
+docs/performance.md has the figures that keep the children (and their parts).
 """
 
 from __future__ import annotations
@@ -29,12 +21,9 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import traceback
 from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
@@ -121,10 +110,7 @@ class _Child:
         self.part = part
         self._out: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-rollouts-")
         self._err: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-rollouts-")
-        self._proc: subprocess.Popen | _Forked | None
-        if _can_fork():
-            self._proc = _Forked(lambda: _parse_to(self._out.fileno(), night, max_line_bytes, part), self._err)
-            return
+        self._proc: subprocess.Popen | None
         ranges = None if part is None else [[rel, r.start, r.end, r.first_line] for rel, r in part]
         with tempfile.TemporaryFile(prefix="reassembler-rollouts-") as args:  # a file: no pipe to break
             what = {"root": str(night.root), "ds": night.ds, "rollouts": night.rollouts, "ranges": ranges}
@@ -199,15 +185,6 @@ class InBackground:
             self.close()
             raise
 
-    def parses(self, night: NightFiles, max_line_bytes: int) -> bool:
-        """Whether these children parse exactly these files, with this line limit."""
-        return (self.night.root, self.night.ds, self.night.rollouts, self.max_line_bytes) == (
-            night.root,
-            night.ds,
-            night.rollouts,
-            max_line_bytes,
-        )
-
     def done(self) -> bool:
         """Whether the children have ended (their results are ready, or their failure)."""
         return all(child.done() for child in self._children)
@@ -260,7 +237,7 @@ def start(night: NightFiles, max_line_bytes: int) -> InBackground | None:
     than BACKGROUND_BYTES of lines, one more for each PART_BYTES beyond, at most one per
     core (and MAX_PARTS)."""
     size = rollout_bytes(night)
-    if size <= BACKGROUND_BYTES or not (_can_fork() or sys.executable):
+    if size <= BACKGROUND_BYTES or not sys.executable:
         return None
     parts = None
     count = min(MAX_PARTS, os.cpu_count() or 1, size // PART_BYTES)
@@ -321,60 +298,6 @@ def _parse_to(fd: int, night: NightFiles, max_line_bytes: int, part: Part | None
             chunks.put("input_error", str(e))
         except Exception as e:  # noqa: BLE001 - said by the parent, which raises it
             chunks.put("error", f"{type(e).__name__}: {e}")
-
-
-def _can_fork() -> bool:
-    """Whether this process may fork its child: a POSIX process with one thread and no
-    native library that starts threads of its own loaded yet (the command, at its start)."""
-    return (
-        hasattr(os, "fork")
-        and threading.active_count() == 1
-        and not any(name in sys.modules for name in ("numpy", "pyarrow", "duckdb"))
-    )
-
-
-class _Forked:
-    """A child forked from this process, with the part of Popen's interface used here."""
-
-    def __init__(self, work: Callable[[], None], err: IO[bytes]):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: do the work, never return into the parent's code
-            code = 1
-            try:
-                # what a spawned child has: nothing on stdin and stdout, stderr to `err` (a
-                # pipe the command's caller reads is not held open by the child either)
-                null = os.open(os.devnull, os.O_RDWR)
-                os.dup2(null, 0)
-                os.dup2(null, 1)
-                os.dup2(err.fileno(), 2)
-                work()
-                code = 0
-            except BaseException:  # noqa: BLE001 - said on stderr (fd 2), which the parent reads
-                with os.fdopen(2, "w", closefd=False) as stderr:
-                    traceback.print_exc(file=stderr)
-            finally:
-                os._exit(code)
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.returncode is None:  # not reaped yet: the pid is still this child's
-            os.kill(self.pid, signal.SIGKILL)
 
 
 def _child() -> None:

@@ -26,15 +26,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..formats.fields import CALL, select_list
-from ..formats.night import NightFiles
-from ..load.read import token_rows_sql
 from ..load.token_store import TokenStore
-from ..settings import Options, Settings
+from ..settings import Settings
 from ..warehouse import sql
-from .advantage import assign_advantages
-from .calls import calls_from_heads
+from .batch import verify_batch
 from .checks import BatchChecks
-from .rollout import Outcome, reassemble_rollout
+from .rollout import Outcome
 from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, rows_table
 from .tokens import TokenBatch
 
@@ -170,74 +167,20 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
     yield take_rollouts(None), table
 
 
-def reassemble_unit(
-    rollouts: list[dict],
-    table: pa.Table,
-    tokens: pa.Table,
-    options: Options,
-    trace: dict[str, list[str]] | None = None,
-    checks: BatchChecks | None = None,
-) -> tuple[list[Outcome], TokenBatch]:
-    """`table`: the unit's call rows (sql/shard_calls.sql); `tokens`: their token rows, row
-    for row, in the canonical columns of token_store.py; `checks`: their verdicts, when the
-    prepare stage computed them already. Python runs per rollout from here on."""
-    if checks is None:
-        checks = BatchChecks(table, tokens).hash_all()
-    by_rollout: dict[str, list] = {}
-    for call in calls_from_heads(checks.heads, checks.starts, checks.counts):
-        by_rollout.setdefault(call.rollout_id, []).append(call)
-    outcomes = []
-    for r in rollouts:
-        calls = by_rollout.pop(r["rollout_id"], [])
-        outcomes.append(
-            reassemble_rollout(
-                r, calls, checks, options, None if trace is None else trace.setdefault(r["rollout_id"], [])
-            )
-        )
-    if by_rollout:
-        raise RuntimeError(f"internal: calls streamed for rollouts outside the batch: {sorted(by_rollout)[:3]}")
-    assign_advantages(outcomes, options.std_normalize, options.leave_one_out)
-    return outcomes, checks.batch
-
-
-def reassemble_one(
-    con, night: NightFiles, rollout_id: str, options: Options
-) -> tuple[Outcome | None, list[str], TokenBatch | None]:
-    """One rollout with the trace of its steps (for `reassembler explain`)."""
-    params = {"ds": night.ds, "shard": None, "rollout_id": rollout_id}
-    rollouts = list(_rollouts(con.cursor(), params))
-    if not rollouts:
-        return None, [], None
-    table = (
-        con.cursor()
-        .sql(
-            sql("shard_calls", tokens=token_rows_sql(night), call_columns=CALL_COLUMNS),
-            params=dict(params, first_group=None, last_group=None),
-        )
-        .to_arrow_table()
-    )
-    tokens = TokenStore().fetch(table.column("t_file"), table.column("t_row"))
-    trace: dict[str, list[str]] = {}
-    outcomes, batch = reassemble_unit(rollouts, table, tokens, options, trace)
-    return outcomes[0], trace.get(rollout_id, []), batch
-
-
-def run_shard(
-    con, night: NightFiles, shard: int, settings: Settings, run_id: str, staging: Path, store: TokenStore | None = None
-) -> ShardResult:
-    """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet.
-    `store`: the token store to read through (one that read ahead), else a fresh one."""
-    params = {"ds": night.ds, "shard": shard, "rollout_id": None}
+def run_shard(con, ds: str, shard: int, settings: Settings, run_id: str, staging: Path) -> ShardResult:
+    """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet from
+    the loaded night in the warehouse behind `con` (the token rows' files are named there)."""
+    params = {"ds": ds, "shard": shard, "rollout_id": None}
     # Both streams run at once on the same database; the small rollouts query starts
     # first so that the calls query's sort can take the rest of the memory limit.
     rollouts = _rollouts(con.cursor(), params)
-    calls = _CallSlices(con, params, _slices(con, night.ds, shard, SLICE_CALLS))
+    calls = _CallSlices(con, params, _slices(con, ds, shard, SLICE_CALLS))
     units = _units(calls, rollouts, settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
-    with _Pipeline(staging, shard, run_id, night.ds) as pipeline:
-        store = store or TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes)
+    with _Pipeline(staging, shard, run_id, ds) as pipeline:
+        store = TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes)
         for rollouts_, table, checks in _prepared(units, store, pipeline):
-            outcomes, batch = reassemble_unit(rollouts_, table, checks.tokens, settings.options, checks=checks)
+            outcomes, batch = verify_batch(rollouts_, table, checks.tokens, settings.options, checks=checks)
             batch.drop_hash_buffers()  # the rows need the token arrays only
             pipeline.write(outcomes, batch)
             result.add(outcomes)

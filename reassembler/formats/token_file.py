@@ -1,0 +1,192 @@
+"""The token file: the staged-record Parquet a trainer's token store dumps (CONTRACT.md 2.3),
+as this job reads it. One home for its format: the columns and the types each may have, the
+names it accepts, what a row group takes once decoded, and its rows in canonical types.
+
+| column | accepted | canonical |
+|---|---|---|
+| staging_key, rollout_id, model_call_id, parent_call_id, mode | string (or all null) | string |
+| prev_len, delta_len, cum_len, weight_version | any integer width | int64 (uint64 past int64: PAST_INT64) |
+| schema_version, digest_version, extras_digest_version | any integer width, or left out (Gym's 2/2/1) | int64 |
+| digest, extras_digest, chain_hash, cumulative_hash | string (64 hex) or fixed_size_binary(32) | lowercase hex string |
+| token_ids_delta | list of any integer width | list<int64> (uint64 past int64: negative) |
+| token_mask_delta | list<float32>, list<bool>, list<int8> | list<float32> |
+| generation_logprobs_delta (Gym: generation_log_probs_delta) | list<float32> or list<float64> | list<float32> |
+
+Extra columns are ignored. A row group whose token values would decode past a bound (the
+job's max_row_group_bytes) is not decoded (`too_big`): a file of a few KB can hold millions
+of identical tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..errors import InputError
+from ..settings import DEFAULTS
+from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS
+
+LOGPROB_NAMES = ("generation_logprobs_delta", "generation_log_probs_delta")  # the contract's, then Gym's
+IDS = pa.list_(pa.int64())
+FLOATS = pa.list_(pa.float32())
+STRINGS, INTS, DIGESTS = LINEAGE_FIELDS, LEDGER_INTS, LEDGER_DIGESTS
+LISTS = (
+    ("ids", "token_ids_delta", IDS),
+    ("mask", "token_mask_delta", FLOATS),
+    ("logprobs", "generation_logprobs_delta", FLOATS),
+)
+CANONICAL = pa.schema(
+    [(n, pa.string()) for n in STRINGS]
+    + [(n, pa.int64()) for n in INTS]
+    + [(n, pa.string()) for n in DIGESTS]
+    + [(n, t) for n, _, t in LISTS]
+)
+
+
+def _hex(column: pa.ChunkedArray) -> pa.Array:
+    if pa.types.is_fixed_size_binary(column.type):
+        return pa.array([None if v is None else v.hex() for v in column.to_pylist()], pa.string())
+    return column.cast(pa.string())
+
+
+# An unsigned 64-bit value past int64 is read as this: no valid ledger value equals it (its
+# row fails field_mismatch), and as a token id it is negative (invalid_token).
+PAST_INT64 = -(2**63)
+
+
+def _int64(column: pa.ChunkedArray, canonical: pa.DataType) -> pa.ChunkedArray:
+    """An integer column (or list of integers) of any width as int64 (or list<int64>)."""
+    if column.type == pa.uint64():
+        past = pc.greater(column, pa.scalar(2**63 - 1, pa.uint64()))
+        return pc.if_else(past, pa.scalar(PAST_INT64, pa.int64()), column.cast(pa.int64(), safe=False))
+    if canonical == IDS and _value_type(column.type) == pa.uint64():
+        return column.cast(IDS, safe=False)  # wraps past int64 to negative ids: invalid_token
+    return column.cast(canonical)
+
+
+def _value_type(t: pa.DataType) -> pa.DataType | None:
+    return t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else None
+
+
+# Bytes a token value takes once decoded to the canonical types, per list column (and the
+# list offsets, per row and column).
+DECODED_WIDTH = {"token_ids_delta": 8, "token_mask_delta": 4, **{name: 4 for name in LOGPROB_NAMES}}
+
+
+def decoded_bytes(metadata: pq.FileMetaData, group: int) -> int:
+    """What row group `group` takes decoded, from the file's metadata alone: its token
+    values (leaf values of the list columns, as Parquet counts them) at their canonical
+    widths. A file of a few KB can hold a row group of millions of identical tokens."""
+    rg = metadata.row_group(group)
+    total = 3 * 8 * rg.num_rows
+    for i in range(rg.num_columns):
+        column = rg.column(i)
+        total += column.num_values * DECODED_WIDTH.get(column.path_in_schema.split(".")[0], 0)
+    return total
+
+
+def too_big(path: str, metadata: pq.FileMetaData, group: int, bound: int) -> str | None:
+    """Why row group `group` is not decoded (it would take more than `bound` bytes), or None."""
+    size = decoded_bytes(metadata, group)
+    if size <= bound:
+        return None
+    return (
+        f"row group {group} ({metadata.row_group(group).num_rows} rows) decodes to {size:,} bytes, over the "
+        f"{bound:,} the job decodes at once; not read: write token files in smaller row groups"
+    )
+
+
+class TokenFile:
+    """One token file: its metadata, where each row group starts, and a row group read in the
+    canonical types."""
+
+    def __init__(self, path: str, bound: int = DEFAULTS.max_row_group_bytes):
+        self.path = path
+        self.bound = bound
+        self.metadata = pq.read_metadata(path)
+        names = self.metadata.schema.to_arrow_schema().names
+        lp = next(n for n in LOGPROB_NAMES if n in names)  # the contract's name wins
+        self.sources = {n: n for n in STRINGS + INTS + DIGESTS if n in names}
+        self.sources.update({name: column for name, column, _ in LISTS}, logprobs=lp)
+        sizes = [self.metadata.row_group(i).num_rows for i in range(self.metadata.num_row_groups)]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    def too_big(self, group: int) -> str | None:
+        return too_big(self.path, self.metadata, group, self.bound)
+
+    def read(self, group: int) -> pa.Table:
+        refused = self.too_big(group)
+        if refused is not None:  # the load made its rows reject rows: no call asks for them
+            raise InputError(f"{self.path}: {refused}")
+        try:
+            t = pq.ParquetFile(self.path, metadata=self.metadata).read_row_group(
+                group, columns=list(dict.fromkeys(self.sources.values()))
+            )
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"{self.path}: unreadable row group {group} ({str(e).splitlines()[0]})") from e
+        columns = []
+        for field in CANONICAL:
+            if field.name not in self.sources:  # a version column the file leaves out
+                columns.append(pa.array(np.full(t.num_rows, VERSION_DEFAULTS[field.name]), pa.int64()))
+                continue
+            col = t.column(self.sources[field.name])
+            if field.name in DIGESTS:
+                columns.append(_hex(col))
+            elif field.name in INTS or field.type == IDS:
+                columns.append(_int64(col, field.type))
+            else:
+                columns.append(col.cast(field.type))
+        return pa.table(columns, schema=CANONICAL)
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _list_value_type(t: pa.DataType) -> pa.DataType | None:
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return t.value_type
+    return None
+
+
+def check_schema(schema: pa.Schema, rel: str) -> None:
+    """Check one token file's schema against the table above; InputError naming the file
+    and the problem."""
+
+    def need(name: str) -> pa.DataType:
+        if name not in schema.names:
+            raise InputError(f"{rel}: token file has no column {name}")
+        return schema.field(name).type
+
+    def bad(name: str, t, expected: str) -> InputError:
+        return InputError(f"{rel}: column {name} has type {t}, expected {expected}")
+
+    for name in ("staging_key",) + LINEAGE_FIELDS:
+        t = need(name)
+        if not (_is_string(t) or pa.types.is_null(t)):
+            raise bad(name, t, "string")
+    for name in LEDGER_INTS:
+        if name in VERSION_DEFAULTS and name not in schema.names:
+            continue  # Gym's StagedCallRecord default (TokenFile.read fills it in)
+        t = need(name)
+        if not pa.types.is_integer(t):
+            raise bad(name, t, "int64")
+    for name in LEDGER_DIGESTS:
+        t = need(name)
+        if not (_is_string(t) or (pa.types.is_fixed_size_binary(t) and t.byte_width == 32)):
+            raise bad(name, t, "string (64 hex) or fixed_size_binary(32)")
+    t = need("token_ids_delta")
+    value = _list_value_type(t)
+    if value is None or not pa.types.is_integer(value):
+        raise bad("token_ids_delta", t, "a list of integers (list<int64> or list<int32>)")
+    t = need("token_mask_delta")
+    if _list_value_type(t) not in (pa.float32(), pa.bool_(), pa.int8()):
+        raise bad("token_mask_delta", t, "list<float32>, list<bool> or list<int8>")
+    lp_name = next((n for n in LOGPROB_NAMES if n in schema.names), None)
+    if lp_name is None:
+        raise InputError(f"{rel}: token file has no column generation_logprobs_delta")
+    t = schema.field(lp_name).type
+    if _list_value_type(t) not in (pa.float32(), pa.float64()):
+        raise bad(lp_name, t, "list<float32> or list<float64>")
