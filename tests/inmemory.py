@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from reassembler.formats.fields import CALL, arrow_schema
-from reassembler.formats.records import SHARED_FIELDS, parse_rollout
+from reassembler.formats.fields import CALL, SHARED_FIELDS, arrow_schema
+from reassembler.formats.records import parse_rollout
 from reassembler.load.token_store import CANONICAL
 from reassembler.settings import Options
 from reassembler.verify.batch import verify_batch

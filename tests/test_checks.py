@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from inmemory import SCHEMA, tables
 from nights import DS, Night, worked_example
 from reassembler.build import build_night
-from reassembler.formats.records import SHARED_FIELDS
+from reassembler.formats.fields import SHARED_FIELDS
 from reassembler.load.token_store import CANONICAL
 from reassembler.producer.synth import SynthConfig, synth_night
 from reassembler.settings import Options, Settings

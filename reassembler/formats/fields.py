@@ -2,10 +2,13 @@
 
 Everything else takes its columns from here: the tables' DDL (`sql/schema.sql` fills in
 `{rollouts_columns}` and `{ledger_columns}`), the Arrow schemas the reader inserts with
-(read.py), the column lists of the queries that read calls back (`{call_columns}` in
-sql/shard_calls.sql and sql/explain_ledger.sql), and the tests' in-memory tables. A column
-added here reaches all of them; the migration that adds it to existing warehouses goes in
-sql/migrations/.
+(load/read.py), the JSON schema the ledger is parsed in columns with
+(load/ledger_columns.py), the ledger's field groups (the custody fields a token row repeats,
+the integers, the digests, the version defaults: records.py, token_file.py, checks.py), the
+calls the verification works on (verify/calls.py's Call), the column lists of the queries
+that read calls back (`{call_columns}` in sql/shard_calls.sql and sql/explain_ledger.sql),
+and the tests' in-memory tables. A column added here reaches all of them; the migration
+that adds it to existing warehouses goes in sql/migrations/.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class Field(NamedTuple):
     type: pa.DataType
     required: bool = False  # NOT NULL
     doc: str = ""
+    group: str = ""  # ledger: lineage, int, digest (what a token row repeats), or its role
+    default: int | None = None  # a version field a NeMo Gym row may leave out takes this
 
 
 S, I64, I32, F64 = pa.string(), pa.int64(), pa.int32(), pa.float64()
@@ -54,35 +59,57 @@ ROLLOUT = (
 )
 
 LEDGER = (
-    Field("capture_seq", I64, True, "capture order: files by path, then line"),
-    Field("rollout_id", S, True),
-    Field("model_call_id", S, True),
-    Field("parent_call_id", S),
-    Field("mode", S),
-    Field("prev_len", I64),
-    Field("delta_len", I64),
-    Field("cum_len", I64),
-    Field("weight_version", I64),
-    Field("schema_version", I64),
-    Field("digest_version", I64),
-    Field("extras_digest_version", I64),
-    Field("digest", S),
-    Field("extras_digest", S),
-    Field("chain_hash", S),
-    Field("cumulative_hash", S),
-    Field("staging_key", S, True),
-    Field("response_id", S),
-    Field("admitted_at", F64),
-    Field("output_items", ITEMS, doc="null when absent"),
-    Field("output_fingerprint", S, doc="NeMo Gym's per-call evidence"),
-    Field("fingerprint_version", I64),
-    Field("failure_reason", S),
-    Field("source_file", S),
-    Field("source_line", I64),
+    Field("capture_seq", I64, True, "capture order: files by path, then line", group="source"),
+    Field("rollout_id", S, True, group="lineage"),
+    Field("model_call_id", S, True, group="lineage"),
+    Field("parent_call_id", S, group="lineage"),
+    Field("mode", S, group="lineage"),
+    Field("prev_len", I64, group="int"),
+    Field("delta_len", I64, group="int"),
+    Field("cum_len", I64, group="int"),
+    Field("weight_version", I64, group="int"),
+    Field("schema_version", I64, group="int", default=2),  # NeMo Gym's CallRecord / StagedCallRecord defaults
+    Field("digest_version", I64, group="int", default=2),
+    Field("extras_digest_version", I64, group="int", default=1),
+    Field("digest", S, group="digest"),
+    Field("extras_digest", S, group="digest"),
+    Field("chain_hash", S, group="digest"),
+    Field("cumulative_hash", S, group="digest"),
+    Field("staging_key", S, True, group="key"),
+    Field("response_id", S, group="evidence"),
+    Field("admitted_at", F64, group="source"),
+    Field("output_items", ITEMS, doc="null when absent", group="evidence"),
+    Field("output_fingerprint", S, doc="NeMo Gym's per-call evidence", group="evidence"),
+    Field("fingerprint_version", I64, group="evidence"),
+    Field("failure_reason", S, group="poison"),
+    Field("source_file", S, group="source"),
+    Field("source_line", I64, group="source"),
 )
 
-# the ledger fields a Call is built from (calls.py), in the order the queries return them
+
+def _group(name: str) -> tuple[str, ...]:
+    return tuple(f.name for f in LEDGER if f.group == name)
+
+
+# The custody fields a ledger row shares with its token row (CONTRACT.md 2.2 / 2.3)
+LINEAGE_FIELDS = _group("lineage")
+LEDGER_INTS = _group("int")
+LEDGER_DIGESTS = _group("digest")
+SHARED_FIELDS = LINEAGE_FIELDS + LEDGER_INTS + LEDGER_DIGESTS
+VERSION_DEFAULTS = {f.name: f.default for f in LEDGER if f.default is not None}
+
+# the ledger fields a Call is built from (verify/calls.py), in the order the queries return them
 CALL = tuple(f for f in LEDGER if f.name not in ("admitted_at", "source_file", "source_line"))
+# the ledger's fields as a JSON line names them (load/ledger_columns.py parses them with these
+# types); NeMo Gym writes the staged digest as `staging_digest`, read into `digest`
+LEDGER_JSON = pa.schema([(f.name, f.type) for f in LEDGER if f.group != "source" or f.name == "admitted_at"]).append(
+    pa.field("staging_digest", S)
+)
+
+
+def python_type(f: Field) -> type:
+    """The Python type of one value of a field, as a record holds it (None when not required)."""
+    return {S: str, I64: int, I32: int, F64: float}.get(f.type, list)
 
 
 def arrow_schema(fields: tuple[Field, ...]) -> pa.Schema:

@@ -15,6 +15,7 @@ import math
 import re
 from typing import TypeGuard
 
+from .fields import LEDGER_DIGESTS, LEDGER_INTS, VERSION_DEFAULTS
 from .gym_fingerprint import model_items
 from .items import generated_items
 
@@ -23,21 +24,6 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 HEX64_PATTERN = "^[0-9a-f]{64}$"  # the same, for pyarrow's match_substring_regex
 # NeMo Gym's capture key pattern (rollout_correlation.ROLLOUT_ID_PATTERN).
 GYM_ROLLOUT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-# NeMo Gym's CallRecord / StagedCallRecord defaults for version fields its rows leave out.
-VERSION_DEFAULTS = {"schema_version": 2, "digest_version": 2, "extras_digest_version": 1}
-# The custody fields a ledger row shares with its token row (CONTRACT.md 2.2 / 2.3).
-LINEAGE_FIELDS = ("rollout_id", "model_call_id", "parent_call_id", "mode")
-LEDGER_INTS = (
-    "prev_len",
-    "delta_len",
-    "cum_len",
-    "weight_version",
-    "schema_version",
-    "digest_version",
-    "extras_digest_version",
-)
-LEDGER_DIGESTS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
-SHARED_FIELDS = LINEAGE_FIELDS + LEDGER_INTS + LEDGER_DIGESTS
 _FLOAT_INTS = 2**1024  # integers from here on have no float64 (float() overflows)
 
 

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..settings import DEFAULTS
-from .records import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS
+from .fields import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS
 
 LOGPROB_NAMES = ("generation_logprobs_delta", "generation_log_probs_delta")  # the contract's, then Gym's
 IDS = pa.list_(pa.int64())

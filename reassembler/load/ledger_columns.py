@@ -37,24 +37,11 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ..errors import InputError
-from ..formats.fields import ITEMS, LEDGER
-from ..formats.records import LEDGER_DIGESTS, LEDGER_INTS, VERSION_DEFAULTS, rollout_id_from_path
+from ..formats.fields import LEDGER, LEDGER_INTS, LEDGER_JSON, VERSION_DEFAULTS
+from ..formats.records import rollout_id_from_path
 from ..settings import MAX_JSON_DEPTH
 
-STRINGS = ("rollout_id", "model_call_id", "parent_call_id", "failure_reason", "mode", "staging_digest")
-JSON_SCHEMA = pa.schema(
-    [(n, pa.string()) for n in STRINGS]
-    + [(n, pa.string()) for n in LEDGER_DIGESTS]
-    + [(n, pa.int64()) for n in LEDGER_INTS]
-    + [
-        ("staging_key", pa.string()),
-        ("response_id", pa.string()),
-        ("admitted_at", pa.float64()),
-        ("output_items", ITEMS),
-        ("output_fingerprint", pa.string()),
-        ("fingerprint_version", pa.int64()),
-    ]
-)
+JSON_SCHEMA = LEDGER_JSON  # every field of the ledger, typed (formats/fields.py)
 OPEN, CLOSE, BRACKET, NEWLINE, CR = ord("{"), ord("}"), ord("["), ord("\n"), ord("\r")
 
 

@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..formats import digests
+from ..formats.fields import LEDGER_INTS, SHARED_FIELDS, VERSION_DEFAULTS
 from ..formats.gym_fingerprint import VERSION as GYM_FINGERPRINT_VERSION
 from ..formats.gym_fingerprint import afp
 from ..formats.items import fingerprint
-from ..formats.records import LEDGER_INTS, SHARED_FIELDS, VERSION_DEFAULTS
 
 
 @dataclass

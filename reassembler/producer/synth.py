@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..formats.records import VERSION_DEFAULTS
+from ..formats.fields import VERSION_DEFAULTS
 from ..reasons import Reason as R
 from .capture import (
     TOKEN_FILE_VARIANTS,

@@ -9,42 +9,36 @@ runs here, checks.py holds them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import field, make_dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..formats.fields import CALL, python_type
 from ..formats.gym_fingerprint import VERSION as FINGERPRINT_VERSION
 from ..formats.records import HEX64_PATTERN
 
+# The record: one field per ledger field of formats/fields.py's CALL, in its order, then where
+# the call's verdicts and token rows sit in its batch.
+_CallRecord: Any = make_dataclass(
+    "_CallRecord",
+    [(f.name, python_type(f) if f.required else python_type(f) | None) for f in CALL]
+    + [("index", int, field(default=-1)), ("row", int, field(default=-1)), ("n_token_rows", int, field(default=0))],
+    slots=True,
+    eq=False,
+)
 
-@dataclass(slots=True, eq=False)
-class Call:
-    rollout_id: str
-    capture_seq: int
-    model_call_id: str
-    parent_call_id: str | None
-    mode: str | None
-    prev_len: int | None
-    delta_len: int | None
-    cum_len: int | None
-    weight_version: int | None
-    schema_version: int | None
-    digest_version: int | None
-    extras_digest_version: int | None
-    digest: str | None
-    extras_digest: str | None
-    chain_hash: str | None
-    cumulative_hash: str | None
-    staging_key: str
-    response_id: str | None
-    output_items: list[tuple[str | None, str]] | None  # None: the row carries no output_items
-    output_fingerprint: str | None  # NeMo Gym's evidence, only when usable (version 2, 64 hex)
-    failure_reason: str | None
-    index: int = -1  # the call's number in its batch
-    row: int = -1  # its first row in the batch (its token row when it has one)
-    n_token_rows: int = 0
+
+class Call(_CallRecord):
+    """One ledger row of a batch, as select, cut and the walk see it: its fields (CALL;
+    `output_items` as (id, fingerprint) pairs, None when the row carries none;
+    `output_fingerprint` only when usable as NeMo Gym's evidence, version 2 and 64 hex), its
+    number in the batch (`index`: checks.py's arrays), its first row there (`row`: its token
+    row when it has one) and how many token rows it has."""
+
+    __slots__ = ()
 
     @property
     def is_poison(self) -> bool:
@@ -57,7 +51,7 @@ class Call:
 
 
 # the ledger columns a Call is built from, in its field order
-CALL_FIELDS = tuple(f.name for f in fields(Call) if f.name not in ("index", "row", "n_token_rows"))
+CALL_FIELDS = tuple(f.name for f in CALL)
 
 
 def call_starts(table: pa.Table) -> np.ndarray:

@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..formats.digests import STAGED_FIELDS, chain_hash, staged_call_digest, staged_digest_of
-from ..formats.records import HEX64, HEX64_PATTERN, LEDGER_DIGESTS, SHARED_FIELDS, VERSION_DEFAULTS
+from ..formats.fields import LEDGER_DIGESTS, SHARED_FIELDS, VERSION_DEFAULTS
+from ..formats.records import HEX64, HEX64_PATTERN
 from ..reasons import Masked, Reason
 from .calls import Call, call_starts, token_row_counts
 from .tokens import TokenBatch
