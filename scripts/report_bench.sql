@@ -23,3 +23,6 @@ SELECT ds, rollout_id, group_id, slot,
        'bench' AS run_id
 FROM rollouts;
 INSERT INTO shard_plan SELECT DISTINCT ds, group_id, 0 FROM rollouts;
+INSERT INTO runs BY NAME
+SELECT 'bench' AS run_id, ds, now()::TIMESTAMP AS published_at, count(*) AS n_rollouts
+FROM rollouts GROUP BY ds;

@@ -13,32 +13,46 @@ that adds it to existing warehouses goes in sql/migrations/.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-ITEMS = pa.list_(pa.struct([("id", pa.string()), ("fingerprint", pa.string())]))
-MODEL_ITEMS = pa.list_(pa.struct([("output_index", pa.int32()), ("field", pa.binary())]))
+# Field types by name; their Arrow and SQL types are made when asked for (`arrow_type`), so
+# that importing this module loads no pyarrow: the command's rollout children, and the
+# command itself before it starts them, import the formats and nothing heavy.
+S, I64, I32, F64, ITEMS_TYPE, MODEL_ITEMS_TYPE = "string", "int64", "int32", "float64", "items", "model_items"
 _SQL_TYPES = {
-    pa.string(): "VARCHAR",
-    pa.int64(): "BIGINT",
-    pa.int32(): "INTEGER",
-    pa.float64(): "DOUBLE",
-    ITEMS: "STRUCT(id VARCHAR, fingerprint VARCHAR)[]",
-    MODEL_ITEMS: "STRUCT(output_index INTEGER, field BLOB)[]",
+    S: "VARCHAR",
+    I64: "BIGINT",
+    I32: "INTEGER",
+    F64: "DOUBLE",
+    ITEMS_TYPE: "STRUCT(id VARCHAR, fingerprint VARCHAR)[]",
+    MODEL_ITEMS_TYPE: "STRUCT(output_index INTEGER, field BLOB)[]",
 }
+
+
+def arrow_type(name: str) -> pa.DataType:
+    import pyarrow as pa
+
+    return {
+        S: pa.string(),
+        I64: pa.int64(),
+        I32: pa.int32(),
+        F64: pa.float64(),
+        ITEMS_TYPE: pa.list_(pa.struct([("id", pa.string()), ("fingerprint", pa.string())])),
+        MODEL_ITEMS_TYPE: pa.list_(pa.struct([("output_index", pa.int32()), ("field", pa.binary())])),
+    }[name]
 
 
 class Field(NamedTuple):
     name: str
-    type: pa.DataType
+    type: str  # one of the names above
     required: bool = False  # NOT NULL
     doc: str = ""
     group: str = ""  # ledger: lineage, int, digest (what a token row repeats), or its role
     default: int | None = None  # a version field a NeMo Gym row may leave out takes this
 
-
-S, I64, I32, F64 = pa.string(), pa.int64(), pa.int32(), pa.float64()
 
 ROLLOUT = (
     Field("rollout_seq", I64, True, "input order inside the night"),
@@ -50,8 +64,8 @@ ROLLOUT = (
     Field("failure_reason", S),
     Field("terminal_model_call_id", S),
     Field("terminal_response_id", S, doc="response.id: declares the terminal by response_id"),
-    Field("generated_items", ITEMS, doc="(id, fingerprint) of the output's generated items"),
-    Field("model_items", MODEL_ITEMS, doc="NeMo Gym fingerprint input: F bytes of model-authored items"),
+    Field("generated_items", ITEMS_TYPE, doc="(id, fingerprint) of the output's generated items"),
+    Field("model_items", MODEL_ITEMS_TYPE, doc="NeMo Gym fingerprint input: F bytes of model-authored items"),
     Field("n_output_items", I32),
     Field("metadata", S),
     Field("source_file", S),
@@ -78,7 +92,7 @@ LEDGER = (
     Field("staging_key", S, True, group="key"),
     Field("response_id", S, group="evidence"),
     Field("admitted_at", F64, group="source"),
-    Field("output_items", ITEMS, doc="null when absent", group="evidence"),
+    Field("output_items", ITEMS_TYPE, doc="null when absent", group="evidence"),
     Field("output_fingerprint", S, doc="NeMo Gym's per-call evidence", group="evidence"),
     Field("fingerprint_version", I64, group="evidence"),
     Field("failure_reason", S, group="poison"),
@@ -100,11 +114,17 @@ VERSION_DEFAULTS = {f.name: f.default for f in LEDGER if f.default is not None}
 
 # the ledger fields a Call is built from (verify/calls.py), in the order the queries return them
 CALL = tuple(f for f in LEDGER if f.name not in ("admitted_at", "source_file", "source_line"))
-# the ledger's fields as a JSON line names them (load/ledger_columns.py parses them with these
-# types); NeMo Gym writes the staged digest as `staging_digest`, read into `digest`
-LEDGER_JSON = pa.schema([(f.name, f.type) for f in LEDGER if f.group != "source" or f.name == "admitted_at"]).append(
-    pa.field("staging_digest", S)
-)
+
+
+def ledger_json() -> pa.Schema:
+    """The ledger's fields as a JSON line names them, typed (load/ledger_columns.py parses
+    them so); NeMo Gym writes the staged digest as `staging_digest`, read into `digest`."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [(f.name, arrow_type(f.type)) for f in LEDGER if f.group != "source" or f.name == "admitted_at"]
+        + [("staging_digest", pa.string())]
+    )
 
 
 def python_type(f: Field) -> type:
@@ -113,7 +133,9 @@ def python_type(f: Field) -> type:
 
 
 def arrow_schema(fields: tuple[Field, ...]) -> pa.Schema:
-    return pa.schema([(f.name, f.type) for f in fields])
+    import pyarrow as pa
+
+    return pa.schema([(f.name, arrow_type(f.type)) for f in fields])
 
 
 def ddl(fields: tuple[Field, ...]) -> str:

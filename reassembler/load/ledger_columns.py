@@ -37,11 +37,11 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ..errors import InputError
-from ..formats.fields import LEDGER, LEDGER_INTS, LEDGER_JSON, VERSION_DEFAULTS
+from ..formats.fields import LEDGER, LEDGER_INTS, VERSION_DEFAULTS, ledger_json
 from ..formats.records import rollout_id_from_path
 from ..settings import MAX_JSON_DEPTH
 
-JSON_SCHEMA = LEDGER_JSON  # every field of the ledger, typed (formats/fields.py)
+JSON_SCHEMA = ledger_json()  # every field of the ledger, typed (formats/fields.py)
 OPEN, CLOSE, BRACKET, NEWLINE, CR = ord("{"), ord("}"), ord("["), ord("\n"), ord("\r")
 
 
