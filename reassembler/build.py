@@ -75,9 +75,9 @@ def load_step(load: NightLoad, warehouse: Warehouse, run_id: str | None = None, 
         shutil.rmtree(output / "_staging" / ds, ignore_errors=True)  # earlier failed runs
         clear_dead_spill_folders(output, settings.duckdb)
         with _step_memory():
-            summary = load.into(con)
+            summary = load.into(con, staging_dir(output, ds, run_id or new_run_id(ds)).resolve())
         con.execute("BEGIN TRANSACTION")
-        run_script(con, "record_load", {"ds": ds, "run_id": run_id, "n_rollouts": summary.rollouts.loaded})
+        run_script(con, "record_load", {"ds": ds, "run_id": run_id, "n_rollouts": summary.n_rollouts})
         con.execute(sql("plan_shards"), {"ds": ds, "shards": settings.shards})
         apply_retention(con, ds, settings.retention_nights)
         con.execute("COMMIT")

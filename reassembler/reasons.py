@@ -13,6 +13,11 @@ class Reason(StrEnum):
     # 3.0 rollout checks
     ROLLOUT_FAILED = "rollout_failed"
     INVALID_REWARD = "invalid_reward"
+    # 9 which capture is read, and its own checks (NeMo Gym's local mode and rebuilt lines)
+    PRODUCER_MASKED = "producer_masked"
+    MIXED_CAPTURE = "mixed_capture"
+    CAPTURE_RETIRED = "capture_retired"
+    CAPTURE_INCOMPLETE = "capture_incomplete"
     EMPTY_LEDGER = "empty_ledger"
     DUPLICATE_CALL_ID = "duplicate_call_id"
     CAPTURE_POISONED = "capture_poisoned"
@@ -37,6 +42,7 @@ class Reason(StrEnum):
     INVALID_RECORD = "invalid_record"
     LENGTH_MISMATCH = "length_mismatch"
     PARENT_LENGTH_MISMATCH = "parent_length_mismatch"
+    PREFIX_MISMATCH = "prefix_mismatch"
     INVALID_TOKEN = "invalid_token"
     INVALID_MASK = "invalid_mask"
     EMPTY_GENERATION = "empty_generation"
@@ -52,6 +58,10 @@ class Reason(StrEnum):
 DESCRIPTIONS: dict[Reason, str] = {
     Reason.ROLLOUT_FAILED: "the harness reported a failure for the rollout",
     Reason.INVALID_REWARD: "the reward is missing or not finite",
+    Reason.PRODUCER_MASKED: "NeMo Gym excluded the rollout itself (mask_sample: true in its result line)",
+    Reason.MIXED_CAPTURE: "the rollout has both ledger rows and a local-mode .tokens.jsonl: neither is read",
+    Reason.CAPTURE_RETIRED: "NeMo Gym retired the local capture and the result line holds no rebuilt tokens",
+    Reason.CAPTURE_INCOMPLETE: "local capture lost a call (torn last line, .incomplete, state flag, lone intent)",
     Reason.EMPTY_LEDGER: "the ledger holds no call for the rollout",
     Reason.DUPLICATE_CALL_ID: "two ledger rows share one model_call_id",
     Reason.CAPTURE_POISONED: "a call was admitted but not captured (strict off-chain policy)",
@@ -72,11 +82,12 @@ DESCRIPTIONS: dict[Reason, str] = {
     Reason.INVALID_RECORD: "root/child invariants broken (parent, mode, prev_len)",
     Reason.LENGTH_MISMATCH: "lengths disagree with each other or with the token lists",
     Reason.PARENT_LENGTH_MISMATCH: "the parent's cum_len is not the child's prev_len",
+    Reason.PREFIX_MISMATCH: "the child's prompt does not start with its parent's tokens (local or rebuilt capture)",
     Reason.INVALID_TOKEN: "a token id outside [0, 2**31)",
     Reason.INVALID_MASK: "a mask value other than 0/1, or a 1 before a 0",
     Reason.EMPTY_GENERATION: "the call generated no token (no mask 1)",
     Reason.INVALID_LOGPROB: "a logprob not finite, or not 0.0 under mask 0",
-    Reason.DIGEST_MISMATCH: "the recomputed staged-record digest differs from the ledger's",
+    Reason.DIGEST_MISMATCH: "a recomputed digest differs (staged record, or NeMo Gym's local-mode tokens)",
     Reason.CHAIN_HASH_MISMATCH: "the recomputed chain hash differs from the ledger's",
     Reason.CUMULATIVE_HASH_MISMATCH: "the hash of the joined row differs from the leaf's cumulative_hash",
     Reason.MISSING_TERMINAL: "terminal mode: the leaf call is unknown or a poison row",
@@ -86,14 +97,18 @@ DESCRIPTIONS: dict[Reason, str] = {
 # The step of the pipeline that raises each code (the audit report groups by it).
 STEPS: dict[Reason, str] = {}
 for _step, _codes in (
-    ("rollout checks", "ROLLOUT_FAILED INVALID_REWARD EMPTY_LEDGER DUPLICATE_CALL_ID CAPTURE_POISONED"),
+    (
+        "rollout checks",
+        "ROLLOUT_FAILED INVALID_REWARD PRODUCER_MASKED MIXED_CAPTURE CAPTURE_RETIRED CAPTURE_INCOMPLETE "
+        "EMPTY_LEDGER DUPLICATE_CALL_ID CAPTURE_POISONED",
+    ),
     ("select", "UNMATCHED_OUTPUT AMBIGUOUS_OUTPUT EMPTY_SELECTION OUT_OF_CAPTURE_ORDER TERMINAL_NOT_LAST"),
     ("cut", "MISSING_ROOT BROKEN_CHAIN"),
     ("finalize", "MISSING_PARENT LINEAGE_CYCLE ORDER_MISMATCH MISSING_TERMINAL HISTORY_REWRITTEN"),
     (
         "record checks",
         "MISSING_TOKENS DUPLICATE_TOKENS UNSUPPORTED_VERSION FIELD_MISMATCH INVALID_RECORD "
-        "LENGTH_MISMATCH PARENT_LENGTH_MISMATCH INVALID_TOKEN INVALID_MASK EMPTY_GENERATION "
+        "LENGTH_MISMATCH PARENT_LENGTH_MISMATCH PREFIX_MISMATCH INVALID_TOKEN INVALID_MASK EMPTY_GENERATION "
         "INVALID_LOGPROB DIGEST_MISMATCH CHAIN_HASH_MISMATCH CUMULATIVE_HASH_MISMATCH",
     ),
 ):

@@ -434,19 +434,37 @@ def test_an_impossible_night_is_refused_with_what_is_wrong(tmp_path, ds, message
     assert res.returncode == 2 and res.stderr.strip().endswith(f"argument --ds: {message}")
 
 
-def test_gyms_sidecar_files_are_never_read_as_results(tmp_path):
-    """NeMo Gym writes <stem>_failures.jsonl and <stem>_materialized_inputs.jsonl beside its
-    results: failed attempts and dispatched inputs. They are counted and named, not read."""
+def test_gyms_sidecar_files_are_read_as_contract_v3_says(tmp_path):
+    """NeMo Gym writes <stem>_failures.jsonl, <stem>_materialized_inputs.jsonl and
+    <stem>_aggregate_metrics.json beside its results. A terminal failure of a sample with no
+    result line is a given-up sample: one audit row, masked rollout_failed. The other two are
+    counted and named, not read."""
     inp, out = night_input(tmp_path / "n"), tmp_path / "out"
     part = _partition(inp, "rollouts")
     failed = {"_ng_task_index": 9, "_ng_rollout_index": 0, "_ng_failure_class": "timeout", "_ng_failure_terminal": True}
     (part / "rollouts_failures.jsonl").write_text(json.dumps(failed) + "\n")
     (part / "rollouts_materialized_inputs.jsonl").write_text(json.dumps({"_ng_task_index": 9}) + "\n")
+    (part / "rollouts_aggregate_metrics.json").write_text(json.dumps({"reward": 0.5}))
     res = build(inp, out)
     assert res.returncode == 0, res.stderr
     assert "rollouts 3 read = 3 loaded + 0 rejected" in res.stdout
+    assert "failures 1 read = 1 failed attempts + 0 rejected; 1 given-up samples" in res.stdout
     assert (
-        "not read 2 NeMo Gym sidecar files, not results: rollouts_failures.jsonl, rollouts_materialized_inputs.jsonl"
-        in res.stdout
+        "not read 2 NeMo Gym sidecar files, not results: rollouts_aggregate_metrics.json, "
+        "rollouts_materialized_inputs.jsonl" in res.stdout
     )
-    assert reader_view(out) == {"rows": 3, "audit": 3}
+    assert reader_view(out) == {"rows": 3, "audit": 4}
+    audit = {a["rollout_id"]: a for a in pq.read_table(out / "audit" / f"ds={DS}").to_pylist()}
+    given_up = audit["9-0"]
+    assert (given_up["group_id"], given_up["slot"], given_up["status"], given_up["reason"]) == (
+        "9",
+        0,
+        "masked",
+        "rollout_failed",
+    )
+    assert (given_up["detail"], given_up["failed_call_id"], given_up["reward"], given_up["advantage"]) == (
+        "timeout",
+        None,
+        None,
+        None,
+    )

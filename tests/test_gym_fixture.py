@@ -74,11 +74,23 @@ def test_every_rollout_as_expected(built, expected):
             assert _digest(row[column], dtype) == exp[column], column
 
 
-def test_a_local_mode_token_file_beside_the_lineage_is_no_ledger_file(tmp_path):
-    """Gym's local capture mode writes <rollout_id>.tokens.jsonl beside the lineage files."""
+def test_a_local_mode_token_file_beside_the_lineage_is_mixed_capture(tmp_path):
+    """Gym never writes <rollout_id>.tokens.jsonl beside a lineage file of the same rollout
+    (CONTRACT.md 9.2): a rollout with both is masked mixed_capture and neither is read; a
+    companion file beside the lineage (an intents file) changes nothing."""
     copy = tmp_path / "capture"
     shutil.copytree(FIXTURE, copy)
-    (copy / "ledger" / f"ds={DS}" / "0-0.tokens.jsonl").write_text('{"prompt_token_ids": [1, 2]}\n')
+    folder = copy / "ledger" / f"ds={DS}"
+    (folder / "0-0.tokens.jsonl").write_text('{"prompt_token_ids": [1, 2]}\n')
+    (folder / "0-1.tokens.intents").write_text("whatever\n")
     summary = build_night(copy, tmp_path / "out", DS)
-    assert summary.load.n_rejects == 0  # a local-mode token file beside them is no ledger file
-    assert summary.numbers.ok_rollouts == sum(r["select"]["status"] == "ok" for r in EXPECTED["rollouts"])
+    assert summary.load.n_rejects == 0  # no ledger file either: not a reject
+    audit = {a["rollout_id"]: a for a in read_partition(tmp_path / "out", "audit", DS)}
+    assert (audit["0-0"]["reason"], audit["0-0"]["detail"]) == (
+        "mixed_capture",
+        "ledger rows and 0-0.tokens.jsonl: neither is read",
+    )
+    want = {r["rollout_id"]: r["select"] for r in EXPECTED["rollouts"]}
+    for rollout_id, got in audit.items():
+        if rollout_id != "0-0":
+            assert (got["status"], got["reason"]) == (want[rollout_id]["status"], want[rollout_id]["reason"])

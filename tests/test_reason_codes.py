@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nights import answer, call, reasoning, tool_output, worked_example
+from nights import answer, call, reasoning, tool_output, worked_example, worked_example_local
 from reassembler.producer.capture import resign
 from reassembler.reasons import Reason
 from reassembler.settings import Options
@@ -194,10 +194,48 @@ def f_history_rewritten(n):
     _rollout(n, compaction=True)
 
 
+# NeMo Gym's own capture (CONTRACT.md 9): the faulty rollout in local mode, or rebuilt by Gym
+def f_producer_masked(n):
+    chain = [
+        call("c1", None, [101, 102, 103], [11, 12], [reasoning("r1"), answer("a1")]),
+        call("c2", "c1", [201], [21, 22], [reasoning("r2"), answer("a2")]),
+    ]
+    n.add_rebuilt("grp_g1", chain, mask_sample=True)
+
+
+def f_mixed_capture(n):
+    _rollout(n)
+    worked_example_local(n, "grp_g1")
+    n.rollouts.pop()  # one result line, capture in both families
+
+
+def f_capture_retired(n):
+    worked_example_local(n, "grp_g1")
+    n.local_files["grp_g1"] = {"state": {"retired": True}}
+
+
+def f_capture_incomplete(n):
+    worked_example_local(n, "grp_g1")
+    n.local_files["grp_g1"] = {"incomplete": ["c4"]}
+
+
+def f_prefix_mismatch(n):
+    from reassembler.formats.gym_local import tokens_digest
+
+    c5 = next(e for e in worked_example_local(n, "grp_g1") if e["model_call_id"] == "c5")
+    c5["prompt_token_ids"][1] = 399  # c3's second token, changed in c5's full prompt
+    full = c5["prompt_token_ids"] + c5["generation_token_ids"]
+    c5["digest"] = tokens_digest([b"".join(i.to_bytes(8, "big") for i in full)], len(full))
+
+
 STRICT, TERMINAL = Options(offchain="strict"), Options(mode="terminal")
 CASES = {
     Reason.ROLLOUT_FAILED: (f_rollout_failed, None, Options()),
     Reason.INVALID_REWARD: (f_invalid_reward, None, Options()),
+    Reason.PRODUCER_MASKED: (f_producer_masked, None, Options()),
+    Reason.MIXED_CAPTURE: (f_mixed_capture, None, Options()),
+    Reason.CAPTURE_RETIRED: (f_capture_retired, None, Options()),
+    Reason.CAPTURE_INCOMPLETE: (f_capture_incomplete, None, Options()),
     Reason.EMPTY_LEDGER: (f_empty_ledger, None, Options()),
     Reason.DUPLICATE_CALL_ID: (f_duplicate_call_id, None, Options()),
     Reason.CAPTURE_POISONED: (f_capture_poisoned, None, STRICT),
@@ -218,6 +256,7 @@ CASES = {
     Reason.INVALID_RECORD: (f_invalid_record, "c3", Options()),
     Reason.LENGTH_MISMATCH: (f_length_mismatch, "c3", Options()),
     Reason.PARENT_LENGTH_MISMATCH: (f_parent_length_mismatch, "c5", Options()),
+    Reason.PREFIX_MISMATCH: (f_prefix_mismatch, "c5", Options()),
     Reason.INVALID_TOKEN: (f_invalid_token, "c5", Options()),
     Reason.INVALID_MASK: (f_invalid_mask, "c5", Options()),
     Reason.EMPTY_GENERATION: (f_empty_generation, "c5", Options()),

@@ -108,12 +108,20 @@ def test_the_night_holds_every_producer_shape_as_written(synth):
     shapes = {}
     for e in expected.values():
         shapes.setdefault(e["shape"], []).append(e)
-    assert set(shapes) == {"plain", "lineage", "gym"}
+    assert set(shapes) == {"plain", "lineage", "gym", "local", "rebuilt"}
     assert len({e["fault"] for e in shapes["gym"]} - {None}) >= 10  # faults reach Gym's shape too
+    assert len({e["fault"] for e in shapes["local"]} - {None}) >= 8
     ledger = root / "input" / "ledger" / f"ds={DS}"
     gym_files = sorted(ledger.glob("*.lineage.jsonl"))  # the flat capture folder
     assert gym_files and all(f.with_name(f.name.replace(".lineage.jsonl", ".tokens.lock")).exists() for f in gym_files)
-    assert list(ledger.glob("*.tokens.jsonl"))  # local-mode token files beside them: not ledger
+    assert list(ledger.glob("*.tokens.intents"))  # local-mode companions beside them: ignored
+    local = [e["rollout_id"] for e in shapes["local"] if e["fault"] != "empty_ledger"]
+    assert all(
+        (ledger / f"{rid}.tokens.jsonl").exists() and (ledger / f"{rid}.tokens.state.json").exists() for rid in local
+    )
+    entries = [json.loads(line) for rid in local for line in open(ledger / f"{rid}.tokens.jsonl")]
+    assert {e["prompt_is_delta"] for e in entries} == {True, False}  # both of Gym's representations
+    assert {e["parent_resolution"] for e in entries} >= {"root", "resolved"}
     rows = [json.loads(line) for f in gym_files for line in open(f)]
     poison = [r for r in rows if r.get("failure_reason")]
     assert poison and all(set(r) == {"model_call_id", "failure_reason"} for r in poison)
@@ -125,7 +133,11 @@ def test_the_night_holds_every_producer_shape_as_written(synth):
     assert sum("schema_version" in r for r in captured) <= 2  # only the unsupported_version fault
     results = [json.loads(line) for line in open(root / "input" / "rollouts" / f"ds={DS}" / "rollouts-00000.jsonl")]
     gym_results = [r for r in results if "_ng_task_index" in r]
-    assert len(gym_results) == len(shapes["gym"])
+    assert len(gym_results) == len(shapes["gym"]) + len(shapes["local"]) + len(shapes["rebuilt"])
+    rebuilt = [r for r in gym_results if "_ng_token_capture" in r]
+    assert len(rebuilt) == len(shapes["rebuilt"]) and all(
+        any("generation_token_ids" in item for item in r["response"]["output"]) for r in rebuilt
+    )
     assert all("rollout_id" not in r and "group_id" not in r and "slot" not in r for r in gym_results)
     token_files = sorted((root / "input" / "tokens" / f"ds={DS}").glob("gym-staged-*.parquet"))
     assert any("schema_version" not in pq.read_schema(f).names for f in token_files)

@@ -70,6 +70,12 @@ ROLLOUT = (
     Field("metadata", S),
     Field("source_file", S),
     Field("source_line", I64),
+    # which capture the load read for the rollout (CONTRACT.md 9), and what it found there
+    Field("capture", S, doc="staged | local | rebuilt | none (no capture read)"),
+    Field("capture_reason", S, doc="a rollout check of the capture that failed (9.2-9.4, 9.10)"),
+    Field("capture_detail", S),
+    Field("capture_call_id", S),
+    Field("n_token_items", I32, doc="rebuilt: the line's token items"),
 )
 
 LEDGER = (
@@ -98,6 +104,10 @@ LEDGER = (
     Field("failure_reason", S, group="poison"),
     Field("source_file", S, group="source"),
     Field("source_line", I64, group="source"),
+    # NeMo Gym's local mode and rebuilt lines: read into calls by the load, checked there
+    Field("capture", S, doc="null: a ledger line; local: an entry; rebuilt: a rebuilt line", group="capture"),
+    Field("entry_fault", S, doc="local: the entry's first failing check (load/local_capture.py)", group="capture"),
+    Field("entry_detail", S, group="capture"),
 )
 
 
@@ -122,7 +132,11 @@ def ledger_json() -> pa.Schema:
     import pyarrow as pa
 
     return pa.schema(
-        [(f.name, arrow_type(f.type)) for f in LEDGER if f.group != "source" or f.name == "admitted_at"]
+        [
+            (f.name, arrow_type(f.type))
+            for f in LEDGER
+            if f.group not in ("source", "capture") or f.name == "admitted_at"
+        ]
         + [("staging_digest", pa.string())]
     )
 

@@ -2,7 +2,8 @@
 
 Fingerprint (CONTRACT.md 2.1), version 1:
 
-    sha256(b"rr-output-item-v1" || canonical_json(item without top-level "id", "status"))
+    sha256(b"rr-output-item-v1" || canonical_json(item without top-level "id", "status"
+                                                   and NeMo Gym's TOKEN_FIELDS, 9.7))
 
 canonical_json: keys sorted at every level, separators (",", ":"), non-ASCII kept as UTF-8.
 """
@@ -15,6 +16,10 @@ import json
 import orjson
 
 FINGERPRINT_PREFIX = b"rr-output-item-v1"
+# the keys a NeMo Gym model server puts a call's tokens in on a served item, which Gym strips
+# before it keeps the item (records.py TOKEN_FIELDS): never part of an item's fingerprint
+TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts")
+_NOT_HASHED = ("id", "status", *TOKEN_FIELDS)
 _GENERATED_TYPES = {"reasoning", "function_call"}
 
 
@@ -32,6 +37,12 @@ class JsonFloat(float):
     value holding floats to `json`, the reference."""
 
 
+class UnmarkedFloats(dict):
+    """A rollout line decoded without JsonFloat marks (read.py does so for a line carrying
+    token arrays, whose log probabilities would cost a Python call each): its items'
+    fingerprints are written by `json` alone."""
+
+
 def canonical_json(value, floats_marked: bool = False) -> bytes:
     """The canonical JSON of a value, written by `json`. With `floats_marked` (every float
     in `value` is a JsonFloat) orjson writes it when it holds no float and no integer
@@ -47,7 +58,7 @@ def canonical_json(value, floats_marked: bool = False) -> bytes:
 def fingerprint(item: dict, floats_marked: bool = False) -> str | None:
     """The item's fingerprint; None when it holds a lone surrogate, which no UTF-8 encodes
     (no producer can have fingerprinted it either: the item matches no call)."""
-    body = {k: v for k, v in item.items() if k not in ("id", "status")}
+    body = {k: v for k, v in item.items() if k not in _NOT_HASHED}
     try:
         return hashlib.sha256(FINGERPRINT_PREFIX + canonical_json(body, floats_marked)).hexdigest()
     except UnicodeEncodeError:

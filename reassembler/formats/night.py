@@ -10,13 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from .gym_local import CAPTURE_SUFFIXES, capture_file
 
 # NeMo Gym's local capture mode writes TokenEntry records as <rollout_id>.tokens.jsonl beside
-# the lineage files: token arrays, not ledger rows (CONTRACT.md 2).
+# the lineage files: token arrays, not ledger rows (CONTRACT.md 2, 9.2).
 NOT_LEDGER_SUFFIX = ".tokens.jsonl"
 # NeMo Gym's rollout collection writes these beside its results file <stem>.jsonl (CONTRACT.md
-# 2.1): failed attempts and the dispatched inputs, never results.
-SIDECAR_SUFFIXES = ("_failures.jsonl", "_materialized_inputs.jsonl")
+# 2.1): its failed attempts (read), and the dispatched inputs and metrics (not read).
+FAILURES_SUFFIX = "_failures.jsonl"
+SIDECAR_SUFFIXES = ("_materialized_inputs.jsonl", "_aggregate_metrics.json")
 
 
 @dataclass(frozen=True)
@@ -25,14 +27,17 @@ class NightFiles:
     ds: str
     rollouts: list[str]  # paths relative to their partition folder, in reading order
     ledger: list[str]
-    tokens: list[str]
-    sidecars: list[str] = field(default_factory=list)  # Gym's *_failures.jsonl, ...: in rollouts/, not read
+    tokens: list[str]  # empty when the night has no tokens folder (CONTRACT.md 9.2)
+    sidecars: list[str] = field(default_factory=list)  # Gym's inputs and metrics beside its results: not read
+    failures: list[str] = field(default_factory=list)  # Gym's <stem>_failures.jsonl, in rollouts/
+    captures: list[str] = field(default_factory=list)  # local-mode capture files, directly in ledger/
+    has_tokens: bool = True  # whether tokens/ds=<ds>/ exists
 
     def path(self, kind: str, rel: str) -> Path:
         return self.root / kind / f"ds={self.ds}" / rel
 
 
-def _list_files(part: Path, suffix: str, recursive: bool, exclude: str | None = None) -> list[str]:
+def _list_files(part: Path, suffix: str | tuple[str, ...], recursive: bool, exclude: str | None = None) -> list[str]:
     """Files ending in `suffix` in a partition folder (and its subfolders when `recursive`),
     as sorted relative paths. Symbolic links are followed; a dangling link, an unreadable
     entry, a link loop, or anything but a file or folder (a named pipe, a socket, a device:
@@ -97,14 +102,20 @@ def _kind(mode: int) -> str:
 
 
 def find_night(input_dir: str | Path, ds: str) -> NightFiles:
+    """The night's files. The tokens folder may be missing when the ledger folder holds no
+    ledger file (a NeMo Gym local-mode night: CONTRACT.md 9.2); every other missing folder
+    is an InputError naming it."""
     root = Path(input_dir)
-    found = {}
+    found: dict[str, list[str]] = {}
     for kind, suffix, recursive in (
-        ("rollouts", ".jsonl", False),
+        ("rollouts", (".jsonl", ".json"), False),
         ("ledger", ".jsonl", True),
         ("tokens", ".parquet", False),
     ):
         part = root / kind / f"ds={ds}"
+        if kind == "tokens" and not part.is_dir() and not found["ledger"] and (root / "ledger").is_dir():
+            found[kind] = []
+            continue
         if not part.is_dir():
             present = [k for k in ("rollouts", "ledger", "tokens") if (root / k).is_dir()]
             hint = (
@@ -117,6 +128,19 @@ def find_night(input_dir: str | Path, ds: str) -> NightFiles:
                 f"{root}/rollouts/ds={ds}/, {root}/ledger/ds={ds}/ and {root}/tokens/ds={ds}/)"
             )
         found[kind] = _list_files(part, suffix, recursive, NOT_LEDGER_SUFFIX if kind == "ledger" else None)
-    sidecars = [rel for rel in found["rollouts"] if rel.endswith(SIDECAR_SUFFIXES)]
-    rollouts = [rel for rel in found["rollouts"] if not rel.endswith(SIDECAR_SUFFIXES)]
-    return NightFiles(root, ds, rollouts, found["ledger"], found["tokens"], sidecars)
+    listed = found["rollouts"]
+    sidecars = [rel for rel in listed if rel.endswith(SIDECAR_SUFFIXES)]
+    failures = [rel for rel in listed if rel.endswith(FAILURES_SUFFIX)]
+    rollouts = [rel for rel in listed if rel.endswith(".jsonl") and rel not in sidecars and rel not in failures]
+    captures = _list_files(root / "ledger" / f"ds={ds}", CAPTURE_SUFFIXES, False)
+    return NightFiles(
+        root,
+        ds,
+        rollouts,
+        found["ledger"],
+        found["tokens"],
+        sidecars,
+        failures,
+        [rel for rel in captures if capture_file(rel) is not None],
+        has_tokens=(root / "tokens" / f"ds={ds}").is_dir(),
+    )

@@ -17,7 +17,8 @@ from typing import TypeGuard
 
 from .fields import LEDGER_DIGESTS, LEDGER_INTS, VERSION_DEFAULTS
 from .gym_fingerprint import model_items
-from .items import generated_items
+from .gym_rebuilt import marked, rebuild, token_items
+from .items import UnmarkedFloats, generated_items
 
 LINEAGE_SUFFIX = ".lineage.jsonl"
 HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -77,6 +78,18 @@ def _gym_index(obj: dict, key: str) -> int | None:
     return v
 
 
+def _gym_key(obj: dict, task: int | None, sample: int | None) -> str | None:
+    """NeMo Gym's capture key (CONTRACT.md 2.1): `_ng_rollout_id`, else "{task}-{sample}",
+    then "-a{attempt}" for a re-dispatch; None when the record has neither."""
+    attempt = _gym_index(obj, "_ng_attempt_index")
+    key = obj.get("_ng_rollout_id")
+    if key is not None and not (isinstance(key, str) and GYM_ROLLOUT_ID.fullmatch(key)):
+        raise RecordError(f"_ng_rollout_id must match {GYM_ROLLOUT_ID.pattern}, got {json.dumps(key)[:40]}")
+    if key is None and (task is None or sample is None):
+        return None
+    return (key if key is not None else f"{task}-{sample}") + (f"-a{attempt}" if attempt else "")
+
+
 def _ids(obj: dict) -> tuple[str, str, int]:
     """rollout_id, group_id and slot: as given, or derived from NeMo Gym's `_ng_*` fields
     for each one the record lacks (CONTRACT.md 2.1)."""
@@ -88,16 +101,13 @@ def _ids(obj: dict) -> tuple[str, str, int]:
         return rollout_id, group_id, slot
     task = _gym_index(obj, "_ng_task_index")
     sample = _gym_index(obj, "_ng_rollout_index")
-    attempt = _gym_index(obj, "_ng_attempt_index")
-    key = obj.get("_ng_rollout_id")
-    if key is not None and not (isinstance(key, str) and GYM_ROLLOUT_ID.fullmatch(key)):
-        raise RecordError(f"_ng_rollout_id must match {GYM_ROLLOUT_ID.pattern}, got {json.dumps(key)[:40]}")
+    key = _gym_key(obj, task, sample)
     if rollout_id is None:
-        if key is None and (task is None or sample is None):
+        if key is None:
             raise RecordError(
                 "rollout_id is missing (and no _ng_rollout_id or _ng_task_index + _ng_rollout_index to derive it from)"
             )
-        rollout_id = (key if key is not None else f"{task}-{sample}") + (f"-a{attempt}" if attempt else "")
+        rollout_id = key
     if group_id is None:
         if task is None:
             raise RecordError("group_id is missing (and no _ng_task_index to derive it from)")
@@ -109,10 +119,39 @@ def _ids(obj: dict) -> tuple[str, str, int]:
     return rollout_id, group_id, slot
 
 
+def parse_failure(obj) -> dict:
+    """One row of NeMo Gym's `<stem>_failures.jsonl` (CONTRACT.md 2.1): the failed attempt's
+    capture key, its sample (task and sample index, when given), whether the failure was
+    terminal, and its failure class."""
+    if not isinstance(obj, dict):
+        raise RecordError("a failures row must be a JSON object")
+    task = _gym_index(obj, "_ng_task_index")
+    sample = _gym_index(obj, "_ng_rollout_index")
+    key = _nonempty_str(obj.get("rollout_id")) or _gym_key(obj, task, sample)
+    if key is None:
+        raise RecordError(
+            "the failed attempt's key cannot be derived (no _ng_rollout_id or _ng_task_index + _ng_rollout_index)"
+        )
+    failure_class = obj.get("_ng_failure_class")
+    return {
+        "key": _unicode("rollout_id", key),
+        "task": task,
+        "sample": sample,
+        "terminal": obj.get("_ng_failure_terminal") is True,
+        "failure_class": storable_text(failure_class if isinstance(failure_class, str) else json.dumps(failure_class)),
+    }
+
+
 def parse_rollout(obj, floats_marked: bool = False) -> dict:
-    """`floats_marked`: `obj` was decoded with its floats as items.JsonFloat (read.py)."""
+    """`floats_marked`: `obj` was decoded with its floats as items.JsonFloat (read.py).
+
+    Besides the warehouse columns, the row carries `gym_sample` (NeMo Gym's task and sample
+    indices, when both are given: CONTRACT.md 2.1's given-up samples) and `gym_rebuilt`
+    (for a line that carries token items or NeMo Gym's rebuild marks: whether it is marked,
+    and its row or why it is masked, 9.10), which the load takes off."""
     if not isinstance(obj, dict):
         raise RecordError("a rollout line must be a JSON object")
+    floats_marked = floats_marked and not isinstance(obj, UnmarkedFloats)
     rollout_id, group_id, slot = _ids(obj)
     if not _is_int(slot) or slot < 0 or slot >= 2**31:
         raise RecordError("slot must be an integer >= 0")
@@ -136,6 +175,9 @@ def parse_rollout(obj, floats_marked: bool = False) -> dict:
     response = obj.get("response")
     response_id = _nonempty_str(response.get("id")) if isinstance(response, dict) else None
     failure = _opt_str(obj, "failure_reason")
+    task, sample = obj.get("_ng_task_index"), obj.get("_ng_rollout_index")
+    response_output = response.get("output") if isinstance(response, dict) else None
+    carries_tokens = isinstance(response_output, list) and bool(token_items(response_output))
     return {
         "rollout_id": _unicode("rollout_id", rollout_id),
         "group_id": _unicode("group_id", group_id),
@@ -153,6 +195,8 @@ def parse_rollout(obj, floats_marked: bool = False) -> dict:
         "metadata": None
         if metadata is None
         else storable_text(json.dumps(metadata, sort_keys=True, ensure_ascii=False)),
+        "gym_sample": (task, sample) if _is_int(task) and _is_int(sample) and min(task, sample) >= 0 else None,
+        "gym_rebuilt": {"marked": marked(obj), "row": rebuild(obj)} if marked(obj) or carries_tokens else None,
     }
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
-from ..formats.items import JsonFloat
+from ..formats.items import JsonFloat, UnmarkedFloats
 from ..formats.night import NightFiles
 from ..formats.records import RecordError, has_surrogate, rollout_id_from_path
 from ..settings import MAX_JSON_DEPTH, MAX_LINE_BYTES
@@ -77,10 +77,23 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
 
 
 DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys)
-# rollout lines: floats marked, so that their items' fingerprints know which hold one (items.py)
-ROLLOUT_DECODER = json.JSONDecoder(
-    object_pairs_hook=_no_duplicate_keys, parse_float=JsonFloat, parse_constant=JsonFloat
-)
+_MARKED = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_float=JsonFloat, parse_constant=JsonFloat)
+
+
+class _RolloutDecoder:
+    """Rollout lines: floats marked, so that their items' fingerprints know which hold one
+    (items.py); a line carrying token arrays (NeMo Gym's rebuilt lines, CONTRACT.md 9.10)
+    with plain floats instead, as items.UnmarkedFloats: marking each log probability would
+    be a Python call per token."""
+
+    def decode(self, text: str):
+        if '"generation_token_ids"' not in text:
+            return _MARKED.decode(text)
+        value = DECODER.decode(text)
+        return UnmarkedFloats(value) if isinstance(value, dict) else value
+
+
+ROLLOUT_DECODER = _RolloutDecoder()
 
 
 def json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES, decoder=DECODER, lines: LineRange | None = None):

@@ -177,6 +177,9 @@ def ledger_table(parsed: pa.Table, files: list[ScannedFile]) -> tuple[pa.Table, 
             )
     out["output_fingerprint"] = col("output_fingerprint")
     out["fingerprint_version"] = col("fingerprint_version")
+    for f in LEDGER:
+        if f.group == "capture":  # a ledger line is staged capture: these stay null
+            out[f.name] = pa.nulls(n, pa.string())
     names = [f.name for f in LEDGER if f.name not in ("capture_seq", "source_file", "source_line")]
     table = pa.table({name: out[name] for name in names})
     return table, per_line

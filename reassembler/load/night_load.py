@@ -43,12 +43,13 @@ class NightLoad:
             self._children.close()
             self._children = None
 
-    def into(self, con):
+    def into(self, con, scratch=None):
         """Replace the night in the warehouse behind `con` (load.read.load_night), with the
-        rollout lines the children parsed; they are done with once it returns."""
+        rollout lines the children parsed; they are done with once it returns. `scratch`:
+        where the token rows the load derives go (the run's staging folder)."""
         from .read import load_night
 
         try:
-            return load_night(con, self.night, self.settings, self._children)
+            return load_night(con, self.night, self.settings, self._children, scratch)
         finally:
             self.close()

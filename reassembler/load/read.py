@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -22,67 +22,32 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..formats import token_file
-from ..formats.fields import LEDGER, ROLLOUT, arrow_schema
 from ..formats.night import NightFiles
 from ..formats.records import parse_ledger_row
 from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script, sql
 from . import rollout_lines
+from .gym_capture import GymCapture, GymSummary
+from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter
 from .json_lines import decode, one_line, read_file_lines
 from .ledger_columns import Chunk, ledger_chunks
 
-CHUNK_ROWS = 500  # rows buffered before an insert: a rollout row carries its whole output's fingerprints
-
-
 # ---------------------------------------------------------------- JSON lines -> warehouse
-
-ROLLOUT_BATCH = arrow_schema(ROLLOUT)
-LEDGER_BATCH = arrow_schema(LEDGER)
-REJECT_BATCH = pa.schema(
-    [
-        ("source", pa.string()),
-        ("file", pa.string()),
-        ("line", pa.int64()),
-        ("error", pa.string()),
-        ("raw", pa.string()),
-        ("rollout_id", pa.string()),
-        ("model_call_id", pa.string()),
-    ]
-)
-
-
-class _Inserter:
-    """Buffers dict rows and inserts them through sql/<statement>.sql, CHUNK_ROWS at a time."""
-
-    def __init__(self, con, statement: str, schema: pa.Schema, ds: str):
-        self.con, self.statement, self.schema, self.ds = con, sql(statement), schema, ds
-        self.rows: list[dict] = []
-        self.count = 0
-
-    def add(self, row: dict) -> None:
-        self.rows.append(row)
-        if len(self.rows) >= CHUNK_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.rows:
-            self.con.register("batch", pa.Table.from_pylist(self.rows, schema=self.schema))
-            self.con.execute(self.statement, {"ds": self.ds})
-            self.con.unregister("batch")
-            self.count += len(self.rows)
-            self.rows = []
 
 
 @dataclass(frozen=True)
 class SourceCount:
-    """One input source of a night: every line / token row read is loaded or rejected."""
+    """One input source of a night: every line / token row read is loaded, rejected, or
+    (ledger lines) belongs to a failed attempt NeMo Gym's failures file names."""
 
     read: int
     loaded: int
     rejected: int
+    failed_attempts: int = 0
 
     def __str__(self) -> str:
-        return f"{self.read} read = {self.loaded} loaded + {self.rejected} rejected"
+        text = f"{self.read} read = {self.loaded} loaded + {self.rejected} rejected"
+        return text + (f" + {self.failed_attempts} of failed attempts" if self.failed_attempts else "")
 
 
 @dataclass(frozen=True)
@@ -93,20 +58,24 @@ class LoadSummary:
     n_ledger_rows: int  # rows in the warehouse's ledger table (rows of unknown rollouts included)
     n_token_files: int
     sidecars: tuple[str, ...] = ()  # Gym's files beside its results, not rollout lines (night.py)
+    gym: GymSummary = field(default_factory=GymSummary)  # NeMo Gym's own capture (gym_capture.py)
+    other_rejects: int = 0  # failures rows and capture files rejected
 
     @property
     def n_rollouts(self) -> int:
-        return self.rollouts.loaded
+        """Rollouts the night's audit will hold: result lines loaded, and given-up samples."""
+        return self.rollouts.loaded + self.gym.given_up
 
     @property
     def n_rejects(self) -> int:
-        return self.rollouts.rejected + self.ledger.rejected + self.tokens.rejected
+        return self.rollouts.rejected + self.ledger.rejected + self.tokens.rejected + self.other_rejects
 
     def lines(self) -> list[str]:
         out = [
             f"{name:<9}{count}"
             for name, count in (("rollouts", self.rollouts), ("ledger", self.ledger), ("tokens", self.tokens))
         ]
+        out += self.gym.lines()
         if self.sidecars:
             out.append(
                 f"{'not read':<9}{len(self.sidecars)} NeMo Gym sidecar files, not results: {', '.join(self.sidecars)}"
@@ -123,12 +92,16 @@ def load_night(
     night: NightFiles,
     settings: Settings = DEFAULTS,
     background: rollout_lines.InBackground | None = None,
+    scratch: Path | None = None,
 ) -> LoadSummary:
     """Replace the night `night.ds` in the warehouse, in one transaction: clear it, load the
-    token rows' keys, the rollout lines and the ledger lines, record the rows nobody asks
+    token rows' keys, the rollout lines and the ledger lines, then NeMo Gym's own capture
+    (gym_capture.py: failures files, local mode, rebuilt lines), record the rows nobody asks
     for, count. A night from which no rollout could be read is refused (InputError) unless
     `settings.allow_empty`. `background`: this night's rollout lines being parsed by child
-    processes (load.NightLoad started them), else they are parsed here."""
+    processes (load.NightLoad started them), else they are parsed here. `scratch`: the
+    folder for the token rows the load derives (the run's staging folder; a temporary
+    folder when not given)."""
     ds, max_line_bytes = night.ds, settings.max_line_bytes
     files = token_files(night, settings.max_row_group_bytes)  # unusable token files: refused before anything
     con.execute("BEGIN TRANSACTION")
@@ -138,24 +111,30 @@ def load_night(
         if files.too_big:
             _reject_too_big(con, night, files)
         tokens = sql("night_token_rows")
-        rejects = _Inserter(con, "insert_rejects", REJECT_BATCH, ds)
+        rejects = Inserter(con, "insert_rejects", REJECT_BATCH, ds)
+        gym = GymCapture(con, night, rejects, scratch, max_line_bytes)
         # the ledger while the rollout children (if any) parse; the rollouts first if they are done
         rollouts_first = background is None or background.done()
         if rollouts_first:
-            rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background)
+            rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background, gym)
         ledger_lines, ledger_loaded = _load_ledger(con, night, rejects, max_line_bytes)
         if not rollouts_first:
-            rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background)
+            rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background, gym)
+        gym.finish(rollouts_loaded)
         rejects.flush()
         if rollouts_loaded == 0 and not settings.allow_empty:
             raise InputError(
                 f"{night.path('rollouts', '')}: no rollout could be read ({len(night.rollouts)} files, "
                 f"{rollout_count} lines); an empty night is published only with --allow-empty"
             )
+        con.register("failed_attempts", pa.table({"rollout_id": pa.array(sorted(gym.failed), pa.string())}))
         _reject_orphans(con, night, tokens)
         counts = dict(con.execute(sql("count_rejects"), {"ds": ds}).fetchall())
-        loaded = con.execute(sql("count_loaded", tokens=tokens), {"ds": ds}).fetchone()
-        ledger_used, token_rows = loaded or (0, 0)
+        [loaded] = con.execute(
+            sql("count_loaded", tokens=tokens), {"ds": ds, "token_dir": _token_dir(night)}
+        ).fetchall()
+        con.unregister("failed_attempts")
+        ledger_used, token_rows, ledger_failed = loaded
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -163,15 +142,17 @@ def load_night(
     token_rows += files.n_too_big  # read, and rejected
     summary = LoadSummary(
         rollouts=SourceCount(rollout_count, rollouts_loaded, counts.get("rollouts", 0)),
-        ledger=SourceCount(ledger_lines, ledger_used, counts.get("ledger", 0)),
+        ledger=SourceCount(ledger_lines, ledger_used, counts.get("ledger", 0), ledger_failed),
         tokens=SourceCount(token_rows, token_rows - counts.get("tokens", 0), counts.get("tokens", 0)),
         n_ledger_rows=ledger_loaded,
         n_token_files=len(night.tokens),
         sidecars=tuple(night.sidecars),
+        gym=gym.summary,
+        other_rejects=counts.get("failures", 0) + counts.get("capture", 0),
     )
     for name in ("rollouts", "ledger", "tokens"):
         c = getattr(summary, name)
-        if c.read != c.loaded + c.rejected:  # every line and token row is accounted for
+        if c.read != c.loaded + c.rejected + c.failed_attempts:  # every line and token row is accounted for
             raise RuntimeError(f"internal: {name} {c}")
     return summary
 
@@ -179,28 +160,33 @@ def load_night(
 def _load_rollouts(
     con,
     night: NightFiles,
-    rejects: _Inserter,
+    rejects: Inserter,
     max_line_bytes: int,
     background: rollout_lines.InBackground | None = None,
+    gym: GymCapture | None = None,
 ) -> tuple[int, int]:
     """Every rollout line: a rollout row, or a reject row (a repeated id keeps the first);
-    parsed here, or by `background` (the same code in a child process). Returns (lines
-    read, rollouts loaded)."""
-    rollouts = _Inserter(con, "insert_rollouts", ROLLOUT_BATCH, night.ds)
+    parsed here, or by `background` (the same code in a child process); `gym` takes each
+    row's NeMo Gym fields off first. Returns (lines read, rollouts loaded)."""
+    rollouts = Inserter(con, "insert_rollouts", ROLLOUT_BATCH, night.ds)
+
+    def add(row: dict) -> None:
+        rollouts.add(gym.rollout(row) if gym is not None else row)
+
     if background is None:
-        lines = rollout_lines.parse_rollouts(night, max_line_bytes, rollouts.add, rejects)
+        lines = rollout_lines.parse_rollouts(night, max_line_bytes, add, rejects)
     else:
-        lines = background.results(rollouts.add, rejects)
+        lines = background.results(add, rejects)
     rollouts.flush()
     return lines, rollouts.count
 
 
-def _load_ledger(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int) -> tuple[int, int]:
+def _load_ledger(con, night: NightFiles, rejects: Inserter, max_line_bytes: int) -> tuple[int, int]:
     """Every ledger line, in capture order (files by path, then lines): a ledger row, or a
     reject row. The files are parsed in columns a chunk at a time (ledger_columns.py); the
     ones (and the lines) it cannot take are read here line by line. Returns (lines read,
     rows loaded)."""
-    ledger = _Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
+    ledger = Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
     loaded = 0
 
     def add(capture_seq: int, row: dict) -> None:
@@ -226,7 +212,7 @@ def _load_ledger(con, night: NightFiles, rejects: _Inserter, max_line_bytes: int
 LEDGER_IN_COLUMNS = True  # False: every ledger line takes the per-line path (the tests' reference)
 
 
-def _insert_columns(con, night: NightFiles, chunk: Chunk, bases: list[int], add, rejects: _Inserter) -> int:
+def _insert_columns(con, night: NightFiles, chunk: Chunk, bases: list[int], add, rejects: Inserter) -> int:
     """Insert the rows parsed in columns; the lines ledger_columns.py leaves to the per-line
     path go through it (`add` or a reject row). Returns the rows inserted here."""
     files, table, per_line = chunk.columnar, chunk.table, chunk.per_line
@@ -271,12 +257,17 @@ def _reject_too_big(con, night: NightFiles, files: TokenFiles) -> None:
 
 
 def _reject_orphans(con, night: NightFiles, tokens: str) -> None:
-    """Ledger rows of no rollout of the night, and token rows no ledger row asks for."""
+    """Ledger rows of no rollout of the night (except a failed attempt's, `failed_attempts`:
+    CONTRACT.md 2.1), and token rows no ledger row asks for."""
     con.execute(sql("orphan_ledger_rejects"), {"ds": night.ds})
     con.execute(
         sql("orphan_token_rejects", tokens=tokens),
-        {"ds": night.ds, "token_dir": str(night.path("tokens", "")).rstrip("/") + "/"},
+        {"ds": night.ds, "token_dir": _token_dir(night)},
     )
+
+
+def _token_dir(night: NightFiles) -> str:
+    return str(night.path("tokens", "")).rstrip("/") + "/"
 
 
 # ---------------------------------------------------------------- token Parquet -> SQL

@@ -6,7 +6,7 @@ next call's mask-0 tokens), ending with an assistant message. Some rollouts comp
 context (a summarizer call left off-chain, then a new root); some calls are retried (the
 rejected attempt stays off-chain); some rollouts carry a poison row.
 
-Each group is written in one of three producer shapes (SHAPES):
+Each group is written in one of five producer shapes (SHAPES):
 
 - `plain`: the contract's own layout (rollout_id/group_id/slot, per-item `output_items`,
   shared ledger files);
@@ -19,12 +19,18 @@ Each group is written in one of three producer shapes (SHAPES):
   file), rows without version fields or `output_items` but with `output_fingerprint`,
   poison rows `{model_call_id, failure_reason}`, the terminal declared by `response.id`,
   tool-call arguments re-serialised by the harness; token rows in their own files, half of
-  them without version columns.
+  them without version columns;
+- `local`: NeMo Gym's local capture mode (CONTRACT.md 9): Gym's result lines, and per
+  rollout `R.tokens.jsonl` with its intents, state and lock files in the flat capture
+  folder, no ledger or token row; full prompts or delta prompts (`local_delta`);
+- `rebuilt`: result lines NeMo Gym rebuilt itself (9.10): the last chain's tokens in
+  `response.output`, `_ng_token_capture`, the capture retired (a state tombstone).
 
 Token files of the other shapes cycle through every accepted column type.
 
 `--fault-rate` picks that share of rollouts and injects one fault each, cycling through
-FAULTS so that every reason code appears. The expected outcome of every rollout under the
+FAULTS (the next kind the rollout's shape can carry: SHAPE_FAULTS) so that every reason
+code appears. The expected outcome of every rollout under the
 default options, under `--offchain strict` and (where the generator can tell) under
 `--mode terminal` is written to `<output>/_expected/ds=<ds>/outcomes.jsonl`.
 """
@@ -41,6 +47,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ..formats.fields import VERSION_DEFAULTS
+from ..formats.gym_local import tokens_digest
 from ..reasons import Reason as R
 from .capture import (
     TOKEN_FILE_VARIANTS,
@@ -52,8 +59,10 @@ from .capture import (
     write_token_file,
 )
 from .config import SynthConfig
+from .gym_local import local_entries, rebuilt_output, write_local_capture
 
-SHAPES = ("plain", "lineage", "gym")
+SHAPES = ("plain", "lineage", "gym", "local", "rebuilt")
+GYM_SHAPES = ("gym", "local", "rebuilt")  # result lines as NeMo Gym writes them
 
 # fault kind -> (reason under select mode, reason under terminal mode or None = not predicted,
 #                needs a rollout without compaction)
@@ -87,7 +96,47 @@ FAULTS: dict[str, tuple[R | None, R | None, bool]] = {
     "dangling_parent": (None, R.MISSING_PARENT, True),
     "lineage_cycle": (None, R.LINEAGE_CYCLE, True),
     "poisoned": (None, None, True),  # ok under selected; capture_poisoned under strict
+    # NeMo Gym's own capture (CONTRACT.md 9)
+    "mixed_capture": (R.MIXED_CAPTURE, R.MIXED_CAPTURE, False),
+    "capture_incomplete": (R.CAPTURE_INCOMPLETE, R.CAPTURE_INCOMPLETE, False),
+    "capture_retired": (R.CAPTURE_RETIRED, R.CAPTURE_RETIRED, False),
+    "prefix_mismatch": (R.PREFIX_MISMATCH, None, False),
+    "producer_masked": (R.PRODUCER_MASKED, R.PRODUCER_MASKED, False),
 }
+_STAGED_ONLY = {"mixed_capture", "capture_incomplete", "capture_retired", "prefix_mismatch", "producer_masked"}
+_STAGED = [f for f in FAULTS if f not in _STAGED_ONLY]
+# the faults each shape can carry: local mode has no token rows, staged digests or chain
+# hashes; a rebuilt line has only its token items
+SHAPE_FAULTS: dict[str, set[str]] = {
+    "plain": set(_STAGED),
+    "lineage": set(_STAGED),
+    "gym": set(_STAGED) | {"mixed_capture"},
+    "local": set(_STAGED)
+    - {
+        "missing_tokens",
+        "duplicate_tokens",
+        "invalid_mask",
+        "chain_hash_mismatch",
+        "cumulative_hash_mismatch",
+        "dangling_parent",
+        "lineage_cycle",
+    }
+    | {"capture_incomplete", "capture_retired", "prefix_mismatch"},
+    "rebuilt": {
+        "rollout_failed",
+        "invalid_reward",
+        "producer_masked",
+        "missing_tokens",
+        "invalid_record",
+        "length_mismatch",
+        "invalid_token",
+        "empty_generation",
+        "invalid_logprob",
+        "prefix_mismatch",
+    },
+}
+# local mode checks these as Gym's reader checks a line: the whole rollout, in either mode
+LOCAL_ROLLOUT_CHECKS = {"duplicate_call_id", "unsupported_version", "field_mismatch", "invalid_record"}
 
 
 @dataclass
@@ -359,8 +408,11 @@ class _Injector:
     def poisoned(self):
         pass
 
+    def mixed_capture(self):  # written beside the ledger by synth_night
+        pass
 
-assert all(callable(getattr(_Injector, f, None)) for f in FAULTS), "every fault kind needs an injector"
+
+assert all(callable(getattr(_Injector, f, None)) for f in SHAPE_FAULTS["gym"]), "every staged fault needs an injector"
 
 
 class _Writer:
@@ -394,19 +446,8 @@ class _Writer:
                     fh.write(json.dumps(line, sort_keys=True) + "\n")
             (folder / f"{rid}.tokens.lock").touch()
             self.gym_files += 1
-            if self.gym_files % 10 == 1:  # local capture mode's TokenEntry file: not a ledger file
-                with open(folder / f"{rid}.tokens.jsonl", "w") as fh:
-                    fh.write(
-                        json.dumps(
-                            {
-                                "rollout_id": rid,
-                                "model_call_id": "local",
-                                "prompt_token_ids": [1, 2],
-                                "generation_token_ids": [3],
-                            }
-                        )
-                        + "\n"
-                    )
+            if self.gym_files % 10 == 1:  # a local-mode companion beside ledger rows: ignored (CONTRACT.md 2)
+                (folder / f"{rid}.tokens.intents").write_text("call-000\n")
             return
         if shape == "lineage":
             server = f"policy-server-{int(hashlib.md5(rid.encode()).hexdigest(), 16) % 3}"
@@ -463,10 +504,12 @@ class _Writer:
                 fh.close()
 
 
-def _as_gym_result(record: dict, task: int, sample: int, ro: _Rollout, declared: bool, fault: str | None) -> dict:
+def _as_gym_result(
+    record: dict, task: int, sample: int, ro: _Rollout, declared: bool, fault: str | None, reserialise: bool = True
+) -> dict:
     """A rollout record as NeMo Gym's rollout_collection writes it: no ids, `_ng_*` indices,
     the terminal declared by `response.id` (a response id no call served when it is not),
-    and tool-call arguments re-serialised by the harness (compact JSON)."""
+    and (`reserialise`) tool-call arguments re-serialised by the harness (compact JSON)."""
     gym = {k: v for k, v in record.items() if k not in ("rollout_id", "group_id", "slot", "terminal_model_call_id")}
     gym.update(_ng_task_index=task, _ng_rollout_index=sample)
     if fault in ("terminal_not_last", "missing_terminal"):
@@ -476,12 +519,13 @@ def _as_gym_result(record: dict, task: int, sample: int, ro: _Rollout, declared:
             gym["response"]["id"] = f"resp_{ro.accepted[-2].call_id}"
     elif declared:
         gym["response"]["id"] = f"resp_{ro.accepted[-1].call_id}"
-    gym["response"]["output"] = [
-        dict(it, arguments=json.dumps(json.loads(it["arguments"]), separators=(",", ":")))
-        if it.get("type") == "function_call"
-        else it
-        for it in gym["response"]["output"]
-    ]
+    if reserialise:
+        gym["response"]["output"] = [
+            dict(it, arguments=json.dumps(json.loads(it["arguments"]), separators=(",", ":")))
+            if it.get("type") == "function_call"
+            else it
+            for it in gym["response"]["output"]
+        ]
     return gym
 
 
@@ -495,24 +539,34 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
     """Write one synthetic night under `output`; return counts."""
     gen = _Gen(cfg)
     writer = _Writer(Path(output), ds, cfg)
-    kinds = list(FAULTS)
+    staged_kinds = SHAPE_FAULTS["plain"]
+    cycles = {
+        s: [f for f in FAULTS if f in kinds and f not in staged_kinds]
+        + [f for f in FAULTS if f in kinds and f in staged_kinds]
+        for s, kinds in SHAPE_FAULTS.items()
+    }
+    fault_count = dict.fromkeys(SHAPE_FAULTS, 0)
     n_faulty = int(round(cfg.rollouts * cfg.fault_rate))
     faulty = set(gen.rng.choice(cfg.rollouts, size=n_faulty, replace=False).tolist()) if n_faulty else set()
-    fault_cycle = 0
     totals: dict[str, Any] = {"rollouts": cfg.rollouts, "calls": 0, "tokens": 0, "faults": {}}
     shape = SHAPES[0]
     for index in range(cfg.rollouts):
         group, slot = divmod(index, cfg.group_size)
         if slot == 0:  # a group is written in one shape: Gym derives group ids from its task index
             shape = SHAPES[int(gen.rng.choice(len(SHAPES), p=np.asarray(cfg.shape_shares) / sum(cfg.shape_shares)))]
+            shape = cfg.only_shape or shape
         gym = shape == "gym"
-        rid = f"{group}-{slot}" if gym else f"grp{group:05d}_g{slot}"
+        rid = f"{group}-{slot}" if shape in GYM_SHAPES else f"grp{group:05d}_g{slot}"
         fault = None
-        if index in faulty:
-            fault = kinds[fault_cycle % len(kinds)]
-            fault_cycle += 1
+        if index in faulty:  # each shape cycles through its own kinds, the ones only it has first
+            cycle = cycles[shape]
+            fault = cycle[fault_count[shape] % len(cycle)]
+            fault_count[shape] += 1
             totals["faults"][fault] = totals["faults"].get(fault, 0) + 1
         ro = gen.rollout(rid, fault)
+        if shape in ("local", "rebuilt"):
+            _gym_own_capture(writer, gen, cfg, ro, shape, fault, group, slot, totals)
+            continue
         if shape == "lineage":
             key = lambda r, c: hashlib.sha1(f"{r}/{c}".encode()).hexdigest()  # noqa: E731
         else:
@@ -589,6 +643,8 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
         writer.rollouts.write(json.dumps(record) + "\n")
         writer.expected.write(json.dumps(expected) + "\n")
         writer.ledger_lines(rid, ledger_lines, shape)
+        if fault == "mixed_capture":  # a local-mode entries file beside the lineage file
+            (writer.part["ledger"] / f"{rid}.tokens.jsonl").write_text('{"prompt_token_ids": [1, 2]}\n')
         token_rows = [t for _, t in staged if t is not None]
         writer.tokens(token_rows, shape)
         totals["calls"] += len(ledger_lines)
@@ -596,6 +652,227 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
     writer.close()
     totals["token_files"] = writer.token_files + writer.gym_token_files
     return totals
+
+
+class _LocalInjector:
+    """One fault applied to a local-mode rollout: its entries (dicts, capture order), the
+    arguments of its other files (`files`) and its record; record-level faults as staged."""
+
+    def __init__(self, ro: _Rollout, record: dict, entries: list[dict], files: dict, rng):
+        self.ro, self.record, self.entries, self.files, self.rng = ro, record, entries, files, rng
+        self.by_id = {e["model_call_id"]: e for e in entries}
+        self.accepted = [self.by_id[c.call_id] for c in ro.accepted]
+        self.children = [e for e in self.accepted if e["parent_resolution"] == "resolved"]
+
+    def apply(self, fault: str) -> None:
+        method = getattr(self, fault, None)
+        if method is None:  # the rollout record's faults, as for staged capture
+            _Injector(self.ro, self.record, [], self.rng).apply(fault)
+        else:
+            method()
+
+    def _pick(self, among: list[dict]) -> dict:
+        return among[int(self.rng.integers(len(among)))]
+
+    @staticmethod
+    def _resign(e: dict) -> None:
+        """The entry's cum_len and digest for its arrays as they now are (a full prompt)."""
+        full = e["prompt_token_ids"] + e["generation_token_ids"]
+        e["cum_len"] = len(full)
+        e["digest"] = tokens_digest([np.asarray(full, dtype=">u8").tobytes()], len(full))
+
+    def _full_prompt(self, e: dict) -> list[int]:
+        """The entry's full prompt (a delta prompt rebuilt from its parents)."""
+        if not e["prompt_is_delta"]:
+            return list(e["prompt_token_ids"])
+        parent = self.by_id[e["parent_call_id"]]
+        return self._full_prompt(parent) + parent["generation_token_ids"] + e["prompt_token_ids"]
+
+    def empty_ledger(self):
+        self.entries.clear()
+        self.files["absent"] = True
+
+    def duplicate_call_id(self):
+        self.entries.append(dict(self._pick(self.accepted), created_at=0.5))
+
+    def swapped_capture(self):
+        k = int(self.rng.integers(1, len(self.accepted) - 2))
+        a, b = self.entries.index(self.accepted[k]), self.entries.index(self.accepted[k + 1])
+        self.entries[a], self.entries[b] = self.entries[b], self.entries[a]
+
+    def unsupported_version(self):
+        self._pick(self.accepted)["schema_version"] = 2
+
+    def field_mismatch(self):
+        self._pick(self.accepted)["rollout_id"] = "someone-else"
+
+    def invalid_record(self):
+        self._pick(self.children)["parent_resolution"] = "root"
+
+    def length_mismatch(self):
+        self._pick(self.accepted)["cum_len"] += 1
+
+    def parent_length_mismatch(self):
+        e = self._pick(self.children)
+        parent = self.by_id[e["parent_call_id"]]
+        e["prompt_token_ids"] = self._full_prompt(e)[: parent["cum_len"] - 1]
+        e["prompt_is_delta"] = False
+        self._resign(e)
+
+    def prefix_mismatch(self):
+        e = self._pick(self.children)
+        prompt = self._full_prompt(e)
+        prompt[0] = (prompt[0] + 1) % 1000
+        e["prompt_token_ids"], e["prompt_is_delta"] = prompt, False
+        self._resign(e)
+
+    def invalid_token(self):
+        self._pick(self.accepted)["generation_token_ids"][-1] = -5
+
+    def empty_generation(self):
+        e = self.accepted[-1]  # the leaf: no call continues it
+        e["cum_len"] -= len(e["generation_token_ids"])
+        e["generation_token_ids"], e["generation_log_probs"] = [], []
+
+    def invalid_logprob(self):
+        self._pick(self.accepted)["generation_log_probs"][-1] = None
+
+    def digest_mismatch(self):
+        ids = self._pick(self.accepted)["generation_token_ids"]
+        ids[-1] = (ids[-1] + 1) % 1000
+
+    def capture_incomplete(self):
+        if self.rng.random() < 0.5:
+            self.files["intents"] = [e["model_call_id"] for e in self.entries] + ["call-lost"]
+        else:
+            self.files["incomplete"] = ["call-lost"]
+
+    def capture_retired(self):
+        self.files["state"] = {"retired": True}
+
+    def ambiguous_output(self):  # made by _Gen.rollout: the twin call
+        pass
+
+    def poisoned(self):  # made by _Gen.rollout: an unresolved entry
+        pass
+
+
+class _RebuiltInjector:
+    """One fault applied to a Gym-rebuilt result line: its token items, or its marks."""
+
+    def __init__(self, ro: _Rollout, record: dict, rng):
+        self.ro, self.record, self.rng = ro, record, rng
+        self.items = [i for i in record["response"]["output"] if "generation_token_ids" in i]
+
+    def apply(self, fault: str) -> None:
+        if fault in ("rollout_failed", "invalid_reward"):
+            _Injector(self.ro, self.record, [], self.rng).apply(fault)
+        else:
+            getattr(self, fault)()
+
+    def _pick(self) -> dict:
+        return self.items[int(self.rng.integers(len(self.items)))]
+
+    def producer_masked(self):
+        self.record["mask_sample"] = True
+
+    def missing_tokens(self):
+        for item in self.items:
+            item["generation_token_ids"], item["generation_log_probs"] = [], []
+
+    def invalid_record(self):
+        self._pick()["prompt_token_ids"] = None
+
+    def length_mismatch(self):
+        self._pick()["generation_log_probs"].pop()
+
+    def invalid_token(self):
+        self._pick()["generation_token_ids"][-1] = -5
+
+    def empty_generation(self):
+        self.items[-1]["generation_token_ids"], self.items[-1]["generation_log_probs"] = [], []
+
+    def invalid_logprob(self):
+        self._pick()["generation_log_probs"][-1] = None
+
+    def prefix_mismatch(self):
+        item = self.items[int(self.rng.integers(1, len(self.items)))]
+        item["prompt_token_ids"][0] = (item["prompt_token_ids"][0] + 1) % 1000
+
+
+assert all(callable(getattr(_LocalInjector, f, None)) or hasattr(_Injector, f) for f in SHAPE_FAULTS["local"])
+assert all(callable(getattr(_RebuiltInjector, f, None)) or hasattr(_Injector, f) for f in SHAPE_FAULTS["rebuilt"])
+
+
+def _gym_own_capture(
+    writer: _Writer,
+    gen: _Gen,
+    cfg: SynthConfig,
+    ro: _Rollout,
+    shape: str,
+    fault: str | None,
+    group: int,
+    slot: int,
+    totals: dict,
+) -> None:
+    """A rollout of the `local` or `rebuilt` shape: NeMo Gym's result line, its capture files
+    and its expected outcome (CONTRACT.md 9)."""
+    rid, rng = ro.rid, gen.rng
+    record = {
+        "reward": float(np.round(rng.random(), 3)),
+        "output": [dict(i) for i in ro.output],
+        "metadata": {"agent": "synth-swe", "env": "synthetic", "fault": fault, "capture": shape},
+    }
+    declared = rng.random() < 0.5
+    folder = writer.part["ledger"]
+    roots = sum(c.parent is None for c in ro.accepted)
+    select_reason, terminal_reason, _ = FAULTS[fault] if fault else (None, None, False)
+    if shape == "local":
+        delta = int(hashlib.md5(rid.encode()).hexdigest(), 16) % 1000 < cfg.local_delta * 1000
+        entries = local_entries(rid, ro.calls, delta=delta)
+        files: dict = {}
+        if fault is not None:
+            _LocalInjector(ro, record, entries, files, rng).apply(fault)
+        if fault is None or fault == "poisoned":
+            root_entries = sum(c.parent is None and c.poison is None for c in ro.calls)
+            terminal = _expect(R.HISTORY_REWRITTEN if root_entries > 1 else None, 1)
+        elif fault in LOCAL_ROLLOUT_CHECKS:
+            terminal = _expect(select_reason, 1)
+        elif fault in ("swapped_capture", "missing_terminal") or terminal_reason == select_reason:
+            terminal = _expect(terminal_reason, 1)
+        else:
+            terminal = None
+        expected = {
+            "select": _expect(select_reason, roots),
+            "strict": _expect(R.CAPTURE_POISONED if ro.has_poison else select_reason, roots),
+            "terminal": terminal,
+        }
+        if not files.pop("absent", False):
+            write_local_capture(folder, rid, entries, **files)
+        totals["calls"] += len(entries)
+        totals["tokens"] += int(sum(len(c.ids) for c in ro.calls if c.poison is None))
+    else:
+        last_root = max(k for k, c in enumerate(ro.accepted) if c.parent is None)
+        chain = ro.accepted[last_root:]
+        record["output"] = rebuilt_output(chain)
+        record["_ng_token_capture"] = {"chains": roots, "delivered_fraction": round(len(chain) / len(ro.accepted), 3)}
+        record["response"] = {"id": f"resp_{rid}", "object": "response", "output": record.pop("output")}
+        if fault is not None:
+            _RebuiltInjector(ro, record, rng).apply(fault)
+        expected = {k: _expect(select_reason, 1) for k in ("select", "strict", "terminal")}
+        folder.mkdir(parents=True, exist_ok=True)
+        tombstone = {"entry_digests": {}, "frozen": True, "incomplete": False, "indexed_size": 0, "retired": True}
+        (folder / f"{rid}.tokens.state.json").write_text(json.dumps(tombstone, sort_keys=True) + "\n")
+        (folder / f"{rid}.tokens.lock").touch()
+        totals["calls"] += len(chain)
+        totals["tokens"] += int(sum(len(c.ids) for c in chain))
+    if "response" not in record:
+        record["response"] = {"id": f"resp_{rid}", "object": "response", "output": record.pop("output")}
+    result = _as_gym_result(record, group, slot, ro, declared and shape == "local", fault, reserialise=False)
+    if shape == "rebuilt":  # Gym keeps the original response id
+        result["response"]["id"] = f"resp_{ro.accepted[-1].call_id}"
+    writer.rollouts.write(json.dumps(result) + "\n")
+    writer.expected.write(json.dumps({"rollout_id": rid, "shape": shape, "fault": fault, **expected}) + "\n")
 
 
 def read_expected(output: str | Path, ds: str) -> dict[str, dict]:

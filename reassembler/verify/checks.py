@@ -150,15 +150,36 @@ class BatchChecks:
         toks = tokens.drop_columns(["ids", "mask", "logprobs"]).take(take)
         self.record_reason = record_verdicts(self.heads, toks, self.counts, self.batch, self.starts)
         self.token_reason = token_verdicts(self.batch, self.starts)
+        self._derived_verdicts()
         self.parent = parent_index(self.heads)
         self.digests: list[str | None] = [None] * len(self.starts)
         self.chains: list[str | None] = [None] * len(self.starts)
         self._faults: dict[int, Masked | None] = {}
 
+    def _derived_verdicts(self) -> None:
+        """Calls the load derived from NeMo Gym's own capture (CONTRACT.md 9) were checked
+        there: a local-mode entry's first failing check is on its ledger row (`entry_fault`),
+        a rebuilt line's items have none. Their staged-record checks do not apply."""
+        capture = self.heads.column("capture")
+        if capture.null_count == len(capture):
+            return
+        faults = self.heads.column("entry_fault").to_pylist()
+        for k in np.flatnonzero(~_null(capture)).tolist():
+            if faults[k] is not None:
+                self.record_reason[k] = Reason(faults[k])
+            else:  # an unresolved entry (a poison row) has no token row, as a staged one
+                self.record_reason[k] = Reason.MISSING_TOKENS if self.counts[k] == 0 else None
+            self.token_reason[k] = None
+
     def hash_all(self) -> BatchChecks:
         """Staged digests and chain hashes of the calls that passed their record and token
         checks (see the module docstring). Returns self, for a thread pool's future."""
-        todo = [k for k, (r, t) in enumerate(zip(self.record_reason, self.token_reason)) if r is None and t is None]
+        staged = _null(self.heads.column("capture"))
+        todo = [
+            k
+            for k, (r, t) in enumerate(zip(self.record_reason, self.token_reason))
+            if r is None and t is None and staged[k]
+        ]
         if not todo:
             return self
         take = pa.array(todo, pa.int64())
@@ -191,14 +212,21 @@ class BatchChecks:
     # -- lookups, for the per-rollout steps
 
     def record(self, call: Call) -> None:
-        """check_record of CONTRACT.md 3.3 (missing/duplicate tokens .. length_mismatch)."""
-        if self.record_reason[call.index] is not None:
-            _raise(_explain_record(call, self._token_fields(call), self.batch))
+        """check_record of CONTRACT.md 3.3 (missing/duplicate tokens .. length_mismatch);
+        for a call derived from NeMo Gym's own capture, the load's verdict."""
+        reason = self.record_reason[call.index]
+        if reason is None:
+            return
+        if call.capture is not None and call.entry_fault is not None:
+            raise Masked(reason, call.entry_detail, call.model_call_id)
+        _raise(_explain_record(call, self._token_fields(call), self.batch))
 
     def tokens_and_digest(self, call: Call) -> None:
         """The token checks of the call's row, then its staged-record digest."""
         if self.token_reason[call.index] is not None:
             _raise(_explain_tokens(call, self.batch))
+        if call.capture is not None:
+            return  # checked at the load, its own digest included
         recomputed = self.digests[call.index]
         if recomputed is None:  # not hashed ahead (the checks before it failed): hash it now
             recomputed = _staged_digest(call, self.batch)
@@ -212,6 +240,8 @@ class BatchChecks:
 
     def chain(self, call: Call, parent: Call | None) -> None:
         """The call's chain hash from its parent's (the parent passed: ledger = recomputed)."""
+        if call.capture is not None:
+            return  # NeMo Gym's own capture has no chain hash
         recomputed = self.chains[call.index]
         if recomputed is None or (parent is not None and self.parent[call.index] != parent.index):
             recomputed = chain_hash(None if parent is None else parent.chain_hash, self.ids_be(call))

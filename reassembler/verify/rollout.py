@@ -43,6 +43,10 @@ def _rollout_checks(rollout: dict, calls: list[Call], options: Options) -> None:
         raise Masked(Reason.ROLLOUT_FAILED, rollout["failure_reason"])
     if rollout["reward"] is None:
         raise Masked(Reason.INVALID_REWARD, rollout.get("reward_problem") or "reward is missing")
+    if rollout.get("capture_reason") is not None:  # the checks of NeMo Gym's own capture (CONTRACT.md 9)
+        raise Masked(Reason(rollout["capture_reason"]), rollout.get("capture_detail"), rollout.get("capture_call_id"))
+    if rollout.get("capture") == "rebuilt":
+        return  # a Gym-rebuilt line: the load checked it (9.10), its calls are its token items
     if rollout.get("n_rejected"):
         # Choice (README): a ledger line of this rollout could not be read, so its lineage
         # is incomplete; it is masked rather than built from the remaining calls.
@@ -115,6 +119,8 @@ def reassemble_rollout(
 ) -> Outcome:
     """`calls`: the rollout's ledger rows in capture order; `checks`: the verdicts of their
     batch (checks.BatchChecks)."""
+    if rollout.get("capture") == "rebuilt":
+        return _rebuilt(rollout, [c for c in calls if c.capture == "rebuilt"], checks, options, trace)
     out = Outcome(rollout, n_ledger_calls=len(calls), n_roots=sum(c.is_root for c in calls))
     try:
         _rollout_checks(rollout, calls, options)
@@ -145,6 +151,24 @@ def reassemble_rollout(
                 if checks.record_fault(c) is not None:
                     raise checks.record_fault(c)  # no local name: see checks._raise
         out.segments = segments
+    except Masked as m:
+        out.reason, out.detail, out.failed_call_id = m.reason, m.detail, m.call_id
+        out.segments = []
+    return out
+
+
+def _rebuilt(rollout: dict, items: list[Call], checks, options: Options, trace: list[str] | None) -> Outcome:
+    """A Gym-rebuilt line (CONTRACT.md 9.10): one row, its token items end to end, in both
+    modes; the load made its checks. Audit: no ledger calls, no roots, nothing off-chain."""
+    out = Outcome(rollout, n_ledger_calls=0, n_roots=0)
+    try:
+        _rollout_checks(rollout, items, options)
+        out.n_selected, out.n_offchain, out.n_offchain_faults = rollout.get("n_token_items") or len(items), 0, 0
+        for call in items:
+            checks.record(call)
+        if trace is not None:
+            trace.append(f"Gym-rebuilt line: one row from its {len(items)} token items")
+        out.segments = [Segment(items)]
     except Masked as m:
         out.reason, out.detail, out.failed_call_id = m.reason, m.detail, m.call_id
         out.segments = []

@@ -88,7 +88,7 @@ def rows_table(outcomes, batch, ds: str) -> pa.Table:
             rows = seg.token_rows
             token_rows.extend(rows)
             segs_per_row.append(len(rows))
-            versions = [c.weight_version for c in seg.calls]
+            versions = [c.weight_version for c in seg.calls if c.weight_version is not None]
             meta["row_id"].append(f"{r['rollout_id']}_s{index}")
             meta["rollout_id"].append(r["rollout_id"])
             meta["group_id"].append(r["group_id"])
@@ -98,9 +98,9 @@ def rows_table(outcomes, batch, ds: str) -> pa.Table:
             meta["prompt_len"].append(int(batch.zeros[rows[0]]))
             meta["n_tokens"].append(int(batch.n_ids[rows].sum()))
             meta["n_generated"].append(int(batch.ones[rows].sum()))
-            meta["model_call_ids"].append([c.model_call_id for c in seg.calls])
-            meta["weight_version_min"].append(min(versions))
-            meta["weight_version_max"].append(max(versions))
+            meta["model_call_ids"].append([c.model_call_id for c in seg.calls if c.capture != "rebuilt"])
+            meta["weight_version_min"].append(min(versions) if versions else None)  # none in Gym's local capture
+            meta["weight_version_max"].append(max(versions) if versions else None)
             meta["reward"].append(r["reward"])
             meta["advantage"].append(o.advantage)
             meta["rollout_weight"].append(1.0 / k)

@@ -1,0 +1,349 @@
+"""NeMo Gym's own capture beside the staged ledger (CONTRACT.md 2.1, 9): which capture each
+rollout is read from, its failed attempts, and the token rows the load derives.
+
+The night's load (read.py) hands every rollout row to `GymCapture.rollout` before it is
+inserted, then calls `finish` once the rollouts and the ledger are in:
+
+- a **Gym-rebuilt** result line (9.10: NeMo Gym's marks, or token items while its capture's
+  state file says retired) becomes one call per token item, with the tokens that item adds
+  as its token row; the line's checks were made as it was parsed (formats/gym_rebuilt.py);
+- Gym's **failures** files (`*_failures.jsonl`) name failed attempts, whose capture is not
+  read and makes no reject row, and the samples Gym gave up on, which get a rollout row
+  masked `rollout_failed`;
+- every other rollout is read from its **ledger** rows (staged capture), from its
+  **local-mode** files (load/local_capture.py) when it has no ledger row, or from neither
+  (`mixed_capture` when it has both).
+
+Derived token rows (local mode, rebuilt lines) go to one Parquet file in the run's scratch
+folder, in the token file's canonical columns, and their keys into token_rows: from there
+on the shards treat them as any token row. Calls derived here are numbered after the
+ledger's (CAPTURE_SEQ_BASE), each rollout's in its own capture order.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..formats.fields import LEDGER
+from ..formats.gym_local import capture_file, parse_state, valid_key
+from ..formats.night import NightFiles
+from ..formats.records import RecordError, parse_failure
+from ..formats.token_file import CANONICAL, LISTS
+from ..warehouse import run_script, sql
+from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter
+from .json_lines import DECODER, json_lines, reject
+from .local_capture import CaptureFiles, TokenRow, read_capture
+
+CAPTURE_SEQ_BASE = 1 << 40  # calls derived here come after every ledger line
+GIVE_UP_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS (CONTRACT.md 2.1)
+ROW_GROUP_ROWS = 256
+REBUILT_CALL = "gym-rebuilt-item-{}"  # the calls of a rebuilt line, one per token item (never shown)
+
+
+# a token file (CONTRACT.md 2.3) holding only keys and token lists; the custody columns are
+# null: a derived call's checks ran where it was derived
+FILE_SCHEMA = pa.schema(
+    [("staging_key", pa.string())]
+    + [(f.name, f.type) for f in CANONICAL if f.name not in ("ids", "mask", "logprobs")]
+    + [(column, typ) for _, column, typ in LISTS]
+)
+
+
+class DerivedTokens:
+    """Token rows the load derives, written to one Parquet file in the canonical columns
+    (formats/token_file.py), a row group at a time."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / "derived-tokens.parquet"
+        self._writer: pq.ParquetWriter | None = None
+        self._rows: list[TokenRow] = []
+        self.count = 0
+
+    def add(self, row: TokenRow) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        n = len(self._rows)
+        columns = [pa.array([r.staging_key for r in self._rows], pa.string())]
+        columns += [pa.nulls(n, f.type) for f in FILE_SCHEMA][1 : len(FILE_SCHEMA) - 3]
+        for part, dtype in (("ids", np.int64), ("mask", np.float32), ("logprobs", np.float32)):
+            arrays = [getattr(r, part) for r in self._rows]
+            offsets = np.zeros(n + 1, dtype=np.int32)
+            np.cumsum([len(a) for a in arrays], out=offsets[1:])
+            values = np.concatenate(arrays).astype(dtype, copy=False)
+            columns.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)))
+        table = pa.table(columns, schema=FILE_SCHEMA)
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(self.path, FILE_SCHEMA)
+        self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        self.count += n
+        self._rows = []
+
+    def close(self) -> Path | None:
+        """The file, once complete; None when no row was derived."""
+        self._flush()
+        if self._writer is None:
+            return None
+        self._writer.close()
+        self._writer = None
+        return self.path
+
+
+@dataclass
+class GymSummary:
+    """What the load read of NeMo Gym's own capture, for the load's summary."""
+
+    failures_read: int = 0
+    failures_rejected: int = 0
+    given_up: int = 0
+    local_rollouts: int = 0
+    local_entries: int = 0
+    local_masked: int = 0
+    rebuilt: int = 0
+    mixed: int = 0
+    not_read: list[str] = field(default_factory=list)  # capture keys of no rollout and no failed attempt
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.failures_read:
+            out.append(
+                f"{'failures':<9}{self.failures_read} read = {self.failures_read - self.failures_rejected} "
+                f"failed attempts + {self.failures_rejected} rejected; {self.given_up} given-up samples "
+                "(one audit row each, masked rollout_failed)"
+            )
+        if self.local_rollouts or self.rebuilt:
+            out.append(
+                f"{'gym':<9}{self.local_rollouts} rollouts from local-mode capture ({self.local_entries} entries; "
+                f"{self.local_masked} masked by their capture checks), {self.rebuilt} Gym-rebuilt result lines"
+            )
+        if self.not_read:
+            keys = ", ".join(self.not_read[:5]) + (", ..." if len(self.not_read) > 5 else "")
+            out.append(
+                f"{'not read':<9}{len(self.not_read)} local-mode captures of no rollout and no failed attempt: {keys}"
+            )
+        return out
+
+
+class GymCapture:
+    def __init__(self, con, night: NightFiles, rejects: Inserter, scratch: Path | None, max_line_bytes: int):
+        self.con, self.night, self.rejects, self.max_line_bytes = con, night, rejects, max_line_bytes
+        self.summary = GymSummary()
+        self.captures: dict[str, CaptureFiles] = {}
+        for rel in night.captures:
+            key, role = capture_file(rel) or ("", "")
+            if not valid_key(key):
+                reject(
+                    rejects,
+                    "capture",
+                    rel,
+                    0,
+                    f"{key!r} is not a capture key NeMo Gym writes (letters, digits, ._-)",
+                    b"",
+                )
+                continue
+            setattr(self.captures.setdefault(key, CaptureFiles(key)), role, rel)
+        self.rollout_ids: set[str] = set()
+        self.samples: set[tuple[int, int]] = set()
+        self.columns: list[dict[str, str | None]] = []  # rollout capture columns decided here
+        self.rebuilt: set[str] = set()
+        self._scratch = scratch
+        self._tokens: DerivedTokens | None = None
+        self.calls = Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
+        self._seq = CAPTURE_SEQ_BASE
+        self.failed: set[str] = set()  # failed attempts' keys (finish)
+
+    # -- derived rows
+
+    @property
+    def tokens(self) -> DerivedTokens:
+        if self._tokens is None:
+            folder = self._scratch or Path(tempfile.mkdtemp(prefix="reassembler-capture-"))
+            self._tokens = DerivedTokens(folder)
+        return self._tokens
+
+    def _call(self, row: dict) -> None:
+        self._seq += 1
+        row["capture_seq"] = self._seq
+        self.calls.add(row)
+
+    def _retired(self, key: str) -> bool:
+        files = self.captures.get(key)
+        if files is None or files.state is None:
+            return False
+        try:
+            return parse_state(self.night.path("ledger", files.state).read_bytes())["retired"]
+        except (OSError, ValueError):
+            return False
+
+    # -- rollout lines, as they are loaded
+
+    def rollout(self, row: dict) -> dict:
+        """Take a rollout row's NeMo Gym fields off (records.parse_rollout) before it is
+        inserted; a Gym-rebuilt line's calls and token rows are written here."""
+        rid = row["rollout_id"]
+        self.rollout_ids.add(rid)
+        sample = row.pop("gym_sample", None)
+        if sample is not None:
+            self.samples.add(tuple(sample))
+        gym = row.pop("gym_rebuilt", None)
+        if gym is None or not (gym["marked"] or self._retired(rid)):
+            return row
+        built = gym["row"]
+        self.rebuilt.add(rid)
+        self.summary.rebuilt += 1
+        row.update(
+            capture="rebuilt",
+            capture_reason=None if built.reason is None else built.reason.value,
+            capture_detail=built.detail,
+            n_token_items=built.n_items,
+        )
+        for k, (ids, mask, logprobs) in enumerate(built.pieces or ()):
+            call_id = REBUILT_CALL.format(k)
+            key = f"{rid}/{call_id}"
+            self.tokens.add(TokenRow(key, ids, mask, logprobs))
+            self._call(_rebuilt_call(rid, call_id, None if k == 0 else REBUILT_CALL.format(k - 1), key, row))
+        return row
+
+    # -- after the rollouts and the ledger
+
+    def finish(self, rollout_count: int) -> None:
+        """Failures files, given-up samples, local-mode captures, the rollouts' capture
+        columns, and the derived token rows' keys."""
+        failed = self.failed = self._failures(rollout_count)
+        staged = {r for (r,) in self.con.execute(sql("staged_rollouts"), {"ds": self.night.ds}).fetchall()}
+        for key in sorted(self.captures):
+            files = self.captures[key]
+            if key in self.rebuilt:
+                continue  # read from its result line only (9.10)
+            if key not in self.rollout_ids:
+                if key not in failed:
+                    self.summary.not_read.append(key)
+                continue
+            if key in staged:
+                if files.entries is not None:
+                    self.summary.mixed += 1
+                    self.columns.append(
+                        {
+                            "rollout_id": key,
+                            "capture": "staged",
+                            "capture_reason": "mixed_capture",
+                            "capture_detail": f"ledger rows and {files.entries}: neither is read",
+                        }
+                    )
+                continue
+            self._local(files)
+        self.calls.flush()
+        if self.columns:
+            self.con.register("captures", pa.Table.from_pylist(self.columns, schema=CAPTURE_COLUMNS))
+        else:
+            self.con.register("captures", CAPTURE_COLUMNS.empty_table())
+        run_script(self.con, "set_capture", {"ds": self.night.ds})
+        self.con.unregister("captures")
+        path = None if self._tokens is None else self._tokens.close()
+        if path is not None:  # the derived rows' keys, as the night's token files' (read.py)
+            listed = "['" + str(path).replace("'", "''") + "']"
+            keys = sql("token_files", files=listed, keep="true")
+            self.con.execute(sql("insert_token_rows", tokens=keys), {"ds": self.night.ds})
+
+    def _local(self, files: CaptureFiles) -> None:
+        local = read_capture(self.night.path("ledger", ""), files)
+        self.summary.local_rollouts += 1
+        self.summary.local_entries += local.n_lines
+        column: dict[str, str | None] = {"rollout_id": files.key, "capture": "local"}
+        if local.reason is not None:
+            self.summary.local_masked += 1
+            column.update(capture_reason=local.reason.value, capture_detail=local.detail, capture_call_id=local.call_id)
+        self.columns.append(column)
+        for call in local.calls:
+            self._call(call)
+        for token_row in local.tokens:
+            self.tokens.add(token_row)
+
+    def _failures(self, rollout_count: int) -> set[str]:
+        """Read the failures files: the failed attempts' keys, and a rollout row per
+        given-up sample (CONTRACT.md 2.1)."""
+        failed: set[str] = set()
+        per_sample: dict[tuple[int, int], list[tuple[str, int, dict]]] = defaultdict(list)
+        for rel in self.night.failures:
+            path = self.night.path("rollouts", rel)
+            for line, raw, value in json_lines(path, rel, self.max_line_bytes, DECODER):
+                self.summary.failures_read += 1
+                try:
+                    if isinstance(value, RecordError):
+                        raise value
+                    row = parse_failure(value)
+                except RecordError as e:
+                    self.summary.failures_rejected += 1
+                    reject(self.rejects, "failures", rel, line, str(e), raw)
+                    continue
+                failed.add(row["key"])
+                if row["task"] is not None and row["sample"] is not None:
+                    per_sample[(row["task"], row["sample"])].append((rel, line, row))
+        seq = rollout_count
+        given_up = Inserter(self.con, "insert_rollouts", ROLLOUT_BATCH, self.night.ds)
+        for sample, rows in sorted(per_sample.items()):
+            if sample in self.samples:
+                continue  # a result line of the night has it
+            if not (any(r["terminal"] for _, _, r in rows) or len(rows) >= GIVE_UP_ATTEMPTS):
+                continue  # Gym would dispatch it again on resume
+            rel, line, last = rows[-1]  # files by name, then lines: the order they were read
+            if last["key"] in self.rollout_ids:
+                continue
+            seq += 1
+            self.rollout_ids.add(last["key"])
+            self.summary.given_up += 1
+            given_up.add(
+                {
+                    "rollout_seq": seq,
+                    "rollout_id": last["key"],
+                    "group_id": str(sample[0]),
+                    "slot": sample[1],
+                    "failure_reason": last["failure_class"],
+                    "generated_items": [],
+                    "model_items": [],
+                    "n_output_items": 0,
+                    "source_file": rel,
+                    "source_line": line,
+                    "capture": "none",
+                }
+            )
+        given_up.flush()
+        return failed
+
+
+CAPTURE_COLUMNS = pa.schema(
+    [
+        ("rollout_id", pa.string()),
+        ("capture", pa.string()),
+        ("capture_reason", pa.string()),
+        ("capture_detail", pa.string()),
+        ("capture_call_id", pa.string()),
+    ]
+)
+
+
+def _rebuilt_call(rid: str, call_id: str, parent: str | None, key: str, rollout: dict) -> dict:
+    row: dict = {f.name: None for f in LEDGER}
+    row.update(
+        rollout_id=rid,
+        model_call_id=call_id,
+        parent_call_id=parent,
+        mode="text" if parent is None else "token_in",
+        staging_key=key,
+        source_file=rollout.get("source_file"),
+        source_line=rollout.get("source_line"),
+        capture="rebuilt",
+    )
+    return row

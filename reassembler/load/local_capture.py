@@ -1,0 +1,407 @@
+"""NeMo Gym's local capture mode, read into the contract's calls (CONTRACT.md 9.2-9.6).
+
+A local-mode rollout is one capture key R's files (formats/gym_local.py). `read_capture`
+reads them whole, as Gym's own consumer does, and gives back either a rollout check that
+failed (9.4: retired, incomplete, no entry, a line Gym's validator refuses, a repeated call
+id, an entry that differs from Gym's index), or the rollout's calls as ledger rows plus one
+token row per call: the call's new tokens after its parent's full sequence, with the mask
+and log probabilities 9.6 derives (0 and 0.0 on the carried prompt, 1 and the generated log
+probabilities on the generation).
+
+Each call's own checks run here too, because only here are the full sequences at hand; the
+first failing one is kept on its ledger row (`entry_fault`, `entry_detail`), and the shard
+raises it where finalize checks that call (verify/checks.py), so a fault masks the rollout
+only on a chain, and counts as an off-chain fault elsewhere. In this order:
+
+    missing_parent / lineage_cycle   a resolved entry whose parent is not an entry of R
+                                     (a delta prompt then cannot be rebuilt either)
+    invalid_record                   cum_len or digest null
+    length_mismatch                  cum_len != the length of the full sequence F
+    parent_length_mismatch           the parent's cum_len is longer than the child's prompt
+    prefix_mismatch                  a full prompt that does not start with the parent's F
+    invalid_token                    an id outside [0, 2**31)
+    empty_generation                 no generated token
+    invalid_logprob                  a log probability null or not finite
+    digest_mismatch                  the tokens digest of F differs from the entry's
+
+(the per-token checks before the digest, as CONTRACT.md 3.3 orders them for staged calls).
+Every full sequence is hashed: a chain of n calls hashes about n/2 times its tokens; no
+token is looked at in a Python loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..errors import InputError
+from ..formats.gym_local import (
+    Entry,
+    LineProblem,
+    entry_digest,
+    float_array,
+    int_array,
+    parse_entry,
+    parse_state,
+    tokens_digest,
+)
+from ..formats.items import generated_items
+from ..reasons import Reason
+
+TOKEN_LIMIT = 2**31
+UNRESOLVED = "unresolved_parent"  # the poison rows' failure_reason (CONTRACT.md 9.6)
+
+
+@dataclass
+class CaptureFiles:
+    """One capture key's local-mode files: paths relative to the ledger partition."""
+
+    key: str
+    entries: str | None = None
+    intents: str | None = None
+    incomplete: str | None = None
+    state: str | None = None
+
+
+@dataclass
+class TokenRow:
+    staging_key: str
+    ids: np.ndarray
+    mask: np.ndarray
+    logprobs: np.ndarray
+
+
+@dataclass
+class LocalRollout:
+    """What the load keeps of one local-mode rollout: the rollout check that failed, or its
+    calls (ledger rows, capture order) and their token rows."""
+
+    reason: Reason | None = None
+    detail: str | None = None
+    call_id: str | None = None
+    calls: list[dict] = field(default_factory=list)
+    tokens: list[TokenRow] = field(default_factory=list)
+    n_lines: int = 0  # entry lines read (blank lines not counted)
+
+
+class _Masked(Exception):
+    def __init__(self, reason: Reason, detail: str, call_id: str | None = None):
+        self.reason, self.detail, self.call_id = reason, detail, call_id
+
+
+def _read(folder: Path, rel: str | None) -> bytes | None:
+    if rel is None:
+        return None
+    try:
+        return (folder / rel).read_bytes()
+    except OSError as e:
+        raise InputError(f"{rel}: cannot read ({e.strerror})") from e
+
+
+def _id_lines(raw: bytes | None) -> list[str]:
+    """The call ids of an intents or incomplete file: one a line ("" kept)."""
+    if raw is None:
+        return []
+    lines = raw.decode("utf-8", "replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return lines
+
+
+@dataclass
+class _Parsed:
+    entry: Entry
+    prompt: np.ndarray | None  # None: an id beyond int64
+    generated: np.ndarray | None
+    logprobs: np.ndarray
+
+
+def read_capture(folder: Path, files: CaptureFiles) -> LocalRollout:
+    """The local-mode rollout of `files` (in the ledger partition `folder`)."""
+    out = LocalRollout()
+    try:
+        parsed = _rollout_checks(folder, files, out)
+        out.calls, out.tokens = _calls(files.key, files.entries or "", parsed)
+    except _Masked as m:
+        out.reason, out.detail, out.call_id = m.reason, m.detail, m.call_id
+        out.calls, out.tokens = [], []
+    return out
+
+
+def _rollout_checks(folder: Path, files: CaptureFiles, out: LocalRollout) -> list[_Parsed]:
+    """CONTRACT.md 9.4 items 1-5 (item 6, strict's capture_poisoned, is the shard's)."""
+    state = None
+    raw_state = _read(folder, files.state)
+    if raw_state is not None:
+        try:
+            state = parse_state(raw_state)
+        except ValueError as e:
+            raise _Masked(Reason.INVALID_RECORD, f"{files.state}: unreadable state file ({e})") from None
+    if state is not None and state["retired"]:
+        raise _Masked(Reason.CAPTURE_RETIRED, "the state file says retired: true and the result line has no tokens")
+    data = _read(folder, files.entries) or b""
+    lines: list[tuple[int, bytes, object]] = []  # (line number, bytes, decoded or the error)
+    torn = False
+    raw_lines = data.split(b"\n")
+    for k, raw in enumerate(raw_lines):
+        if not raw.strip():
+            continue
+        try:
+            value: object = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            if not b"\n".join(raw_lines[k + 1 :]).strip():
+                torn = True  # Gym's torn append: never acknowledged (9.3)
+                break
+            value = e
+        lines.append((k + 1, raw, value))
+    out.n_lines = len(lines) + torn
+    seen_ids = {
+        v["model_call_id"] for _, _, v in lines if isinstance(v, dict) and isinstance(v.get("model_call_id"), str)
+    }
+    lost = _id_lines(_read(folder, files.incomplete))
+    dangling = [cid for cid in dict.fromkeys(_id_lines(_read(folder, files.intents))) if cid and cid not in seen_ids]
+    if torn:
+        raise _Masked(Reason.CAPTURE_INCOMPLETE, "torn_final_line")
+    if lost:
+        raise _Masked(Reason.CAPTURE_INCOMPLETE, "incomplete: " + ", ".join(repr(c) if not c else c for c in lost))
+    if state is not None and state["incomplete"]:
+        raise _Masked(Reason.CAPTURE_INCOMPLETE, "the state file says incomplete: true")
+    if dangling:
+        raise _Masked(Reason.CAPTURE_INCOMPLETE, "intents without an entry: " + ", ".join(dangling))
+    if not lines:
+        raise _Masked(Reason.EMPTY_LEDGER, f"no entry in {files.entries or files.key + '.tokens.jsonl'}")
+    parsed: list[_Parsed] = []
+    kept: dict[str, bytes] = {}
+    for number, raw, value in lines:
+        if isinstance(value, Exception):
+            raise _Masked(Reason.INVALID_RECORD, f"line {number}: not valid JSON ({str(value).splitlines()[0]})")
+        try:
+            entry = parse_entry(value, raw, number, files.key)
+            p = _parsed(entry)
+        except LineProblem as e:
+            raise _Masked(e.reason, e.detail, e.call_id) from None
+        cid = entry.model_call_id
+        if cid in kept:
+            if kept[cid] == raw.strip():
+                continue  # Gym's append is idempotent: the same line twice is one entry
+            raise _Masked(Reason.DUPLICATE_CALL_ID, f"model_call_id {cid} on two different lines (line {number})")
+        kept[cid] = raw.strip()
+        parsed.append(p)
+    if state is not None and state["indexed_size"] == len(data):
+        stored = state["entry_digests"]
+        for p in parsed:
+            want = stored.get(p.entry.model_call_id)
+            if want is None:
+                continue
+            got = entry_digest(p.entry.raw)
+            if got != want:
+                raise _Masked(Reason.DIGEST_MISMATCH, f"entry_digest {got} != {want}", p.entry.model_call_id)
+    return parsed
+
+
+def _parsed(entry: Entry) -> _Parsed:
+    """The entry's token lists as arrays, each in one call; a list of the wrong type is a
+    line Gym's validator refuses."""
+
+    def ids(name: str, values: list) -> np.ndarray | None:
+        try:
+            return int_array(values)
+        except OverflowError:
+            return None  # an integer beyond int64: invalid_token, where its call is checked
+        except TypeError:
+            raise LineProblem(
+                Reason.INVALID_RECORD, f"line {entry.line}: {name} is not a list of integers", entry.model_call_id
+            ) from None
+
+    prompt = ids("prompt_token_ids", entry.prompt)
+    generated = ids("generation_token_ids", entry.generated)
+    try:
+        logprobs = float_array(entry.logprobs)
+    except TypeError:
+        raise LineProblem(
+            Reason.INVALID_RECORD,
+            f"line {entry.line}: generation_log_probs is not a list of numbers",
+            entry.model_call_id,
+        ) from None
+    return _Parsed(entry, prompt, generated, logprobs)
+
+
+class _Sequences:
+    """Each entry's full sequence F (its full prompt, then its generated ids) as big-endian
+    pieces, a delta prompt rebuilt from its parent's (CONTRACT.md 9.5)."""
+
+    def __init__(self, by_id: dict[str, _Parsed]):
+        self.by_id = by_id
+        self._own: dict[str, list[memoryview]] = {}
+        self._full: dict[str, list[memoryview]] = {}
+
+    def full(self, p: _Parsed) -> list[memoryview]:
+        """F(p) in pieces; _Masked (for `p`) when a delta prompt's parents cannot be followed."""
+        known = self._full.get(p.entry.model_call_id)
+        if known is not None:
+            return known
+        chain = [p]  # p, then the parents its delta prompt is rebuilt from, up to a known F
+        while chain[-1].entry.prompt_is_delta and chain[-1].entry.model_call_id not in self._full:
+            parent_id = chain[-1].entry.parent_call_id or ""
+            parent = self.by_id.get(parent_id)
+            if parent is None:
+                raise _Masked(
+                    Reason.MISSING_PARENT,
+                    f"delta prompt of {chain[-1].entry.model_call_id} on {parent_id}, which is not an entry",
+                    p.entry.model_call_id,
+                )
+            if any(c is parent for c in chain):
+                raise _Masked(Reason.LINEAGE_CYCLE, f"delta prompts loop back to {parent_id}", p.entry.model_call_id)
+            chain.append(parent)
+        top = chain.pop()
+        pieces = self._full.get(top.entry.model_call_id)
+        if pieces is None:  # a full prompt: its own ids are its F
+            pieces = self._full[top.entry.model_call_id] = self.own(top)
+        for q in reversed(chain):
+            pieces = pieces + self.own(q)
+            self._full[q.entry.model_call_id] = pieces
+        return pieces
+
+    def own(self, p: _Parsed) -> list[memoryview]:
+        cid = p.entry.model_call_id
+        if cid not in self._own:
+            if p.prompt is None or p.generated is None:
+                raise _Masked(Reason.INVALID_TOKEN, "a token id beyond 64 bits", cid)
+            self._own[cid] = [a.astype(">u8").data.cast("B") for a in (p.prompt, p.generated)]
+        return self._own[cid]
+
+
+def _length(pieces: list[memoryview]) -> int:
+    return sum(len(x) for x in pieces) // 8
+
+
+def _ids(pieces: list[memoryview]) -> np.ndarray:
+    return np.frombuffer(b"".join(pieces), dtype=">u8").astype(np.int64)
+
+
+def _calls(key: str, rel: str, parsed: list[_Parsed]) -> tuple[list[dict], list[TokenRow]]:
+    by_id = {p.entry.model_call_id: p for p in parsed}
+    seqs = _Sequences(by_id)
+    calls, tokens = [], []
+    for p in parsed:
+        e = p.entry
+        poison = e.resolution == "unresolved"
+        row: dict[str, Any] = {
+            "rollout_id": key,
+            "model_call_id": e.model_call_id,
+            "parent_call_id": e.parent_call_id if e.resolution == "resolved" else None,
+            "mode": None if poison else ("token_in" if e.resolution == "resolved" else "text"),
+            "prev_len": None,
+            "delta_len": None,
+            "cum_len": e.cum_len,
+            "weight_version": None,
+            "schema_version": 1,
+            "digest_version": 1,
+            "extras_digest_version": None,
+            "digest": e.digest,
+            "extras_digest": None,
+            "chain_hash": None,
+            "cumulative_hash": None,
+            "staging_key": f"{key}/{e.model_call_id}",
+            "response_id": e.response_id,
+            "admitted_at": None,
+            "output_items": [{"id": i, "fingerprint": f} for i, f in generated_items(e.output_items)],
+            "output_fingerprint": None,
+            "fingerprint_version": None,
+            "failure_reason": UNRESOLVED if poison else None,
+            "source_file": rel,
+            "source_line": e.line,
+            "capture": "local",
+            "entry_fault": None,
+            "entry_detail": None,
+        }
+        calls.append(row)
+        if poison:
+            continue  # never a chain's call: no token row (a poison row, CONTRACT.md 3.6)
+        try:
+            prev, token_row = _check(p, by_id, seqs, row["staging_key"])
+            row["prev_len"] = prev
+            tokens.append(token_row)
+        except _Masked as m:
+            row["entry_fault"], row["entry_detail"] = m.reason.value, m.detail
+            tokens.append(_placeholder(row["staging_key"]))
+        if row["prev_len"] is None:
+            row["prev_len"] = 0 if e.resolution == "root" else _parent_cum_len(p, by_id)
+        if e.cum_len is not None and row["prev_len"] is not None:
+            row["delta_len"] = e.cum_len - row["prev_len"]
+    return calls, tokens
+
+
+def _parent_cum_len(p: _Parsed, by_id: dict[str, _Parsed]) -> int | None:
+    parent = by_id.get(p.entry.parent_call_id or "")
+    return None if parent is None else parent.entry.cum_len
+
+
+def _placeholder(staging_key: str) -> TokenRow:
+    """The token row of an entry whose checks failed: never part of a row."""
+    return TokenRow(staging_key, np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32))
+
+
+def _check(p: _Parsed, by_id: dict[str, _Parsed], seqs: _Sequences, staging_key: str) -> tuple[int, TokenRow]:
+    """One entry's checks (the module docstring's order), and its token row: (prev_len, row)."""
+    e = p.entry
+    cid = e.model_call_id
+    parent = None
+    if e.resolution == "resolved":
+        parent = by_id.get(e.parent_call_id or "")
+        if parent is None:
+            raise _Masked(Reason.MISSING_PARENT, f"parent {e.parent_call_id} is not an entry of the rollout", cid)
+    full = seqs.full(p)  # a delta's parents: missing_parent, lineage_cycle
+    if e.cum_len is None or e.digest is None:
+        raise _Masked(
+            Reason.INVALID_RECORD, f"line {e.line}: {'cum_len' if e.cum_len is None else 'digest'} is null", cid
+        )
+    n = _length(full)
+    if e.cum_len != n:
+        raise _Masked(Reason.LENGTH_MISMATCH, f"cum_len {e.cum_len} != {n} tokens in the full sequence", cid)
+    assert p.prompt is not None and p.generated is not None  # seqs.full checked them
+    prompt_len = n - len(p.generated)  # of the full prompt
+    prev = 0
+    if parent is not None:
+        parent_full = seqs.full(parent)
+        prev = parent.entry.cum_len if parent.entry.cum_len is not None else _length(parent_full)
+        if prev > prompt_len:
+            raise _Masked(
+                Reason.PARENT_LENGTH_MISMATCH,
+                f"parent {parent.entry.model_call_id} cum_len {prev} > this call's prompt of {prompt_len} tokens",
+                cid,
+            )
+        if not e.prompt_is_delta:
+            mine = p.prompt.astype(">u8").tobytes()[: 8 * prev]
+            if mine != b"".join(parent_full):
+                raise _Masked(
+                    Reason.PREFIX_MISMATCH,
+                    f"the prompt does not start with parent {parent.entry.model_call_id}'s {prev} tokens",
+                    cid,
+                )
+    for name, ids in (("prompt_token_ids", p.prompt), ("generation_token_ids", p.generated)):
+        bad = np.flatnonzero((ids < 0) | (ids >= TOKEN_LIMIT))
+        if len(bad):
+            raise _Masked(Reason.INVALID_TOKEN, f"{name}[{bad[0]}] = {ids[bad[0]]}, outside [0, 2**31)", cid)
+    if len(p.generated) == 0:
+        raise _Masked(Reason.EMPTY_GENERATION, "generation_token_ids is empty", cid)
+    bad_lp = np.flatnonzero(~np.isfinite(p.logprobs))
+    if len(bad_lp):
+        value = p.logprobs[bad_lp[0]]
+        shown = "null" if np.isnan(value) else value
+        raise _Masked(Reason.INVALID_LOGPROB, f"generation_log_probs[{bad_lp[0]}] is {shown}", cid)
+    recomputed = tokens_digest(full, n)
+    if recomputed != e.digest:
+        raise _Masked(Reason.DIGEST_MISMATCH, f"recomputed {recomputed[:16]}.. != entry {e.digest[:16]}..", cid)
+    if e.prompt_is_delta and parent is not None and prev == _length(seqs.full(parent)):
+        ids = np.concatenate([p.prompt, p.generated])
+    else:
+        ids = _ids(full)[prev:]
+    carried = prompt_len - prev
+    mask = np.concatenate([np.zeros(carried, np.float32), np.ones(len(p.generated), np.float32)])
+    logprobs = np.concatenate([np.zeros(carried, np.float32), p.logprobs.astype(np.float32)])
+    return prev, TokenRow(staging_key, ids, mask, logprobs)
