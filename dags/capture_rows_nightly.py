@@ -150,7 +150,7 @@ def capture_rows_nightly():
         if missing is None:
             print(
                 f"ds={night_ds}: {len(night.rollouts)} rollout files, {len(night.ledger)} ledger files, "
-                f"{len(night.tokens)} token files"
+                f"{len(night.tokens)} token files, {len(night.captures)} NeMo Gym local-mode capture files"
             )
             return PokeReturnValue(is_done=True)
         started = dag_run.start_date or datetime.now(UTC)

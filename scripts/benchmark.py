@@ -118,9 +118,18 @@ def floor(root: Path, scratch: Path) -> dict:
     return run(FLOOR, root / "input" / "tokens" / f"ds={DS}", scratch)
 
 
-def night(workdir: Path, name: str, tokens: float, seed: int, reuse: bool = False) -> tuple[Path, dict]:
+def night(
+    workdir: Path,
+    name: str,
+    tokens: float,
+    seed: int,
+    reuse: bool = False,
+    shape: str | None = None,
+    delta: float = 0.5,
+) -> tuple[Path, dict]:
     """A synthetic night of about `tokens` tokens (`reuse`: the one written before, if its
-    size and seed match)."""
+    size and seed match); `shape`: every group in that producer shape (synth.SHAPES),
+    `delta`: the share of local-mode rollouts written with delta prompts."""
     root = workdir / name
     rollouts = max(8, int(tokens / TOKENS_PER_ROLLOUT))
     saved = root / "totals.json"
@@ -129,7 +138,8 @@ def night(workdir: Path, name: str, tokens: float, seed: int, reuse: bool = Fals
         if kept.get("rollouts") == rollouts and kept.get("seed") == seed:
             return root, kept
     shutil.rmtree(root, ignore_errors=True)
-    totals = synth_night(root / "input", DS, SynthConfig(rollouts=rollouts, seed=seed))
+    cfg = SynthConfig(rollouts=rollouts, seed=seed, only_shape=shape, local_delta=delta)
+    totals = synth_night(root / "input", DS, cfg)
     saved.write_text(json.dumps({**totals, "seed": seed}, default=str))
     return root, totals
 
@@ -257,6 +267,42 @@ def report_main(workdir: Path) -> None:
     )
 
 
+def local_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str) -> None:
+    """One night in NeMo Gym's staged capture and in its local mode (delta prompts, so the
+    same tokens on disk), same seed, builds interleaved (CONTRACT.md 9; issue 24's goal:
+    local within 1.5x); the full-prompt form once, for information."""
+    staged, ts = night(work, "gym-staged", tokens, seed=1, reuse=reuse, shape="gym")
+    local, tl = night(work, "gym-local", tokens, seed=1, reuse=reuse, shape="local", delta=1.0)
+    a, b = interleaved(rounds, lambda: build(staged, 1, 1, memory_limit), lambda: build(local, 1, 1, memory_limit))
+    full, tf = night(work, "gym-local-full", tokens, seed=1, reuse=reuse, shape="local", delta=0.0)
+    bf = build(full, 1, 1, memory_limit)
+    sw, lw = statistics.median(r["wall"] for r in a), statistics.median(r["wall"] for r in b)
+    sc, lc = statistics.median(r["cpu"] for r in a), statistics.median(r["cpu"] for r in b)
+    for name, root in (("staged", staged), ("local", local), ("local full", full)):
+        agree, total = outcomes_match(root)
+        print(f"night {name}: {agree}/{total} audit rows match the outcomes synth recorded")
+    print(
+        f"NeMo Gym staged  {ts['rollouts']} rollouts, {ts['tokens'] / 1e6:.1f}M tokens: wall {spread(a, 'wall')}; "
+        f"CPU {spread(a, 'cpu')}; peak RSS {spread(a, 'rss_mib', 'MiB', 0)}"
+    )
+    print(
+        f"NeMo Gym local   {tl['rollouts']} rollouts, {tl['tokens'] / 1e6:.1f}M tokens (delta prompts): wall "
+        f"{spread(b, 'wall')}; CPU {spread(b, 'cpu')}; peak RSS {spread(b, 'rss_mib', 'MiB', 0)}"
+    )
+    print(
+        f"NeMo Gym local, full prompts (input {_size(full / 'input') / 2**20:.0f} MiB against "
+        f"{_size(local / 'input') / 2**20:.0f}): wall {bf['wall']:.2f} s, CPU {bf['cpu']:.2f} s, "
+        f"peak RSS {bf['rss_mib']:.0f} MiB"
+    )
+    ratio = lw / sw
+    print(f"speed ratio  local / staged, wall      = {ratio:.2f}   (goal <= 1.5)  {_met(ratio <= 1.5)}")
+    print(f"             local / staged, CPU       = {lc / sc:.2f}   per round, wall {paired(b, a, 'wall')}")
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=float, default=10e6)
@@ -265,6 +311,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="for the parallel run: shards = workers")
     p.add_argument("--memory-limit", default=DuckDBSettings.memory_limit, help="DuckDB memory_limit of the builds")
     p.add_argument("--report-only", action="store_true", help="only time the capture-quality report")
+    p.add_argument(
+        "--local-only", action="store_true", help="only compare NeMo Gym's local capture mode with its staged capture"
+    )
     p.add_argument("--reuse", action="store_true", help="reuse the nights of an earlier run in --workdir")
     p.add_argument(
         "--against", default=AGAINST, help="the revision the throughput goal doubles ('' to skip that comparison)"
@@ -273,6 +322,8 @@ def main() -> None:
     work = Path(args.workdir)
     if args.report_only:
         return report_main(work)
+    if args.local_only:
+        return local_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
 
     root1, t1 = night(work, "1x", args.tokens, seed=1, reuse=args.reuse)
     floors, builds = interleaved(
@@ -342,6 +393,7 @@ def main() -> None:
         print(f"throughput   vs {args.against}: failed ({e})")
     else:
         _print_against(args.against, vs)
+    local_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     report_main(work)
 
 

@@ -1,6 +1,7 @@
--- One row per rollout of one night with what the breakdowns group by: its weight version
--- (the highest its ledger declares), model server (the ledger subfolder of its first row,
--- else the metadata key model_server), metadata, size in calls and declared tokens.
+-- One row per rollout of one night with what the breakdowns group by: the capture it was read
+-- from (staged, local, rebuilt; none), its weight version (the highest its ledger declares),
+-- model server (the ledger subfolder of its first row, else the metadata key model_server),
+-- metadata, size in calls and declared tokens.
 WITH calls AS (
     SELECT rollout_id,
            max(weight_version)                                    AS weight_version,
@@ -14,7 +15,9 @@ SELECT a.rollout_id, a.status, a.reason, a.n_ledger_calls, a.n_roots, a.n_segmen
        a.n_offchain, a.n_offchain_faults, a.metadata,
        c.weight_version,
        coalesce(c.folder, json_extract_string(a.metadata, '$.model_server')) AS model_server,
-       coalesce(c.declared_tokens, 0) AS declared_tokens
+       coalesce(c.declared_tokens, 0) AS declared_tokens,
+       coalesce(r.capture, 'unknown') AS capture
 FROM audit a
 LEFT JOIN calls c USING (rollout_id)
+LEFT JOIN (SELECT rollout_id, capture FROM rollouts WHERE ds = CAST($ds AS DATE)) r USING (rollout_id)
 WHERE a.ds = CAST($ds AS DATE);

@@ -125,47 +125,8 @@ class Night:
         return base
 
 
-def worked_example(night: Night, rollout_id: str = "group_g0", compaction: bool = True, **record):
-    """CONTRACT.md section 7, tokens spelled out. Returns (ledger rows, token rows)."""
-    c1 = call("c1", None, [101, 102, 103], [11, 12], [reasoning("r1"), answer("a1")])
-    c2 = call("c2", "c1", [201], [21, 22], [reasoning("r2"), answer("a2")])
-    if compaction:
-        c3 = call("c3", None, [301, 302], [31], [reasoning("r3"), answer("a3")])
-        c4 = call("c4", "c3", [401], [41], [reasoning("r4"), answer("a4")])
-        c5 = call("c5", "c3", [501, 502], [51, 52], [reasoning("r5"), answer("a5")])
-        output = [
-            reasoning("r1"),
-            answer("a1"),
-            tool_output("o1"),
-            reasoning("r2"),
-            answer("a2"),
-            reasoning("r3"),
-            answer("a3"),
-            tool_output("o3"),
-            reasoning("r5"),
-            answer("a5"),
-        ]
-    else:
-        c3 = call("c3", "c2", [301, 302], [31], [reasoning("r3"), answer("a3")])
-        c4 = call("c4", "c3", [401], [41], [reasoning("r4"), answer("a4")])
-        c5 = call("c5", "c4", [501, 502], [51, 52], [reasoning("r5"), answer("a5")])
-        output = [
-            reasoning("r1"),
-            answer("a1"),
-            reasoning("r2"),
-            answer("a2"),
-            reasoning("r3"),
-            answer("a3"),
-            reasoning("r4"),
-            answer("a4"),
-            reasoning("r5"),
-            answer("a5"),
-        ]
-    return night.add(rollout_id, [c1, c2, c3, c4, c5], output, **record)
-
-
-def worked_example_local(night: Night, rollout_id: str = "group_g0", compaction: bool = True, delta=False, **record):
-    """The worked example captured in NeMo Gym's local mode. Returns its entries."""
+def worked_calls(compaction: bool = True) -> tuple[list[CapturedCall], list[dict]]:
+    """CONTRACT.md section 7's five calls, tokens spelled out, and the agent's output."""
     c1 = call("c1", None, [101, 102, 103], [11, 12], [reasoning("r1"), answer("a1")])
     c2 = call("c2", "c1", [201], [21, 22], [reasoning("r2"), answer("a2")])
     if compaction:
@@ -178,5 +139,17 @@ def worked_example_local(night: Night, rollout_id: str = "group_g0", compaction:
         c3 = call("c3", "c2", [301, 302], [31], [reasoning("r3"), answer("a3")])
         c4 = call("c4", "c3", [401], [41], [reasoning("r4"), answer("a4")])
         c5 = call("c5", "c4", [501, 502], [51, 52], [reasoning("r5"), answer("a5")])
-        output = [reasoning(f"r{k}") if j == 0 else answer(f"a{k}") for k in range(1, 6) for j in (0, 1)]
-    return night.add_local(rollout_id, [c1, c2, c3, c4, c5], output, delta=delta, **record)
+        output = [item for k in range(1, 6) for item in (reasoning(f"r{k}"), answer(f"a{k}"))]
+    return [c1, c2, c3, c4, c5], output
+
+
+def worked_example(night: Night, rollout_id: str = "group_g0", compaction: bool = True, **record):
+    """CONTRACT.md section 7, staged. Returns (ledger rows, token rows)."""
+    calls, output = worked_calls(compaction)
+    return night.add(rollout_id, calls, output, **record)
+
+
+def worked_example_local(night: Night, rollout_id: str = "group_g0", compaction: bool = True, delta=False, **record):
+    """The worked example captured in NeMo Gym's local mode. Returns its entries."""
+    calls, output = worked_calls(compaction)
+    return night.add_local(rollout_id, calls, output, delta=delta, **record)

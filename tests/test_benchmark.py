@@ -77,3 +77,19 @@ def test_interleaved_runs_alternate_which_goes_first():
     floors, builds = benchmark.interleaved(3, run("floor"), run("build"))
     assert log == ["floor", "build", "build", "floor", "floor", "build"]
     assert floors == ["floor1", "floor2", "floor3"] and builds == ["build1", "build2", "build3"]
+
+
+def test_the_local_mode_comparison_builds_one_night_in_both_of_gyms_forms(tmp_path, capsys):
+    """--local-only: the same night (same seed) as NeMo Gym's staged capture and as its local
+    mode, built interleaved; every audit row agrees with what synth recorded."""
+    benchmark.local_main(tmp_path, 2e5, 1, reuse=False, memory_limit="256MB")
+    out = capsys.readouterr().out
+    for name in ("staged", "local", "local full"):
+        assert f"night {name}: " in out
+    agreed = [line.split(": ")[1].split()[0] for line in out.splitlines() if line.startswith("night ")]
+    assert all(a.split("/")[0] == a.split("/")[1] for a in agreed), out
+    assert "speed ratio  local / staged, wall" in out
+    staged = tmp_path / "gym-staged" / "input" / "tokens" / f"ds={benchmark.DS}"
+    local = tmp_path / "gym-local" / "input"
+    assert list(staged.glob("*.parquet")) and not (local / "tokens").exists()
+    assert list((local / "ledger" / f"ds={benchmark.DS}").glob("*.tokens.jsonl"))

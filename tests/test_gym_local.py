@@ -198,7 +198,7 @@ def test_a_rollout_with_ledger_rows_and_local_entries_is_mixed_capture(night, bu
         (lambda e: e[1].update(generation_log_probs=[-0.5]), "invalid_record", "c2", None),
         (lambda e: e[1].update(token_item_index=7), "invalid_record", "c2", None),
         (lambda e: e[1].update(generation_token_ids=[21, 22.0]), "invalid_record", "c2", None),
-        (lambda e: e[1].update(generation_token_ids=[21, True]), "invalid_record", "c2", None),
+        (lambda e: e[1].update(generation_token_ids=[21, True]), "digest_mismatch", "c2", None),  # lax: true is 1
         (lambda e: e[1].update(model_call_id=""), "invalid_record", None, None),
     ],
 )
@@ -398,6 +398,7 @@ def _rebuilt_fault(night: Night, change) -> dict:
         (lambda line, items: items[0].update(generation_token_ids=[11, 12.0]), "invalid_token", "item 1"),
         (lambda line, items: items[2].update(generation_token_ids=[2**31]), "invalid_token", "item 5"),
         (lambda line, items: items[2].update(generation_log_probs=[None]), "invalid_logprob", "item 5"),
+        (lambda line, items: items[2].update(generation_log_probs=[True]), "invalid_logprob", "item 5"),
         (lambda line, items: items[2]["prompt_token_ids"].__setitem__(0, 999), "prefix_mismatch", "item 5"),
     ],
 )
@@ -558,3 +559,52 @@ def test_gyms_tokens_digest_of_the_fixture_entries():
             e = orjson.loads(line)
             assert e["prompt_is_delta"] is False
             assert digest(e["prompt_token_ids"] + e["generation_token_ids"]) == e["digest"]
+
+
+# -- the audit product shows the capture
+
+
+def test_explain_walks_a_local_mode_rollout_entry_by_entry(night, build):
+    worked_example_local(night, "grp_g0", reward=1.0, delta=True)
+    entries = worked_example_local(night, "grp_g1", reward=0.5)
+    entry(entries, "c4")["generation_token_ids"] = [42]  # off-chain, faulty
+    built = build(night)
+    from reassembler.audit.explain import explain
+
+    text = explain(built.output, DS, "grp_g1").text()
+    assert "capture: NeMo Gym local mode" in text
+    assert "entry line 1 c1: root, full prompt of 3 tokens, 2 generated, cum_len 5: checks pass" in text
+    assert "entry line 4 c4: child of c3, full prompt of 4 tokens, 1 generated, cum_len 5: digest_mismatch" in text
+    assert "row grp_g1_s1: calls [c3, c5], 7 tokens, 3 generated, prompt_len 2" in text
+    delta = explain(built.output, DS, "grp_g0").text()
+    assert "entry line 2 c2: child of c1, delta prompt of 1 tokens, 2 generated, cum_len 8: checks pass" in delta
+    assert "warning" not in text + delta
+
+
+def test_explain_replays_a_rebuilt_line(night, build):
+    night.add_rebuilt("grp_g0", _chain(), reward=1.0)
+    built = build(night)
+    from reassembler.audit.explain import explain
+
+    text = explain(built.output, DS, "grp_g0").text()
+    assert "capture: a result line NeMo Gym rebuilt itself" in text
+    assert "Gym-rebuilt line rollouts.jsonl:1: 3 token items" in text
+    assert "result: ok, 1 row" in text and "warning" not in text
+
+
+def test_the_reports_show_each_captures_rollouts_and_mask_rate(night, build):
+    worked_example(night, "grp_g0", reward=1.0)
+    worked_example_local(night, "grp_g1", reward=0.0)
+    night.local_files["grp_g1"] = {"incomplete": ["c2"]}
+    night.add_rebuilt("grp_g2", _chain(), reward=0.5)
+    built = build(night)
+    from reassembler.audit.quality import night_quality
+    from reassembler.audit.report_text import report
+
+    assert "  2026-11-28: local 1 (100.0% masked), rebuilt 1 (0.0% masked), staged 1 (0.0% masked)" in report(
+        built.output
+    )
+    with duckdb.connect(str(built.output / "warehouse.duckdb"), read_only=True) as con:
+        q = night_quality(con, DS)
+    by_capture = {g["value"]: (g["rollouts"], g["masked"]) for g in q["breakdowns"]["capture"]}
+    assert by_capture == {"staged": (1, 0), "NeMo Gym local mode": (1, 1), "Gym-rebuilt line": (1, 0)}

@@ -91,8 +91,7 @@ class RunInfo:
 
 def airflow_run(run_id: str) -> RunInfo | None:
     """Read from the metadata DB (the API server's, as Airflow's own views do)."""
-    from airflow.models.dagrun import DagRun
-    from airflow.models.taskinstance import TaskInstance
+    from airflow.models import DagRun, TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import select

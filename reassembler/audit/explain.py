@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..formats.fields import CALL, select_list
 from ..formats.night import NightFiles, find_night
+from ..load.gym_capture import derive_again, derived_tokens
 from ..load.read import token_rows_sql
 from ..load.token_store import TokenStore
 from ..reasons import DESCRIPTIONS
@@ -18,6 +19,13 @@ from ..verify.batch import verify_batch
 from ..verify.calls import calls_from_table
 from ..verify.replay import ledger_line, selection_lines
 from ..warehouse import connect, sql
+
+CAPTURES = {
+    "staged": "staged (ledger rows and token rows)",
+    "local": "NeMo Gym local mode (<rollout_id>.tokens.jsonl, checked entry by entry at the load)",
+    "rebuilt": "a result line NeMo Gym rebuilt itself (its token items; no digest vouches for them)",
+    "none": "none (no capture of its own)",
+}
 
 
 def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
@@ -55,18 +63,28 @@ def rerun(con, night: NightFiles, rollout_id: str, options: Options):
     rollouts = [dict(zip(names, row)) for row in cur.fetchall()]
     if not rollouts:
         return None, [], None
+    derived = rollouts[0].get("capture") in ("local", "rebuilt")  # NeMo Gym's own capture (CONTRACT.md 9)
     table = (
         con.cursor()
         .sql(
-            sql("shard_calls", tokens=token_rows_sql(night), call_columns=select_list(CALL, "l")),
+            sql(
+                "shard_calls",
+                tokens=sql("token_empty") if derived else token_rows_sql(night),
+                call_columns=select_list(CALL, "l"),
+            ),
             params=dict(params, first_group=None, last_group=None),
         )
         .to_arrow_table()
     )
-    tokens = TokenStore().fetch(table.column("t_file"), table.column("t_row"))
+    walk: list[str] = []
+    if derived:
+        rows, walk = derive_again(night, rollouts[0])
+        table, tokens = derived_tokens(table, rows)
+    else:
+        tokens = TokenStore().fetch(table.column("t_file"), table.column("t_row"))
     trace: dict[str, list[str]] = {}
     outcomes, batch = verify_batch(rollouts, table, tokens, options, trace)
-    return outcomes[0], trace.get(rollout_id, []), batch
+    return outcomes[0], walk + trace.get(rollout_id, []), batch
 
 
 @dataclass
@@ -137,7 +155,8 @@ def explain(output_dir, ds: str, rollout_id: str) -> Replay:
         f"rollout {rollout_id} (group {r['group_id']}, slot {r['slot']}), ds={ds}, mode {opts.mode}, "
         f"off-chain policy {opts.offchain}; published by run {run_id}\n"
         f"output: {len(r['generated_items'] or [])} generated items, "
-        f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)"
+        f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)\n"
+        f"capture: {CAPTURES.get(r.get('capture') or '', r.get('capture'))}"
     )
     replay = Replay(rollout_id, ds, header, ledger, trace, {})
     if outcome.ok:

@@ -8,7 +8,8 @@ the nightly report (report_html.py), and the quality gate that turns them into a
 - trends over the last `nights` nights and the mask reasons of each;
 - per reason: count, share, the step that raises it, its meaning, a few example rollouts
   with the trace of their selection and lineage (replayed from the ledger);
-- mask-rate breakdowns by weight version, model server, metadata keys and rollout size;
+- mask-rate breakdowns by capture (staged, NeMo Gym local mode, Gym-rebuilt lines), weight
+  version, model server, metadata keys and rollout size;
 - compaction: rollouts with several roots, segments per rollout, off-chain calls and faults,
   and what compaction-aware selection keeps that ordinary capture (`--mode terminal`) masks;
 - rejected input by source and kind, with the first lines of each kind.
@@ -31,6 +32,13 @@ TRAILING = 7
 CALL_BUCKETS = (5, 10, 20, 40)
 TOKEN_BUCKETS = (10_000, 50_000, 200_000)
 MAX_KEY_VALUES = 30  # a metadata key with more distinct values is no default breakdown
+CAPTURE_LABELS = {  # which capture a rollout was read from (CONTRACT.md 9)
+    "staged": "staged",
+    "local": "NeMo Gym local mode",
+    "rebuilt": "Gym-rebuilt line",
+    "none": "none (no capture; given-up samples)",
+    "unknown": "unknown (past the retention)",
+}
 
 
 def _bucket(value: int, edges: tuple[int, ...]) -> tuple[int, str]:
@@ -72,6 +80,7 @@ def _breakdowns(rollouts: list[dict], by: list[str] | None) -> tuple[dict[str, l
     groups: dict[str, dict] = defaultdict(lambda: defaultdict(list))
     for r, m in zip(rollouts, metadata):
         masked = r["status"] == "masked"
+        groups["capture"][CAPTURE_LABELS.get(r["capture"], r["capture"])].append(masked)
         wv = r["weight_version"]
         groups["weight version"][_version(wv)].append(masked)
         groups["model server"][r["model_server"] or "(one capture folder)"].append(masked)

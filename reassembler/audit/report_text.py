@@ -11,6 +11,7 @@ def report(output_dir) -> str:
         nights = con.execute(sql("report_nights")).fetchall()
         columns = [d[0] for d in con.description]
         reasons = con.execute(sql("report_reasons")).fetchall()
+        captures = con.execute(sql("report_captures")).fetchall()
     if not nights:
         return "no published night in this warehouse"
     widths = [max(len(str(c)), *(len(str(row[i])) for row in nights)) for i, c in enumerate(columns)]
@@ -21,6 +22,11 @@ def report(output_dir) -> str:
         by_ds.setdefault(ds, []).append(f"{reason} {n}")
     if by_ds:
         out += ["", "mask reasons by night:"] + [f"  {ds}: " + ", ".join(items) for ds, items in by_ds.items()]
+    by_capture: dict = {}
+    for ds, capture, n, masked in captures:
+        by_capture.setdefault(ds, []).append(f"{capture} {n} ({masked / n:.1%} masked)")
+    if by_capture:
+        out += ["", "rollouts by capture:"] + [f"  {ds}: " + ", ".join(items) for ds, items in by_capture.items()]
     for ds in pending(output_dir):
         out.append(f"note: the publish of ds={ds} was interrupted; the next build or load finishes it")
     return "\n".join(out)

@@ -213,40 +213,47 @@ def parse_state(raw: bytes) -> dict:
     }
 
 
-def int_array(values: list) -> np.ndarray:
-    """A JSON list of integers as int64, converted in one call (pyarrow). TypeError when an
-    element is not a JSON integer (a boolean, a float, null, a string), OverflowError when
-    one is beyond int64. pyarrow is imported here, not with the module: the rollout parse's
-    child processes load this module and need it only for a line that carries tokens."""
+def int_array(values: list, strict: bool = False) -> np.ndarray:
+    """A JSON list of integers as int64, converted in one call. TypeError when an element is
+    not an integer (a float, null, a string), OverflowError when one is beyond int64. A JSON
+    `true` / `false` reads as 1 / 0, as Gym's TokenEntry validator (pydantic, lax) reads it,
+    unless `strict` (a rebuilt line's checks refuse it, CONTRACT.md 9.10). numpy and pyarrow
+    are imported here, not with the module: the rollout parse's child processes load this
+    module and need them only for a line that carries tokens."""
     import numpy as np
-    import pyarrow as pa
 
     if not values:
         return np.zeros(0, dtype=np.int64)
-    try:
-        array = pa.array(values)
+    array = np.array(values)
+    if array.dtype == np.int64 and not strict:
+        return array
+    import pyarrow as pa
+
+    try:  # the exact reading: refuses floats and booleans, says which integer is too big
+        exact = pa.array(values, type=pa.int64())
     except OverflowError:
         raise
     except (pa.ArrowException, TypeError, ValueError):
+        if not strict and array.dtype == np.bool_:
+            return array.astype(np.int64)
         raise TypeError("not a list of integers") from None
-    if array.type != pa.int64() or array.null_count:
+    if exact.null_count or array.dtype.kind == "f":
         raise TypeError("not a list of integers")
-    return array.to_numpy()
+    return exact.to_numpy()
 
 
-def float_array(values: list) -> np.ndarray:
-    """A JSON list of numbers as float64, null as NaN; TypeError for anything else."""
+def float_array(values: list, strict: bool = False) -> np.ndarray:
+    """A JSON list of numbers as float64, null as NaN; TypeError for anything else (a
+    boolean reads as 1.0 / 0.0 unless `strict`)."""
     import numpy as np
     import pyarrow as pa
 
     if not values:
         return np.zeros(0, dtype=np.float64)
     try:
-        array = pa.array(values)
+        array = pa.array(values) if strict else pa.array(values, type=pa.float64())
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         raise TypeError("not a list of numbers") from None
-    if pa.types.is_null(array.type):
-        return np.full(len(array), np.nan)
-    if not (pa.types.is_floating(array.type) or array.type == pa.int64()):
+    if not (pa.types.is_floating(array.type) or pa.types.is_integer(array.type) or pa.types.is_null(array.type)):
         raise TypeError("not a list of numbers")
     return array.cast(pa.float64()).to_numpy(zero_copy_only=False)

@@ -89,13 +89,13 @@ def rebuild(obj: dict) -> RebuiltRow:
         if not generated:
             return _masked(len(items), Reason.EMPTY_GENERATION, f"{where}: generation_token_ids is empty")
         try:
-            p, g = int_array(prompt), int_array(generated)
+            p, g = int_array(prompt, strict=True), int_array(generated, strict=True)
         except (TypeError, OverflowError):
             return _masked(len(items), Reason.INVALID_TOKEN, f"{where}: a token id is not an integer in [0, 2**31)")
         if (p.size and (p.min() < 0 or p.max() >= TOKEN_LIMIT)) or g.min() < 0 or g.max() >= TOKEN_LIMIT:
             return _masked(len(items), Reason.INVALID_TOKEN, f"{where}: a token id outside [0, 2**31)")
         try:
-            lp = float_array(logprobs)
+            lp = float_array(logprobs, strict=True)
         except TypeError:
             return _masked(len(items), Reason.INVALID_LOGPROB, f"{where}: a log probability is not a number")
         if not np.isfinite(lp).all():

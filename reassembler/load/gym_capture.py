@@ -39,7 +39,7 @@ from ..formats.token_file import CANONICAL, LISTS
 from ..warehouse import run_script, sql
 from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter
 from .json_lines import DECODER, json_lines, reject
-from .local_capture import CaptureFiles, TokenRow, read_capture
+from .local_capture import CaptureFiles, LocalRollout, TokenRow, read_capture
 
 CAPTURE_SEQ_BASE = 1 << 40  # calls derived here come after every ledger line
 GIVE_UP_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS (CONTRACT.md 2.1)
@@ -86,7 +86,10 @@ class DerivedTokens:
         table = pa.table(columns, schema=FILE_SCHEMA)
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.path, FILE_SCHEMA)
+            # scratch, read once by the shards: no compression, dictionary or statistics to make
+            self._writer = pq.ParquetWriter(
+                self.path, FILE_SCHEMA, compression="none", use_dictionary=False, write_statistics=False
+            )
         self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
         self.count += n
         self._rows = []
@@ -223,6 +226,7 @@ class GymCapture:
         columns, and the derived token rows' keys."""
         failed = self.failed = self._failures(rollout_count)
         staged = {r for (r,) in self.con.execute(sql("staged_rollouts"), {"ds": self.night.ds}).fetchall()}
+        local: list[CaptureFiles] = []
         for key in sorted(self.captures):
             files = self.captures[key]
             if key in self.rebuilt:
@@ -243,7 +247,10 @@ class GymCapture:
                         }
                     )
                 continue
-            self._local(files)
+            local.append(files)
+        folder = self.night.path("ledger", "")
+        for files in local:  # a thread pool here gained nothing: the parse holds the GIL (docs/performance.md)
+            self._local(files, read_capture(folder, files))
         self.calls.flush()
         if self.columns:
             self.con.register("captures", pa.Table.from_pylist(self.columns, schema=CAPTURE_COLUMNS))
@@ -257,8 +264,7 @@ class GymCapture:
             keys = sql("token_files", files=listed, keep="true")
             self.con.execute(sql("insert_token_rows", tokens=keys), {"ds": self.night.ds})
 
-    def _local(self, files: CaptureFiles) -> None:
-        local = read_capture(self.night.path("ledger", ""), files)
+    def _local(self, files: CaptureFiles, local: LocalRollout) -> None:
         self.summary.local_rollouts += 1
         self.summary.local_entries += local.n_lines
         column: dict[str, str | None] = {"rollout_id": files.key, "capture": "local"}
@@ -347,3 +353,66 @@ def _rebuilt_call(rid: str, call_id: str, parent: str | None, key: str, rollout:
         capture="rebuilt",
     )
     return row
+
+
+# -- one rollout again, for `reassembler explain` (the derived file went with the staging folder)
+
+
+def derive_again(night: NightFiles, rollout: dict) -> tuple[dict[str, TokenRow], list[str]]:
+    """The token rows a local-mode or Gym-rebuilt rollout's calls were derived with, read
+    again from the night's files as they are now, by staging key; and the entries' walk."""
+    rid = rollout["rollout_id"]
+    if rollout.get("capture") == "rebuilt":
+        from ..formats.gym_rebuilt import rebuild
+        from .json_lines import ROLLOUT_DECODER, decode
+
+        raw = _line(night.path("rollouts", rollout["source_file"]), rollout["source_line"])
+        built = rebuild(decode(raw, ROLLOUT_DECODER))
+        rows = {
+            f"{rid}/{REBUILT_CALL.format(k)}": TokenRow(f"{rid}/{REBUILT_CALL.format(k)}", *piece)
+            for k, piece in enumerate(built.pieces or ())
+        }
+        return rows, [
+            f"Gym-rebuilt line {rollout['source_file']}:{rollout['source_line']}: {built.n_items} token items"
+        ]
+    files = CaptureFiles(rid)
+    for rel in night.captures:
+        key, role = capture_file(rel) or ("", "")
+        if key == rid:
+            setattr(files, role, rel)
+    local = read_capture(night.path("ledger", ""), files)
+    return {r.staging_key: r for r in local.tokens}, local.walk
+
+
+def _line(path: Path, number: int) -> bytes:
+    with open(path, "rb") as fh:
+        for k, raw in enumerate(fh, start=1):
+            if k == number:
+                return raw
+    return b""
+
+
+def derived_tokens(table: pa.Table, rows: dict[str, TokenRow]) -> tuple[pa.Table, pa.Table]:
+    """A batch's call rows (sql/shard_calls.sql, no token file joined) given their derived
+    token rows: the call rows with each found one's place (t_file, t_row), and the token
+    rows row for row in the canonical columns (formats/token_file.py)."""
+    keys = table.column("staging_key").to_pylist()
+    found = [rows.get(k) for k in keys]
+    n = len(keys)
+    t_file = pa.array(["(derived)" if r is not None else None for r in found], pa.string())
+    t_row = pa.array([k if r is not None else None for k, r in enumerate(found)], pa.int64())
+    table = table.set_column(table.schema.get_field_index("t_file"), "t_file", t_file)
+    table = table.set_column(table.schema.get_field_index("t_row"), "t_row", t_row)
+    empty = np.zeros(0)
+    columns = [pa.nulls(n, f.type) for f in CANONICAL if f.name not in ("ids", "mask", "logprobs")]
+    for part, dtype in (("ids", np.int64), ("mask", np.float32), ("logprobs", np.float32)):
+        arrays = [getattr(r, part) if r is not None else empty for r in found]
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+        values = np.concatenate(arrays).astype(dtype) if n else np.zeros(0, dtype)
+        columns.append(
+            pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(values), mask=pa.array([r is None for r in found], pa.bool_())
+            )
+        )
+    return table, pa.table(columns, schema=CANONICAL)

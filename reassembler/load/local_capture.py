@@ -86,6 +86,7 @@ class LocalRollout:
     calls: list[dict] = field(default_factory=list)
     tokens: list[TokenRow] = field(default_factory=list)
     n_lines: int = 0  # entry lines read (blank lines not counted)
+    walk: list[str] = field(default_factory=list)  # each entry as read and checked (`reassembler explain`)
 
 
 class _Masked(Exception):
@@ -125,7 +126,7 @@ def read_capture(folder: Path, files: CaptureFiles) -> LocalRollout:
     out = LocalRollout()
     try:
         parsed = _rollout_checks(folder, files, out)
-        out.calls, out.tokens = _calls(files.key, files.entries or "", parsed)
+        out.calls, out.tokens = _calls(files.key, files.entries or "", parsed, out.walk)
     except _Masked as m:
         out.reason, out.detail, out.call_id = m.reason, m.detail, m.call_id
         out.calls, out.tokens = [], []
@@ -283,7 +284,7 @@ def _ids(pieces: list[memoryview]) -> np.ndarray:
     return np.frombuffer(b"".join(pieces), dtype=">u8").astype(np.int64)
 
 
-def _calls(key: str, rel: str, parsed: list[_Parsed]) -> tuple[list[dict], list[TokenRow]]:
+def _calls(key: str, rel: str, parsed: list[_Parsed], walk: list[str]) -> tuple[list[dict], list[TokenRow]]:
     by_id = {p.entry.model_call_id: p for p in parsed}
     seqs = _Sequences(by_id)
     calls, tokens = [], []
@@ -320,8 +321,9 @@ def _calls(key: str, rel: str, parsed: list[_Parsed]) -> tuple[list[dict], list[
             "entry_detail": None,
         }
         calls.append(row)
-        if poison:
-            continue  # never a chain's call: no token row (a poison row, CONTRACT.md 3.6)
+        if poison:  # never a chain's call: no token row (a poison row, CONTRACT.md 3.6)
+            walk.append(_describe(p, row))
+            continue
         try:
             prev, token_row = _check(p, by_id, seqs, row["staging_key"])
             row["prev_len"] = prev
@@ -333,7 +335,23 @@ def _calls(key: str, rel: str, parsed: list[_Parsed]) -> tuple[list[dict], list[
             row["prev_len"] = 0 if e.resolution == "root" else _parent_cum_len(p, by_id)
         if e.cum_len is not None and row["prev_len"] is not None:
             row["delta_len"] = e.cum_len - row["prev_len"]
+        walk.append(_describe(p, row))
     return calls, tokens
+
+
+def _describe(p: _Parsed, row: dict) -> str:
+    e = p.entry
+    place = {"root": "root", "resolved": f"child of {e.parent_call_id}", "unresolved": "unresolved (a poison row)"}
+    prompt = f"{'delta' if e.prompt_is_delta else 'full'} prompt of {len(e.prompt)} tokens"
+    verdict = (
+        f"{row['entry_fault']}: {row['entry_detail']}"
+        if row["entry_fault"]
+        else ("not checked (never on a chain)" if e.resolution == "unresolved" else "checks pass")
+    )
+    return (
+        f"entry line {e.line} {e.model_call_id}: {place[e.resolution]}, {prompt}, {len(e.generated)} generated, "
+        f"cum_len {e.cum_len}: {verdict}"
+    )
 
 
 def _parent_cum_len(p: _Parsed, by_id: dict[str, _Parsed]) -> int | None:

@@ -421,8 +421,8 @@ class _Writer:
     def __init__(self, root: Path, ds: str, cfg: SynthConfig):
         self.cfg, self.ds = cfg, ds
         self.part = {k: root / k / f"ds={ds}" for k in ("rollouts", "ledger", "tokens")}
-        for p in self.part.values():
-            p.mkdir(parents=True, exist_ok=True)
+        for kind in ("rollouts", "ledger"):  # the tokens folder once a night has ledger files (close)
+            self.part[kind].mkdir(parents=True, exist_ok=True)
         self.expected_dir = root / "_expected" / f"ds={ds}"
         self.expected_dir.mkdir(parents=True, exist_ok=True)
         self.rollouts = open(self.part["rollouts"] / "rollouts-00000.jsonl", "w")
@@ -499,6 +499,8 @@ class _Writer:
     def close(self) -> None:
         self.flush_tokens()
         self.flush_gym_tokens()
+        if any(f.suffix == ".jsonl" and not f.name.endswith(".tokens.jsonl") for f in self.part["ledger"].rglob("*")):
+            self.part["tokens"].mkdir(parents=True, exist_ok=True)  # staged capture: its token store, maybe empty
         for fh in (self.rollouts, self.expected, self.plain_ledger):
             if fh:
                 fh.close()
