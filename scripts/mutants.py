@@ -11,7 +11,8 @@ the line that replaces it, and the test files to run. The copy is made once (the
 tree's files, committed or not); each mutation is applied to it, tested, and undone. Exit 1
 when a mutation survives or no longer applies (the code it names changed: update the list).
 The list covers the contract's check families: digests, select, cut, finalize, the
-per-token checks, advantages, the publish invariants, and the version and gate defaults.
+per-token checks, advantages, the publish invariants, the version and gate defaults, and
+NeMo Gym's own capture (local-mode entries, rebuilt lines, failures files).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Mutant:
 
 
 REASONS = "tests/test_reason_codes.py"
+GYM = "tests/test_gym_local.py"
 MUTANTS = [
     # versions and defaults (the four survivors of the independent mutation run)
     Mutant(
@@ -327,6 +329,63 @@ MUTANTS = [
         'meta["rollout_weight"].append(1.0 / k)',
         'meta["rollout_weight"].append(1.0)',
         ("tests/test_worked_example.py",),
+    ),
+    # NeMo Gym's own capture (contract v3, section 9)
+    Mutant(
+        "local entry digest not checked",
+        "reassembler/load/local_capture.py",
+        "    if recomputed != e.digest:",
+        "    if False:",
+        (GYM,),
+    ),
+    Mutant(
+        "local full prompt prefix not checked",
+        "reassembler/load/local_capture.py",
+        '            if mine != b"".join(parent_full):',
+        "            if False:",
+        (GYM, REASONS),
+    ),
+    Mutant(
+        "dangling intent not incomplete",
+        "reassembler/load/local_capture.py",
+        "    if dangling:",
+        "    if False:",
+        (GYM,),
+    ),
+    Mutant(
+        "local cum_len not checked",
+        "reassembler/load/local_capture.py",
+        "    if e.cum_len != n:",
+        "    if False:",
+        (GYM,),
+    ),
+    Mutant(
+        "rebuilt prefix contiguity not checked",
+        "reassembler/formats/gym_rebuilt.py",
+        "        if len(p) < seen or not np.array_equal(p[:seen], sequence):",
+        "        if False:",
+        (GYM,),
+    ),
+    Mutant(
+        "given up after 4 attempts",
+        "reassembler/load/gym_capture.py",
+        "GIVE_UP_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS (CONTRACT.md 2.1)",
+        "GIVE_UP_ATTEMPTS = 4",
+        (GYM,),
+    ),
+    Mutant(
+        "a failed attempt's ledger rows rejected",
+        "sql/orphan_ledger_rejects.sql",
+        "WHERE l.ds = $ds AND l.rollout_id NOT IN (SELECT rollout_id FROM failed_attempts);",
+        "WHERE l.ds = $ds;",
+        (GYM,),
+    ),
+    Mutant(
+        "mixed capture read as staged",
+        "reassembler/load/gym_capture.py",
+        "                if files.entries is not None:",
+        "                if False:",
+        (GYM, REASONS),
     ),
 ]
 
