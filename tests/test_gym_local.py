@@ -608,3 +608,9 @@ def test_the_reports_show_each_captures_rollouts_and_mask_rate(night, build):
         q = night_quality(con, DS)
     by_capture = {g["value"]: (g["rollouts"], g["masked"]) for g in q["breakdowns"]["capture"]}
     assert by_capture == {"staged": (1, 0), "NeMo Gym local mode": (1, 1), "Gym-rebuilt line": (1, 0)}
+    from reassembler.build import report_step
+    from reassembler.warehouse import Warehouse
+
+    page = report_step(Warehouse(built.output), DS).read_text()
+    table = page[page.index("Rollouts by capture") :].split("</table>")[0]
+    assert '<td>NeMo Gym local mode</td><td class="n">1</td><td class="n">1</td><td class="n">100.0%</td>' in table

@@ -187,6 +187,16 @@ def night_page(q: dict) -> str:
         fig.update_layout(title="masked rollouts by reason and night")
         parts.append(_fig(fig, "chart-reasons-by-night", max(300, 18 * len(reasons) + 120), x="night", y="reason"))
 
+    captures = q["breakdowns"].get("capture", [])
+    if captures:  # which capture each rollout was read from (CONTRACT.md 9)
+        parts.append(f"<h2>Rollouts by capture on {_e(ds)}</h2>")
+        parts.append(
+            _table(
+                ["capture", "rollouts", "masked", "mask rate"],
+                [[_e(g["value"]), g["rollouts"], g["masked"], f"{g['mask_rate']:.1%}"] for g in captures],
+                {1, 2, 3},
+            )
+        )
     parts.append(f"<h2>Why rollouts were masked on {_e(ds)}</h2>")
     if q["reasons"]:
         fig = go.Figure(
