@@ -76,14 +76,8 @@ class DerivedTokens:
             return
         n = len(self._rows)
         columns = [pa.array([r.staging_key for r in self._rows], pa.string())]
-        columns += [pa.nulls(n, f.type) for f in FILE_SCHEMA][1 : len(FILE_SCHEMA) - 3]
-        for part, dtype in (("ids", np.int64), ("mask", np.float32), ("logprobs", np.float32)):
-            arrays = [getattr(r, part) for r in self._rows]
-            offsets = np.zeros(n + 1, dtype=np.int32)
-            np.cumsum([len(a) for a in arrays], out=offsets[1:])
-            values = np.concatenate(arrays).astype(dtype, copy=False)
-            columns.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)))
-        table = pa.table(columns, schema=FILE_SCHEMA)
+        columns += [pa.nulls(n, f.type) for f in list(FILE_SCHEMA)[1:-3]]  # the custody columns
+        table = pa.table(columns + _token_lists(self._rows), schema=FILE_SCHEMA)
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # scratch, read once by the shards: no compression, dictionary or statistics to make
@@ -126,10 +120,11 @@ class GymSummary:
                 f"failed attempts + {self.failures_rejected} rejected; {self.given_up} given-up samples "
                 "(one audit row each, masked rollout_failed)"
             )
-        if self.local_rollouts or self.rebuilt:
+        if self.local_rollouts or self.rebuilt or self.mixed:
             out.append(
                 f"{'gym':<9}{self.local_rollouts} rollouts from local-mode capture ({self.local_entries} entries; "
                 f"{self.local_masked} masked by their capture checks), {self.rebuilt} Gym-rebuilt result lines"
+                + (f", {self.mixed} with both ledger rows and local entries (mixed_capture)" if self.mixed else "")
             )
         if self.not_read:
             keys = ", ".join(self.not_read[:5]) + (", ..." if len(self.not_read) > 5 else "")
@@ -403,16 +398,19 @@ def derived_tokens(table: pa.Table, rows: dict[str, TokenRow]) -> tuple[pa.Table
     t_row = pa.array([k if r is not None else None for k, r in enumerate(found)], pa.int64())
     table = table.set_column(table.schema.get_field_index("t_file"), "t_file", t_file)
     table = table.set_column(table.schema.get_field_index("t_row"), "t_row", t_row)
-    empty = np.zeros(0)
     columns = [pa.nulls(n, f.type) for f in CANONICAL if f.name not in ("ids", "mask", "logprobs")]
+    return table, pa.table(columns + _token_lists(found), schema=CANONICAL)
+
+
+def _token_lists(rows: list[TokenRow] | list[TokenRow | None]) -> list[pa.Array]:
+    """The ids, mask and logprobs list columns of token rows (null for a None), as the
+    token file's canonical types (list<int64>, list<float32>, list<float32>)."""
+    missing = pa.array([r is None for r in rows], pa.bool_()) if any(r is None for r in rows) else None
+    out = []
     for part, dtype in (("ids", np.int64), ("mask", np.float32), ("logprobs", np.float32)):
-        arrays = [getattr(r, part) if r is not None else empty for r in found]
-        offsets = np.zeros(n + 1, dtype=np.int32)
+        arrays = [getattr(r, part) if r is not None else np.zeros(0, dtype) for r in rows]
+        offsets = np.zeros(len(rows) + 1, dtype=np.int32)
         np.cumsum([len(a) for a in arrays], out=offsets[1:])
-        values = np.concatenate(arrays).astype(dtype) if n else np.zeros(0, dtype)
-        columns.append(
-            pa.ListArray.from_arrays(
-                pa.array(offsets), pa.array(values), mask=pa.array([r is None for r in found], pa.bool_())
-            )
-        )
-    return table, pa.table(columns, schema=CANONICAL)
+        values = np.concatenate(arrays).astype(dtype, copy=False) if rows else np.zeros(0, dtype)
+        out.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), mask=missing))
+    return out

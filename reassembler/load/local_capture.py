@@ -393,9 +393,8 @@ def _check(p: _Parsed, by_id: dict[str, _Parsed], seqs: _Sequences, staging_key:
                 f"parent {parent.entry.model_call_id} cum_len {prev} > this call's prompt of {prompt_len} tokens",
                 cid,
             )
-        if not e.prompt_is_delta:
-            mine = p.prompt.astype(">u8").tobytes()[: 8 * prev]
-            if mine != b"".join(parent_full):
+        if not e.prompt_is_delta:  # its own prompt, big-endian as hashed, against the parent's F
+            if seqs.own(p)[0][: 8 * prev] != b"".join(parent_full):
                 raise _Masked(
                     Reason.PREFIX_MISMATCH,
                     f"the prompt does not start with parent {parent.entry.model_call_id}'s {prev} tokens",
@@ -415,7 +414,9 @@ def _check(p: _Parsed, by_id: dict[str, _Parsed], seqs: _Sequences, staging_key:
     recomputed = tokens_digest(full, n)
     if recomputed != e.digest:
         raise _Masked(Reason.DIGEST_MISMATCH, f"recomputed {recomputed[:16]}.. != entry {e.digest[:16]}..", cid)
-    if e.prompt_is_delta and parent is not None and prev == _length(seqs.full(parent)):
+    if not e.prompt_is_delta:  # F is its own prompt then generation
+        ids = np.concatenate([p.prompt[prev:], p.generated])
+    elif parent is not None and prev == _length(seqs.full(parent)):
         ids = np.concatenate([p.prompt, p.generated])
     else:
         ids = _ids(full)[prev:]
