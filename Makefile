@@ -39,7 +39,7 @@ bench: $(STAMP)
 
 lock:
 	rm -rf /tmp/reassembler-lock && $(PY) -m venv /tmp/reassembler-lock
-	/tmp/reassembler-lock/bin/pip install --quiet "apache-airflow==3.3.2" "duckdb==2.0.0" "pyarrow==26.0.1" "numpy>=2.4,<2.5" "orjson==3.13.0" "plotly==7.1.0" datasets polars playwright ruff mypy pytest hypothesis pytest-timeout setuptools wheel
+	/tmp/reassembler-lock/bin/pip install --quiet "apache-airflow==3.3.2" "duckdb==2.0.0" "pyarrow==26.0.1" "numpy>=2.4,<2.5" "orjson==3.13.0" "plotly==7.1.0" datasets polars playwright ruff mypy pytest hypothesis pytest-timeout "setuptools==80.9.0" wheel botocore "python-dateutil<3" "moto[server]"
 	{ echo "# Fully pinned environment for the reassembler (Python 3.11). Regenerate with: make lock"; \
 	  /tmp/reassembler-lock/bin/pip freeze --all | grep -v "^pip=="; } > requirements.lock
 

@@ -16,8 +16,9 @@ the `ds` param overrides it for manual runs and backfills).
                   calls joined with the token Parquet and stages rows and audit files.
 - audit_checks:   SQL checks on the staged night (rollouts in = audit rows, ok rollouts =
                   distinct rollouts in rows, mask rate under the limit).
-- publish:        swap the rows and audit partitions in whole, record the run, and emit the
-                  rows Asset (partition key = ds) with counts and mask reasons in its extra.
+- publish:        commit the night with one manifest (_published/ds=<ds>.json), bring the rows
+                  and audit partitions and the warehouse to it, and emit the rows Asset
+                  (partition key = ds) with counts, mask reasons and the manifest in its extra.
 - quality_report: write the night's capture-quality report and the index over all nights.
 - quality_gate:   check the alert thresholds (gate_* params), record the verdict, and fail
                   listing every breach, so the deployment's failure alerts fire; the rows
@@ -46,7 +47,11 @@ from reassembler_airflow.warehouse import reader, task_settings, warehouse_pool,
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = os.environ.get("REASSEMBLER_INPUT", str(REPO / "data" / "input"))
 DEFAULT_OUTPUT = os.environ.get("REASSEMBLER_OUTPUT", str(REPO / "data" / "output"))
-ROWS_ASSET = Asset(name="capture_rows", uri=f"file://{DEFAULT_OUTPUT}/rows")
+# the rows Asset follows the output: s3://bucket/prefix/rows on object storage
+ROWS_ASSET = Asset(
+    name="capture_rows",
+    uri=f"{DEFAULT_OUTPUT.rstrip('/')}/rows" if DEFAULT_OUTPUT.startswith("s3://") else f"file://{DEFAULT_OUTPUT}/rows",
+)
 # A demo deployment's night (make airflow: the night `make run` writes), built by a run
 # triggered with the form's defaults; production leaves it unset. Scheduled runs always
 # build the day before their logical date.
@@ -136,6 +141,7 @@ def capture_rows_nightly():
         """Wait for the night's input partitions (and the completion marker, if configured)."""
         from airflow.sdk.exceptions import AirflowFailException
 
+        from reassembler import storage
         from reassembler.errors import InputError
         from reassembler.formats.night import find_night
 
@@ -143,8 +149,9 @@ def capture_rows_nightly():
             night = find_night(input_dir, night_ds)
             missing = None
             marker = params.get("input_marker")
-            if marker and not (Path(input_dir) / "rollouts" / f"ds={night_ds}" / marker).exists():
-                missing = f"{Path(input_dir) / 'rollouts' / f'ds={night_ds}' / marker}: completion marker is missing"
+            where = storage.join(night.root, "rollouts", f"ds={night_ds}", marker or "")
+            if marker and not storage.exists(where):
+                missing = f"{where}: completion marker is missing"
         except InputError as e:
             night, missing = None, str(e)
         if missing is None:
@@ -208,7 +215,7 @@ def capture_rows_nightly():
     def publish(
         input_dir: str, output_dir: str, night_ds: str, numbers: dict, params=None, run_id=None, outlet_events=None
     ) -> dict:
-        """Swap the rows and audit partitions in whole; emit the rows asset event. Returns
+        """Commit the night with its manifest and bring the partitions to it; emit the rows asset event. Returns
         the published numbers (the report task waits for them)."""
         from reassembler.build import publish_step
         from reassembler.warehouse import Warehouse
@@ -226,6 +233,7 @@ def capture_rows_nightly():
         published = {
             "ds": night_ds,
             "partition": f"{output_dir}/rows/ds={night_ds}",
+            "manifest": f"{output_dir}/_published/ds={night_ds}.json",
             "rows": n.n_rows,
             "rollouts": n.audit_rows,
             "ok": n.ok_rollouts,

@@ -13,22 +13,30 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
-from pathlib import Path
 
 import pyarrow as pa
 
+from . import storage
 from .errors import InputError
 from .load.night_load import NightLoad
 from .load.read import LoadSummary
 from .publish.checkpoints import checkpoint
 from .publish.lock import OutputLock
-from .publish.protocol import NightNumbers, publish_staged, published_numbers, recover, staging_dir, verify_staged
+from .publish.protocol import (
+    NightNumbers,
+    collect_runs,
+    publish_staged,
+    published_numbers,
+    read_manifest,
+    recover,
+    staging_dir,
+    verify_staged,
+)
 from .settings import DEFAULTS, REPORT_NIGHTS, Settings
 from .verify.shard import ShardResult, run_shard
 from .warehouse import Warehouse, apply_retention, clear_dead_spill_folders, run_script, sql
@@ -69,13 +77,13 @@ def load_step(load: NightLoad, warehouse: Warehouse, run_id: str | None = None, 
     outside the retention (never this night's), and write it all into the file."""
     ds, settings, output = load.ds, load.settings, warehouse.output_dir
     with OutputLock(output, ds, "load", lock_wait), warehouse.writing() as con:
-        finished = recover(con, output)
+        finished = recover(con, output, ds)
         if finished:
             log.warning("finished the interrupted publish of %s", ", ".join(finished))
-        shutil.rmtree(output / "_staging" / ds, ignore_errors=True)  # earlier failed runs
+        collect_runs(output, ds, read_manifest(output, ds)[0])  # earlier failed runs, superseded ones
         clear_dead_spill_folders(output, settings.duckdb)
         with _step_memory():
-            summary = load.into(con, staging_dir(output, ds, run_id or new_run_id(ds)).resolve())
+            summary = load.into(con, staging_dir(output, ds, run_id or new_run_id(ds)))
         con.execute("BEGIN TRANSACTION")
         run_script(con, "record_load", {"ds": ds, "run_id": run_id, "n_rollouts": summary.n_rollouts})
         con.execute(sql("plan_shards"), {"ds": ds, "shards": settings.shards})
@@ -108,8 +116,8 @@ def publish_step(
     staging = staging_dir(output, ds, run_id)
     options = settings.options
     with OutputLock(output, ds, "publish", lock_wait), warehouse.writing() as con:
-        recover(con, output)
-        published = None if staging.exists() else published_numbers(output, ds, run_id)
+        recover(con, output, ds)
+        published = published_numbers(output, ds, run_id)
         if published is not None:  # a retry of this run's publish, which a recovery finished
             log.info("ds=%s was already published by this run (%s)", ds, run_id)
             return published
@@ -122,7 +130,7 @@ def publish_step(
             run_id,
             numbers,
             {
-                "input_dir": str(Path(input_dir).resolve()),
+                "input_dir": storage.location(input_dir),
                 "mode": options.mode,
                 "offchain": options.offchain,
                 "options": json.dumps(asdict(options), sort_keys=True),
@@ -142,21 +150,21 @@ class BuildSummary:
 
 
 def build_night(
-    input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, run_id: str | None = None
+    input_dir, output_dir, ds: str, settings: Settings = DEFAULTS, run_id: str | None = None, warehouse_file=None
 ) -> BuildSummary:
     """Load, reassemble every shard, publish: `build_loaded` over the night's NightLoad."""
     with NightLoad(input_dir, ds, settings) as load:
-        return build_loaded(load, output_dir, run_id)
+        return build_loaded(load, output_dir, run_id, warehouse_file)
 
 
-def build_loaded(load: NightLoad, output_dir, run_id: str | None = None) -> BuildSummary:
+def build_loaded(load: NightLoad, output_dir, run_id: str | None = None, warehouse_file=None) -> BuildSummary:
     """The night of `load`, end to end, under the output lock (a second build of the same
     output fails at once, OutputBusy, touching nothing). One process holds one warehouse
     connection for the three steps; with `settings.workers` > 1 the shards run that many at
     once in worker processes, which open the warehouse read-only, as Airflow's mapped tasks
     do."""
     settings, ds = load.settings, load.ds
-    warehouse = Warehouse(output_dir, settings.duckdb)
+    warehouse = Warehouse(output_dir, settings.duckdb, warehouse_file)
     parallel = settings.workers > 1 and settings.shards > 1
     with OutputLock(output_dir, ds, "build"):
         started = time.perf_counter()
@@ -186,7 +194,7 @@ def _run_shards_in_workers(warehouse: Warehouse, ds: str, run_id: str, settings:
 
 def report_step(
     warehouse: Warehouse, ds: str | None, nights: int = REPORT_NIGHTS, by: list[str] | None = None
-) -> Path | None:
+) -> str | None:
     """Write the night's capture-quality report and the index, from the warehouse alone."""
     from .audit.report_html import write_reports
 

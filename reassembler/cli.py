@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 
+from . import storage
 from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
 from .producer.config import SynthConfig
 from .settings import (
@@ -86,8 +87,14 @@ def parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, formatter_class=_Help)
 
     b = command("build", "build one night: rows and audit partitions")
-    b.add_argument("--input", required=True, help="input root: rollouts/, ledger/, tokens/ partitioned by ds=")
-    b.add_argument("--output", required=True, help="output root: rows/, audit/, reports/, warehouse.duckdb")
+    b.add_argument(
+        "--input",
+        default=os.environ.get("REASSEMBLER_INPUT"),
+        required=not os.environ.get("REASSEMBLER_INPUT"),
+        help="input root (a folder or s3://bucket/prefix): rollouts/, ledger/, tokens/ partitioned by ds= "
+        "(default: REASSEMBLER_INPUT)",
+    )
+    _output(b, "output root (a folder or s3://bucket/prefix): rows/, audit/, reports/, _published/")
     b.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
     b.add_argument(
         "--mode",
@@ -162,13 +169,13 @@ def parser() -> argparse.ArgumentParser:
     )
 
     e = command("explain", "replay one rollout of a built night step by step")
-    e.add_argument("--output", required=True, help="output root of the build")
+    _output(e, "output root of the build")
     e.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
     e.add_argument("--json", action="store_true", help="print the replay as one JSON object")
     e.add_argument("rollout_id", help="the rollout to replay")
 
     r = command("report", "capture quality across the nights in the warehouse")
-    r.add_argument("--output", required=True, help="output root of the builds")
+    _output(r, "output root of the builds")
     r.add_argument(
         "--html",
         action="store_true",
@@ -184,7 +191,7 @@ def parser() -> argparse.ArgumentParser:
     )
 
     g = command("gate", "check a published night against alert thresholds (exit 5 when breached)")
-    g.add_argument("--output", required=True, help="output root of the builds")
+    _output(g, "output root of the builds")
     g.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
     d = GATE_DEFAULTS
     g.add_argument("--max-mask-rate", type=_rate, default=d.max_mask_rate, help="share of masked rollouts")
@@ -201,6 +208,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _output(p: argparse.ArgumentParser, help: str) -> None:
+    """--output and --warehouse, defaulting to REASSEMBLER_OUTPUT and REASSEMBLER_WAREHOUSE."""
+    env = os.environ.get("REASSEMBLER_OUTPUT")
+    p.add_argument("--output", default=env, required=not env, help=f"{help} (default: REASSEMBLER_OUTPUT)")
+    p.add_argument(
+        "--warehouse",
+        default=os.environ.get("REASSEMBLER_WAREHOUSE"),
+        help="the DuckDB warehouse file, a local path (default: REASSEMBLER_WAREHOUSE, else "
+        "<output>/warehouse.duckdb; required when --output is on object storage)",
+    )
+
+
 def _scaled(span: tuple[int, int], scale: float) -> tuple[int, int]:
     return max(1, int(span[0] * scale)), max(1, int(span[1] * scale))
 
@@ -208,13 +227,15 @@ def _scaled(span: tuple[int, int], scale: float) -> tuple[int, int]:
 def run(args) -> int:
     if args.command == "build":
         from .load.night_load import NightLoad
+        from .warehouse import warehouse_path
 
         settings = Settings.from_cli(args)
+        warehouse = warehouse_path(args.output, args.warehouse)  # a missing --warehouse: said before any work
         # entered before the heavy imports below: the rollout children parse meanwhile
         with NightLoad(args.input, args.ds, settings) as load:
             from .build import build_loaded
 
-            s = build_loaded(load, args.output)
+            s = build_loaded(load, args.output, warehouse_file=warehouse)
         n = s.numbers
         print(
             f"built ds={args.ds} in {s.seconds:.1f}s: {n.audit_rows} rollouts, {n.ok_rollouts} ok, "
@@ -225,7 +246,7 @@ def run(args) -> int:
             print("mask reasons: " + ", ".join(f"{r} {c}" for r, c in n.reasons.items()))
         print(
             f"rows:  {args.output}/rows/ds={args.ds}/\naudit: {args.output}/audit/ds={args.ds}/\n"
-            f"warehouse: {args.output}/warehouse.duckdb (run {s.run_id})"
+            f"manifest: {args.output}/_published/ds={args.ds}.json\nwarehouse: {warehouse} (run {s.run_id})"
         )
     elif args.command == "synth":
         if args.min_calls > args.max_calls or args.min_calls < 5:
@@ -255,27 +276,27 @@ def run(args) -> int:
     elif args.command == "explain":
         from .audit.explain import explain
 
-        replay = explain(args.output, args.ds, args.rollout_id)
+        replay = explain(args.output, args.ds, args.rollout_id, args.warehouse)
         print(json.dumps(replay.to_dict(), indent=2) if args.json else replay.text())
     elif args.command == "report" and args.html:
         from .build import report_step
         from .warehouse import Warehouse
 
         by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
-        page = report_step(Warehouse(args.output), args.ds, nights=args.nights, by=by)
+        page = report_step(Warehouse(args.output, path=args.warehouse), args.ds, nights=args.nights, by=by)
         if page is None:
             raise InputError(f"{args.output}: no published night{' ' + args.ds if args.ds else ''} in the warehouse")
-        print(f"report: {page}\nindex:  {page.parent.parent / 'index.html'}")
+        print(f"report: {page}\nindex:  {storage.join(storage.location(args.output), 'reports', 'index.html')}")
     elif args.command == "report":
         from .audit.report_text import report
 
-        print(report(args.output))
+        print(report(args.output, args.warehouse))
     elif args.command == "gate":
         from .build import gate_step
         from .warehouse import Warehouse
 
         thresholds = Thresholds(args.max_mask_rate, args.max_reason_rate, args.max_mask_rate_rise, args.max_rejects)
-        breaches = gate_step(Warehouse(args.output), args.ds, None, thresholds)
+        breaches = gate_step(Warehouse(args.output, path=args.warehouse), args.ds, None, thresholds)
         if breaches:
             print(
                 f"reassembler: quality gate breached for ds={args.ds}: " + "; ".join(b["message"] for b in breaches),
@@ -314,7 +335,10 @@ def _main(args) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - the one place every error becomes one line
         output = getattr(args, "output", None)
-        known = classify(e, settings, None if output is None else os.path.join(output, "warehouse.duckdb"))
+        named = getattr(args, "warehouse", None) or (
+            output and not output.startswith("s3://") and f"{output}/warehouse.duckdb"
+        )
+        known = classify(e, settings, named)
         if known is None:
             if os.environ.get("REASSEMBLER_DEBUG"):
                 raise

@@ -13,6 +13,7 @@ to change. Nothing here is a data fault of a rollout: those mask the rollout
 | 3    | OutputBusy         | another build holds the output, or the warehouse is locked     |
 | 4    | ResourceExhausted  | out of memory or disk: the message says which limit or path    |
 | 5    |                    | `reassembler gate`: the night breached an alert threshold      |
+| 6    | StoreError         | object storage: unreachable, access denied, or no such bucket  |
 | 70   | (anything else)    | a bug: the message names it; REASSEMBLER_DEBUG=1 shows the trace |
 """
 
@@ -27,6 +28,7 @@ EXIT_USAGE = 2
 EXIT_BUSY = 3
 EXIT_RESOURCES = 4
 EXIT_GATE = 5
+EXIT_STORE = 6
 EXIT_BUG = 70
 
 
@@ -52,6 +54,13 @@ class OutputBusy(ReassemblerError):
     """Another process holds the output (a build) or the warehouse file (any DuckDB client)."""
 
     exit_code = EXIT_BUSY
+
+
+class StoreError(ReassemblerError):
+    """Object storage cannot be used: the endpoint does not answer, the credentials are
+    refused, or the bucket does not exist (storage.py)."""
+
+    exit_code = EXIT_STORE
 
 
 class ResourceExhausted(ReassemblerError):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import duckdb
 
+from . import storage
 from .errors import InputError, OutputBusy
 from .formats.fields import LEDGER, ROLLOUT, ddl
 from .settings import DuckDBSettings
@@ -42,8 +43,30 @@ SQL_DIR = _sql_dir()
 WAREHOUSE_FILE = "warehouse.duckdb"
 
 
-def _spill_root(output_dir: Path, settings: DuckDBSettings) -> Path:
-    return Path(settings.temp_directory or output_dir / "_tmp" / "duckdb")
+def _spill_root(output_dir, settings: DuckDBSettings) -> Path:
+    """Spill folders stay on local disk: under a local output, else in the system's temp folder."""
+    if settings.temp_directory:
+        return Path(settings.temp_directory)
+    if storage.is_remote(output_dir):
+        return Path(tempfile.gettempdir()) / "reassembler" / "duckdb"
+    return Path(storage.location(output_dir)) / "_tmp" / "duckdb"
+
+
+def warehouse_path(output, explicit=None) -> Path:
+    """The warehouse file: `explicit` (--warehouse, REASSEMBLER_WAREHOUSE), else
+    <output>/warehouse.duckdb for a local output. An output on object storage needs it
+    given: DuckDB writes its file on local disk."""
+    explicit = explicit or os.environ.get("REASSEMBLER_WAREHOUSE") or None
+    if explicit:
+        if storage.is_remote(str(explicit)):
+            raise InputError(f"--warehouse {explicit}: the warehouse is a local file; give a local path")
+        return Path(explicit).expanduser().absolute()
+    if storage.is_remote(output):
+        raise InputError(
+            f"--output {output} is on object storage: give the warehouse file's local path with --warehouse "
+            "(or REASSEMBLER_WAREHOUSE)"
+        )
+    return Path(storage.location(output)) / WAREHOUSE_FILE
 
 
 SPILL_MARK = ".reassembler-spill"  # written into every spill folder this job creates
@@ -69,7 +92,7 @@ def clear_dead_spill_folders(output_dir: str | Path, settings: DuckDBSettings) -
     pid and host (a spill folder may be shared with other tools). Shards of other runs may
     be spilling right now: their folders stay."""
     host = socket.gethostname()
-    for folder in _spill_root(Path(output_dir), settings).glob("pid-*@*"):
+    for folder in _spill_root(output_dir, settings).glob("pid-*@*"):
         pid, _, on = folder.name[4:].partition("@")
         if on != host or not pid.isdigit() or folder.is_symlink() or not folder.is_dir():
             continue
@@ -105,7 +128,7 @@ def run_script(con, name: str, params: dict | None = None, **fragments: str) -> 
 
 
 def connect(
-    output_dir: str | Path,
+    output_dir,
     settings: DuckDBSettings = DuckDBSettings(),
     read_only: bool = False,
     database: str | Path | None = None,
@@ -113,14 +136,13 @@ def connect(
     """Open the warehouse. Writers create the schema; readers (`read_only`) never write to the
     output folder (their spill folder is in the system temp folder). Another process holding
     the file is waited for up to `settings.lock_wait_seconds`, then OutputBusy names it."""
-    output_dir = Path(output_dir)
-    path = Path(database) if database is not None else output_dir / WAREHOUSE_FILE
+    path = warehouse_path(output_dir, database)
     if read_only:
         if not path.exists():
             raise InputError(f"{path}: no warehouse here; run `reassembler build` first")
         temp = _spill_folder(Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler-duckdb"))
     else:
-        output_dir.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         # one spill folder per process: shards run at once, each with its own DuckDB instance
         temp = _spill_folder(_spill_root(output_dir, settings))
     config: dict = {
@@ -221,17 +243,14 @@ class Warehouse:
     Inside `held()`, a one-process build's steps share one read-write connection, opened
     once (readers get cursors of it): the file is opened and closed once for the night."""
 
-    def __init__(self, output_dir: str | Path, settings: DuckDBSettings = DuckDBSettings()):
-        self.output_dir, self.settings = Path(output_dir), settings
+    def __init__(self, output_dir, settings: DuckDBSettings = DuckDBSettings(), path=None):
+        self.output_dir, self.settings = storage.location(output_dir), settings
+        self.path = warehouse_path(self.output_dir, path)
         self._held: duckdb.DuckDBPyConnection | None = None
-
-    @property
-    def path(self) -> Path:
-        return self.output_dir / WAREHOUSE_FILE
 
     @contextmanager
     def held(self) -> Iterator[Warehouse]:
-        with connect(self.output_dir, self.settings) as con:
+        with connect(self.output_dir, self.settings, database=self.path) as con:
             self._held = con
             try:
                 yield self
@@ -243,7 +262,7 @@ class Warehouse:
         if self._held is not None:
             yield self._held
             return
-        with connect(self.output_dir, self.settings) as con:
+        with connect(self.output_dir, self.settings, database=self.path) as con:
             yield con
 
     @contextmanager
@@ -252,5 +271,5 @@ class Warehouse:
             with self._held.cursor() as cursor:
                 yield cursor
             return
-        with connect(self.output_dir, self.settings, read_only=True) as con:
+        with connect(self.output_dir, self.settings, read_only=True, database=self.path) as con:
             yield con

@@ -1,3 +1,3 @@
--- A reader snapshot of one small warehouse table (runs, rejects) as Parquet; publish.py
--- writes it to a temporary name and renames it into <output>/tables/.
-COPY (SELECT * FROM {table} ORDER BY ALL) TO '{path}' (FORMAT parquet)
+-- A reader snapshot of one small warehouse table (runs, rejects); publish/protocol.py writes
+-- it to <output>/tables/<table>.parquet in one step.
+SELECT * FROM {table} ORDER BY ALL

@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS ledger (
 
 -- Where each token row of a night sits (file, 0-based row) and which ledger row asks for it
 -- (staging_key), written by the load from the token files' scalar columns
--- (sql/token_files.sql): the shards join calls to it instead of reading the files' keys again.
+-- (load/token_keys.py): the shards join calls to it instead of reading the files' keys again.
 CREATE TABLE IF NOT EXISTS token_rows (
     ds              DATE NOT NULL,
     t_staging_key   VARCHAR,

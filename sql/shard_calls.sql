@@ -1,5 +1,5 @@
 -- Every ledger row of one shard joined with the location of its token rows (file, row
--- number: token_files.sql, or night_token_rows.sql once loaded), in output order then
+-- number: load/token_keys.py, or night_token_rows.sql once loaded), in output order then
 -- capture order. A call without a token row comes once with null t_ columns; a call with
 -- several comes once per token row. $first_group..$last_group narrows it to a slice of the
 -- shard's groups (shard_slices.sql), so that DuckDB sorts one slice at a time;

@@ -37,3 +37,23 @@ def build(tmp_path):
         return Built(out, build_night(inp, out, night.ds, Settings(options=options, shards=shards)))
 
     return run
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3-compatible server on 127.0.0.1 (tests/s3server.py), for the session."""
+    from s3server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3") / "moto.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The S3 server, with this process's AWS environment pointed at it (subprocesses the
+    test starts inherit it)."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    return s3_server

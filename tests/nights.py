@@ -153,3 +153,11 @@ def worked_example_local(night: Night, rollout_id: str = "group_g0", compaction:
     """The worked example captured in NeMo Gym's local mode. Returns its entries."""
     calls, output = worked_calls(compaction)
     return night.add_local(rollout_id, calls, output, delta=delta, **record)
+
+
+def partition_parts(folder) -> dict[str, bytes]:
+    """A published partition's files by shard (`part-<run>-<shard>.parquet` -> <shard>), with
+    their bytes: equal for two runs that wrote the same rows, whatever their run ids."""
+    from pathlib import Path
+
+    return {p.name.rsplit("-", 1)[-1]: p.read_bytes() for p in sorted(Path(folder).glob("part-*.parquet"))}

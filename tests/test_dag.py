@@ -16,6 +16,8 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
+from nights import partition_parts
+
 REPO = Path(__file__).resolve().parents[1]
 _HOME = tempfile.mkdtemp(prefix="airflow-home-")
 os.environ.setdefault("AIRFLOW_HOME", _HOME)
@@ -83,11 +85,10 @@ def test_dag_imports_with_the_expected_shape(pool):
 
 
 def test_operator_execute_reassembles_one_shard(tmp_path, night):
-    from steps import load, publish
-
     from nights import worked_example
     from reassembler.settings import Settings
     from reassembler_airflow.operators import ReassembleOperator
+    from steps import load, publish
 
     worked_example(night, "a_g0", compaction=True, reward=1.0)
     worked_example(night, "b_g0", compaction=False, reward=0.0)
@@ -100,7 +101,7 @@ def test_operator_execute_reassembles_one_shard(tmp_path, night):
     results = [op.execute(context={}) for op in operators]
     assert [op.group_range for op in operators] == ["1 group: a", "1 group: b"]  # the map index label
     assert [(r["shard"], r["rollouts"], r["ok"], r["rows"]) for r in results] == [(0, 1, 1, 2), (1, 1, 1, 1)]
-    staged = out / "_staging" / DS / "test_run"
+    staged = out / "_runs" / f"ds={DS}" / "test_run"
     assert sorted(p.name for p in (staged / "rows").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
     assert not (out / "rows").exists()  # nothing visible before publish
     numbers = publish(inp, out, DS, "test_run")
@@ -165,7 +166,7 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     for rid, e in expected.items():
         assert (audit[rid]["status"], audit[rid]["reason"]) == (e["select"]["status"], e["select"]["reason"]), rid
     rows_dir = out / "rows" / f"ds={DS}"
-    first = {p.name: p.read_bytes() for p in rows_dir.glob("part-*.parquet")}
+    first = partition_parts(rows_dir)
     assert len(first) == 4  # the default of 4 mapped shards
     rows = pq.read_table(rows_dir).to_pylist()
     assert {r["rollout_id"] for r in rows} == {rid for rid, a in audit.items() if a["status"] == "ok"}
@@ -181,7 +182,7 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     relaxed = {"gate_max_mask_rate": None, "gate_max_reason_rate": None, "gate_max_mask_rate_rise": None}
     log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-30", "-c", json.dumps({"ds": DS, **relaxed}))
     assert "state=success" in log
-    assert {p.name: p.read_bytes() for p in rows_dir.glob("part-*.parquet")} == first
+    assert partition_parts(rows_dir) == first
 
     # the same deployment pointed at NeMo Gym 0.7.0's own capture folder, as it is (another night)
     gym = REPO / "tests" / "data" / "gym-0.7.0"

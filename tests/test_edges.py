@@ -18,12 +18,12 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from nights import DS, Night, worked_example
+from nights import DS, Night, partition_parts, worked_example
 from reassembler.errors import ResourceExhausted, classify
 from reassembler.publish.protocol import KINDS
 from reassembler.settings import DuckDBSettings
 
-STEPS = ["journal", "rows_aside", "rows_in", "audit_aside", "audit_in", "warehouse", "manifest"]
+STEPS = ["commit", "manifest", "warehouse", "rows_in", "audit_in"]
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -59,19 +59,37 @@ def night_input(root: Path, extra: bool = False) -> Path:
 
 
 def part_bytes(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    return partition_parts(folder)
 
 
 def reader_view(out: Path) -> dict[str, int | None]:
-    """What a reader globbing <table>/ds=* sees: it must be one complete partition or none."""
+    """What a reader globbing <table>/ds=* sees: it must be one complete partition of one run
+    or none."""
     seen = {}
     for kind in KINDS:
         entries = sorted(p.name for p in (out / kind).iterdir()) if (out / kind).exists() else []
         assert all(re.fullmatch(r"ds=\d{4}-\d{2}-\d{2}", e) for e in entries), (kind, entries)  # nothing else
         part = out / kind / f"ds={DS}"
-        assert all(p.name.startswith("part-") for p in part.iterdir()) if part.exists() else True
+        names = [p.name for p in part.iterdir()] if part.exists() else []
+        assert all(n.startswith("part-") for n in names)
+        assert len({n.rsplit("-", 1)[0] for n in names}) <= 1, names  # the files of one run
         seen[kind] = pq.read_table(part).num_rows if part.exists() else None
     return seen
+
+
+def manifest_view(out: Path) -> dict[str, int] | None:
+    """What a reader following the manifest sees: the rows and audit of the run it names."""
+    path = out / "_published" / f"ds={DS}.json"
+    if not path.exists():
+        return None
+    manifest = json.loads(path.read_text())
+    view = {}
+    for kind in KINDS:
+        tables = [pq.read_table(out / key) for key in manifest["files"][kind]]
+        view[kind] = sum(t.num_rows for t in tables)
+        if kind == "audit":
+            assert {r for t in tables for r in t.column("run_id").to_pylist()} == {manifest["run_id"]}
+    return view
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +108,14 @@ def test_sigkill_at_every_step_of_publish(tmp_path, inputs, step):
     assert build(old, out).returncode == 0
     killed = build(new, out, env={"REASSEMBLER_TEST_KILL_AT": step})
     assert killed.returncode == -signal.SIGKILL
-    view = reader_view(out)
-    assert view["rows"] in (3, 4, None) and view["audit"] in (3, 4, None)
-    if step == "journal":  # decided but nothing moved yet: the old night is still whole
+    view = reader_view(out)  # never absent, never a mix
+    assert view["rows"] in (3, 4) and view["audit"] in (3, 4)
+    # a reader following the manifest: a whole night of one run, the old one until the commit
+    assert manifest_view(out) == ({"rows": 3, "audit": 3} if step == "commit" else {"rows": 4, "audit": 4})
+    if step == "commit":  # not decided: the old night is still whole everywhere
         assert view == {"rows": 3, "audit": 3}
     assert build(new, out).returncode == 0  # recovers, then rebuilds
-    assert reader_view(out) == {"rows": 4, "audit": 4}
+    assert reader_view(out) == {"rows": 4, "audit": 4} == manifest_view(out)
     assert part_bytes(out / "rows" / f"ds={DS}") == clean_rows  # byte-identical rows
     manifest = json.loads((out / "_published" / f"ds={DS}.json").read_text())
     audit_runs = set(pq.read_table(out / "audit" / f"ds={DS}").column("run_id").to_pylist())
@@ -103,22 +123,24 @@ def test_sigkill_at_every_step_of_publish(tmp_path, inputs, step):
         wh_runs = {r for (r,) in con.execute("SELECT DISTINCT run_id FROM audit WHERE ds = ?", [DS]).fetchall()}
         last = con.execute("SELECT run_id FROM runs ORDER BY published_at DESC LIMIT 1").fetchone()[0]
     assert audit_runs == wh_runs == {manifest["run_id"]} == {last}
-    assert not list((out / "_publish").glob("*.json"))
-    assert not (out / "_trash").exists() or not any((out / "_trash").rglob("*.parquet"))
+    for kind in KINDS:  # nothing but the committed files in the partition
+        assert sorted(f"{kind}/ds={DS}/{p.name}" for p in (out / kind / f"ds={DS}").iterdir()) == sorted(
+            manifest["partitions"][kind]
+        )
 
 
 def test_recovery_alone_finishes_an_interrupted_publish(tmp_path, inputs):
-    """A kill between the two tables leaves new rows beside old audit; the next run of any
-    night (here: a load of another ds) rolls the interrupted one forward first."""
+    """A kill after the commit leaves the partitions of the previous run; the next load or
+    publish of the night brings them to the manifest first, and `report` says it waits."""
     old, new, _ = inputs
     out = tmp_path / "out"
     assert build(old, out).returncode == 0
     assert build(new, out, env={"REASSEMBLER_TEST_KILL_AT": "rows_in"}).returncode == -signal.SIGKILL
-    assert reader_view(out) == {"rows": 4, "audit": 3}
-    other = Night(tmp_path / "other", ds="2026-11-27")
-    worked_example(other, "z_g0")
-    assert cli("build", "--input", other.write(), "--output", out, "--ds", "2026-11-27").returncode == 0
-    assert reader_view(out) == {"rows": 4, "audit": 4}
+    assert reader_view(out) == {"rows": 4, "audit": 3}  # rows in; audit not yet
+    assert manifest_view(out) == {"rows": 4, "audit": 4}
+    assert "the publish of ds=2026-11-28 was interrupted" in cli("report", "--output", out).stdout
+    assert cli("build", "--input", old, "--output", out, "--ds", DS, "--max-mask-rate", "0").returncode == 1
+    assert reader_view(out) == {"rows": 4, "audit": 4}  # finished before that build refused its own night
 
 
 def _wait_for_holder(out: Path, timeout: float = 30) -> dict:

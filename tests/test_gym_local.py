@@ -611,6 +611,6 @@ def test_the_reports_show_each_captures_rollouts_and_mask_rate(night, build):
     from reassembler.build import report_step
     from reassembler.warehouse import Warehouse
 
-    page = report_step(Warehouse(built.output), DS).read_text()
+    page = Path(report_step(Warehouse(built.output), DS)).read_text()
     table = page[page.index("Rollouts by capture") :].split("</table>")[0]
     assert '<td>NeMo Gym local mode</td><td class="n">1</td><td class="n">1</td><td class="n">100.0%</td>' in table

@@ -1,14 +1,15 @@
-"""Publishing: whole partitions or nothing, identical reruns, audit checks that refuse."""
+"""Publishing: one commit per night (the manifest), whole partitions, identical reruns,
+audit checks that refuse."""
 
 from __future__ import annotations
 
 import json
-import os
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from nights import DS, worked_example
+from nights import DS, partition_parts, worked_example
 from reassembler.build import build_night
 from reassembler.publish import protocol as publish_module
 from reassembler.publish.protocol import AuditCheckFailed
@@ -32,21 +33,47 @@ def two_groups(night):
     return night.write()
 
 
+def _manifest(out):
+    return json.loads((out / "_published" / f"ds={DS}.json").read_text())
+
+
 def test_rerun_of_the_same_night_publishes_identical_rows(tmp_path, two_groups):
     out = tmp_path / "out"
     first = build_night(two_groups, out, DS)
-    rows1 = _files(out / "rows" / f"ds={DS}")
+    rows1 = partition_parts(out / "rows" / f"ds={DS}")
     second = build_night(two_groups, out, DS, Settings(shards=2))
-    rows2 = _files(out / "rows" / f"ds={DS}")
     assert first.run_id != second.run_id
     t1 = pq.read_table(out / "rows" / f"ds={DS}").to_pylist()
-    assert len(t1) == 3 and set(rows1) == {"part-00000.parquet"}
-    assert set(rows2) == {"part-00000.parquet", "part-00001.parquet"}  # nothing but the partition's files
-    manifest = json.loads((out / "_published" / f"ds={DS}.json").read_text())
-    assert manifest["run_id"] == second.run_id and manifest["n_rows"] == 3
+    assert len(t1) == 3 and set(rows1) == {"00000.parquet"}
+    manifest = _manifest(out)
+    assert manifest["run_id"] == second.run_id and manifest["numbers"]["n_rows"] == 3
+    for kind in ("rows", "audit"):  # the partition holds exactly the files the manifest names, and nothing else
+        listed = sorted(f"{kind}/ds={DS}/{p.name}" for p in (out / kind / f"ds={DS}").iterdir())
+        assert (
+            listed
+            == manifest["partitions"][kind]
+            == [f"{kind}/ds={DS}/part-{second.run_id}-{k:05d}.parquet" for k in (0, 1)]
+        )
+        for key, part in zip(manifest["files"][kind], manifest["partitions"][kind]):  # the same bytes
+            assert (out / key).read_bytes() == (out / part).read_bytes()
+    # the replaced run's files stay readable for the grace period, under its own folder
+    assert (out / first_key(first.run_id)).exists()
     build_night(two_groups, out, DS)
-    assert _parts(_files(out / "rows" / f"ds={DS}")) == _parts(rows1)  # byte for byte
-    assert not (out / "_staging" / DS).exists() or not any((out / "_staging" / DS).iterdir())
+    assert partition_parts(out / "rows" / f"ds={DS}") == rows1  # byte for byte
+    runs = sorted(p.name for p in (out / "_runs" / f"ds={DS}").iterdir())
+    assert runs == sorted([second.run_id, _manifest(out)["run_id"]])  # the first run's files are gone
+
+
+def first_key(run_id: str) -> str:
+    return f"_runs/ds={DS}/{run_id}/rows/part-00000.parquet"
+
+
+def test_runs_beyond_the_grace_period_are_deleted(tmp_path, two_groups, monkeypatch):
+    out = tmp_path / "out"
+    first = build_night(two_groups, out, DS)
+    monkeypatch.setattr(publish_module, "GRACE_SECONDS", 0.0)
+    second = build_night(two_groups, out, DS)
+    assert not (out / first_key(first.run_id)).exists() and (out / first_key(second.run_id)).exists()
 
 
 def test_a_crash_in_a_shard_leaves_the_previous_partition(tmp_path, two_groups, monkeypatch):
@@ -63,29 +90,36 @@ def test_a_crash_in_a_shard_leaves_the_previous_partition(tmp_path, two_groups, 
     assert {k: _files(out / k / f"ds={DS}") for k in ("rows", "audit")} == before
 
 
-def test_a_crash_between_renames_leaves_nothing_half_and_the_next_run_recovers(tmp_path, two_groups, monkeypatch):
+def test_a_failure_after_the_commit_leaves_whole_partitions_and_the_next_run_finishes_it(
+    tmp_path, two_groups, monkeypatch
+):
     out = tmp_path / "out"
-    build_night(two_groups, out, DS)
-    real_rename = os.rename
-    calls = []
+    first = build_night(two_groups, out, DS)
 
-    def flaky(src, dst):
-        calls.append(dst)
-        if len(calls) == 3:  # journal written, old partition moved aside, new one not yet in place
-            raise OSError("disk went away")
-        return real_rename(src, dst)
+    def broken(a, b):
+        raise OSError("disk went away")
 
-    monkeypatch.setattr(publish_module.os, "rename", flaky)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(publish_module, "_exchange", broken)
+    with pytest.raises(OSError, match="disk went away"):
         build_night(two_groups, out, DS)
-    assert not (out / "rows" / f"ds={DS}").exists()  # nothing, rather than a mix
-    assert sorted(p.name for p in (out / "rows").iterdir()) == []  # and nothing beside it
-    assert (out / "_publish" / f"ds={DS}.json").exists()  # the journal says what to finish
-    monkeypatch.setattr(publish_module.os, "rename", real_rename)
-    summary = build_night(two_groups, out, DS)
-    assert summary.numbers.n_rows == 3
-    assert not (out / "_publish" / f"ds={DS}.json").exists()  # the journal is gone
-    assert (not (out / "_trash").exists()) or (not any((out / "_trash").iterdir()))  # and the trash is empty
+    committed = _manifest(out)["run_id"]
+    assert committed != first.run_id  # decided: the manifest names the new run
+    # the partitions are still the first run's, whole (never absent, never a mix)
+    for kind in ("rows", "audit"):
+        assert {p.name for p in (out / kind / f"ds={DS}").iterdir()} == {f"part-{first.run_id}-00000.parquet"}
+    # a reader that follows the manifest reads the new run's files, which are all there
+    for key in _manifest(out)["files"]["rows"] + _manifest(out)["files"]["audit"]:
+        assert pq.read_table(out / key).num_rows > 0
+    monkeypatch.undo()
+    from reassembler.publish.protocol import recover
+    from reassembler.warehouse import connect
+
+    with connect(out) as con:
+        assert recover(con, out) == [DS]  # what every load and publish runs first
+        assert recover(con, out) == []  # and then there is nothing left to do
+    for kind in ("rows", "audit"):
+        assert {p.name for p in (out / kind / f"ds={DS}").iterdir()} == {f"part-{committed}-00000.parquet"}
+    assert set(pq.read_table(out / "audit" / f"ds={DS}").column("run_id").to_pylist()) == {committed}
 
 
 def test_mask_rate_over_the_limit_publishes_nothing_and_says_why(tmp_path, two_groups):
@@ -102,9 +136,8 @@ def test_mask_rate_over_the_limit_publishes_nothing_and_says_why(tmp_path, two_g
 
 def _staged(tmp_path, two_groups):
     """The night loaded and staged by one shard, not published: (output, staging folder)."""
-    from steps import load, shard
-
     from reassembler.publish.protocol import staging_dir
+    from steps import load, shard
 
     out = tmp_path / "out"
     load(two_groups, out, DS, run_id="r")
@@ -115,7 +148,7 @@ def _staged(tmp_path, two_groups):
 def _rewrite(folder, edit):
     import pyarrow as pa
 
-    [path] = sorted(folder.glob("part-*.parquet"))
+    [path] = sorted(Path(folder).glob("part-*.parquet"))
     rows = pq.read_table(path, partitioning=None).to_pylist()
     schema = pq.read_schema(path)
     pq.write_table(pa.Table.from_pylist(edit(rows), schema=schema), path)
@@ -159,7 +192,7 @@ def test_each_audit_invariant_refuses_the_night_and_names_itself(tmp_path, two_g
     out, staging = _staged(tmp_path, two_groups)
     assert _verify(out, staging).audit_rows == 3  # whole, it passes
     kind, edit, named = INVARIANTS[case]
-    _rewrite(staging / kind, edit)
+    _rewrite(Path(staging) / kind, edit)
     with pytest.raises(AuditCheckFailed, match=f"night {DS} not published: .*{named}"):
         _verify(out, staging)
     assert not (out / "rows").exists()

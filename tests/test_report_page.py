@@ -40,7 +40,7 @@ def reports(tmp_path_factory):
         fh.write("{not json\n")  # one rejected line on the last night
     build_night(root / "input", root / "out", NIGHTS[-1])
     page = report_step(Warehouse(root / "out"), NIGHTS[-1])
-    return root / "out", page
+    return root / "out", Path(page)
 
 
 def test_the_report_is_written_small_and_self_contained(reports):

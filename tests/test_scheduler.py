@@ -168,7 +168,7 @@ def test_a_backfill_of_three_nights_runs_while_a_late_night_waits(tmp_path):
             labels
         )
         manifest = json.loads((out / "_published" / f"ds={nights[0]}.json").read_text())
-        assert manifest["rollouts_in"] == 16
+        assert manifest["numbers"]["rollouts_in"] == 16
     finally:
         stop = [sys.executable, str(REPO / "scripts" / "stop_services.py"), "--run-dir", str(home / "services")]
         (home / "services").mkdir(exist_ok=True)

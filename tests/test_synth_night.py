@@ -75,7 +75,7 @@ def test_shards_change_nothing(synth):
     root, _, _ = synth
     one = build_night(root / "input", root / "one", DS, Settings(shards=1))
     three = build_night(root / "input", root / "three", DS, Settings(shards=3, workers=2))  # worker processes
-    assert sorted((root / "three" / "rows" / f"ds={DS}").glob("part-*.parquet"))[2].name == "part-00002.parquet"
+    assert sorted((root / "three" / "rows" / f"ds={DS}").glob("part-*.parquet"))[2].name.endswith("-00002.parquet")
     t1 = pq.read_table(root / "one" / "rows" / f"ds={DS}").to_pylist()
     t3 = pq.read_table(root / "three" / "rows" / f"ds={DS}").to_pylist()
     assert t1 == t3 and one.numbers.n_rows == three.numbers.n_rows

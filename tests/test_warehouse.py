@@ -178,9 +178,8 @@ def test_a_night_loaded_and_not_published_is_held_against_retention(tmp_path):
 def test_publish_refuses_a_night_whose_rollouts_left_the_warehouse_after_the_load(tmp_path):
     """Whatever removed them (a retention of another release, a hand-made DELETE), a staged
     night built from fewer rollouts than the load read is not published."""
-    from steps import load, publish, shard
-
     from reassembler.errors import AuditCheckFailed
+    from steps import load, publish, shard
 
     out = tmp_path / "out"
     n = Night(tmp_path / "n")
@@ -200,9 +199,8 @@ def test_publish_refuses_a_night_whose_rollouts_left_the_warehouse_after_the_loa
 
 
 def test_publish_refuses_a_night_another_run_loaded_again(tmp_path):
-    from steps import load, publish, shard
-
     from reassembler.errors import AuditCheckFailed
+    from steps import load, publish, shard
 
     out = tmp_path / "out"
     n = Night(tmp_path / "n")
@@ -218,9 +216,8 @@ def test_publish_refuses_a_night_another_run_loaded_again(tmp_path):
 
 
 def test_an_empty_staged_night_replaces_nothing_without_allow_empty(tmp_path):
-    from steps import load, publish, shard
-
     from reassembler.errors import AuditCheckFailed
+    from steps import load, publish, shard
 
     out = tmp_path / "out"
     n = Night(tmp_path / "n")

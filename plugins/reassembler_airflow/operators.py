@@ -20,7 +20,7 @@ class ReassembleOperator(BaseOperator):
     """Select, cut and finalize the rollouts of shard `shard` of night `ds`.
 
     Reads the warehouse read-only (several shards run at once) and writes
-    `<output_dir>/_staging/<ds>/<run id, path-safe>/{rows,audit}/part-<shard>.parquet`; nothing is
+    `<output_dir>/_runs/ds=<ds>/<run id, path-safe>/{rows,audit}/part-<shard>.parquet`; nothing is
     visible to readers until the publish task swaps the partitions in. `settings` is the
     DAG's params (or any mapping of `Settings.from_params` names); missing names take the
     core's defaults.

@@ -21,9 +21,10 @@ otherwise). The UI's iframes send the session cookie, so its links work for such
 scripts and styles from this server only, runs no inline script but its own (by hash), and
 opens no connection anywhere (`connect-src 'none'`); only the Airflow UI may frame it.
 
-The output folder is `REASSEMBLER_OUTPUT` (default `data/output` under the repo), the same
-the DAG file reads. Nothing outside `<output>/reports/` is ever served; a path that names
-nothing there, however malformed, is a 404.
+The output is `REASSEMBLER_OUTPUT` (default `data/output` under the repo; a folder or an
+s3:// prefix), the same the DAG file reads; pages are read from its store. Nothing outside
+`<output>/reports/` is ever served; a path that names nothing there, however malformed, is
+a 404.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import base64
 import hashlib
 import html
 import json
+import mimetypes
 import os
 import re
 from collections.abc import Callable
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from reassembler_airflow import DAG_ID
 
@@ -54,8 +56,32 @@ _POLICY = (
 )
 
 
-def output_dir() -> Path:
-    return Path(os.environ.get("REASSEMBLER_OUTPUT", str(REPO / "data" / "output")))
+def output_dir() -> str:
+    """The output's location (a folder or s3://bucket/prefix), as the DAG file reads it."""
+    from reassembler import storage
+
+    return storage.location(os.environ.get("REASSEMBLER_OUTPUT", str(REPO / "data" / "output")))
+
+
+def read_report(output, relative: str) -> bytes | None:
+    """The bytes of `<output>/reports/<relative>` on the output's store, or None when that
+    names nothing there (a malformed path, `..`, a link out of the folder)."""
+    from reassembler import storage
+    from reassembler.errors import ReassemblerError
+
+    parts = relative.split("/")
+    if "\x00" in relative or "\\" in relative or any(p in ("", ".", "..") for p in parts):
+        return None
+    base = storage.join(storage.location(output), "reports")
+    loc = storage.join(base, relative)
+    try:
+        if not storage.is_remote(loc):
+            target = Path(loc).resolve()
+            if not (target.is_relative_to(Path(base).resolve()) and target.is_file()):
+                return None
+        return storage.read_bytes(loc)
+    except (OSError, ValueError, ReassemblerError):  # a name too long, a loop, an unreachable store
+        return None
 
 
 # -- access, as Airflow's own API checks it (imported when a request comes: this module is
@@ -144,13 +170,18 @@ def path_safe(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
 
 
-def _published_by(out: Path, run_id: str) -> tuple[str, str] | None:
+def _published_by(out, run_id: str) -> tuple[str, str] | None:
     """(night, when) this run published, from the runs snapshot (`tables/runs.parquet`)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from reassembler import storage
+    from reassembler.errors import ReassemblerError
+
     try:
-        runs = pq.read_table(out / "tables" / "runs.parquet", columns=["run_id", "ds", "published_at"]).to_pylist()
-    except (OSError, ValueError):
+        data = storage.read_bytes(storage.join(storage.location(out), "tables", "runs.parquet"))
+        runs = pq.read_table(pa.BufferReader(data), columns=["run_id", "ds", "published_at"]).to_pylist()
+    except (OSError, ValueError, ReassemblerError, pa.ArrowException):
         return None
     mine = [r for r in runs if r["run_id"] in (run_id, path_safe(run_id))]  # ids of older releases were made path-safe
     if not mine:
@@ -160,10 +191,15 @@ def _published_by(out: Path, run_id: str) -> tuple[str, str] | None:
     return str(last["ds"]), when
 
 
-def _manifest_run(out: Path, ds: str) -> str | None:
+def _manifest_run(out, ds: str) -> str | None:
+    from reassembler import storage
+    from reassembler.errors import ReassemblerError
+
     try:
-        return json.loads((out / "_published" / f"ds={ds}.json").read_text()).get("run_id")
-    except (OSError, ValueError):
+        return json.loads(storage.read_bytes(storage.join(storage.location(out), "_published", f"ds={ds}.json"))).get(
+            "run_id"
+        )
+    except (OSError, ValueError, ReassemblerError):
         return None
 
 
@@ -197,9 +233,7 @@ def content_security_policy(body: bytes | None) -> str:
     return _POLICY.format(hashes=hashes)
 
 
-def create_app(
-    output: Path | None = None, access: Callable = airflow_dag_read, lookup: Callable | None = None
-) -> FastAPI:
+def create_app(output=None, access: Callable = airflow_dag_read, lookup: Callable | None = None) -> FastAPI:
     """`access`: the dependency every route runs first (Airflow's check; tests pass their
     own); `lookup`: a run's state and night (`airflow_run`, from Airflow's metadata DB)."""
     app = FastAPI(
@@ -210,23 +244,13 @@ def create_app(
         dependencies=[Depends(access)],
     )
 
-    def root() -> Path:
-        return ((output or output_dir()) / "reports").resolve()
-
     def serve(relative: str) -> Response:
-        base = root()
-        try:
-            if "\x00" in relative or "\\" in relative:
-                raise ValueError(relative)
-            target = (base / relative).resolve()
-            found = target.is_relative_to(base) and target.is_file()
-        except (OSError, ValueError):  # a name too long, a NUL byte, a loop
-            found = False
-        if not found:
+        body = read_report(output or output_dir(), relative)
+        if body is None:
             raise HTTPException(status_code=404, detail="no such report")
-        body = target.read_bytes() if target.suffix == ".html" else None
-        response = FileResponse(target)
-        response.headers["Content-Security-Policy"] = content_security_policy(body)
+        kind = mimetypes.guess_type(relative)[0] or "application/octet-stream"
+        response = Response(body, media_type=kind)
+        response.headers["Content-Security-Policy"] = content_security_policy(body if kind == "text/html" else None)
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response
 

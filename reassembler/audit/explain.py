@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+
+import pyarrow as pa
 
 from ..errors import InputError
 from ..formats.fields import CALL, select_list
 from ..formats.night import NightFiles, find_night
 from ..load.gym_capture import derive_again, derived_tokens
-from ..load.read import token_rows_sql
+from ..load.read import token_files
+from ..load.token_keys import KEYS, key_batches
 from ..load.token_store import TokenStore
 from ..reasons import DESCRIPTIONS
 from ..settings import Options
 from ..verify.batch import verify_batch
 from ..verify.calls import calls_from_table
 from ..verify.replay import ledger_line, selection_lines
-from ..warehouse import connect, sql
+from ..warehouse import connect, sql, warehouse_path
 
 CAPTURES = {
     "staged": "staged (ledger rows and token rows)",
@@ -64,18 +66,20 @@ def rerun(con, night: NightFiles, rollout_id: str, options: Options):
     if not rollouts:
         return None, [], None
     derived = rollouts[0].get("capture") in ("local", "rebuilt")  # NeMo Gym's own capture (CONTRACT.md 9)
-    table = (
-        con.cursor()
-        .sql(
-            sql(
-                "shard_calls",
-                tokens=sql("token_empty") if derived else token_rows_sql(night),
-                call_columns=select_list(CALL, "l"),
-            ),
-            params=dict(params, first_group=None, last_group=None),
+    cursor = con.cursor()
+    if not derived:  # the keys of the night's token files as they are now (the token lists unread)
+        files = token_files(night)
+        cursor.register(
+            "explain_tokens", pa.RecordBatchReader.from_batches(KEYS, key_batches(files.locations, files.skip))
         )
-        .to_arrow_table()
-    )
+    table = cursor.sql(
+        sql(
+            "shard_calls",
+            tokens=sql("token_empty") if derived else "SELECT * FROM explain_tokens",
+            call_columns=select_list(CALL, "l"),
+        ),
+        params=dict(params, first_group=None, last_group=None),
+    ).to_arrow_table()
     walk: list[str] = []
     if derived:
         rows, walk = derive_again(night, rollouts[0])
@@ -130,12 +134,12 @@ class Replay:
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
 
-def explain(output_dir, ds: str, rollout_id: str) -> Replay:
-    with connect(output_dir, read_only=True) as con:
+def explain(output_dir, ds: str, rollout_id: str, warehouse=None) -> Replay:
+    with connect(output_dir, read_only=True, database=warehouse) as con:
         published = con.execute(sql("explain_audit"), {"ds": ds, "rollout_id": rollout_id}).fetchone()
         if published is None:
             raise InputError(
-                f"{Path(output_dir) / 'warehouse.duckdb'}: no published audit row for rollout {rollout_id} on ds={ds}"
+                f"{warehouse_path(output_dir, warehouse)}: no published audit row for rollout {rollout_id} on ds={ds}"
             )
         status, reason, detail, failed, advantage, run_id, input_dir, mode, offchain, options = published
         opts = Options(**json.loads(options)) if options else Options()

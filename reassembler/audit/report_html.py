@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import html
 import json
-import os
-import shutil
 from pathlib import Path
 
 import plotly
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from .. import storage
 from ..settings import REPORT_NIGHTS
 from .quality import night_quality, nights_overview
 
@@ -352,28 +351,23 @@ def index_page(q: dict) -> str:
     return _page("Capture quality", body, "plotly.min.js")
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.rename(tmp, path)
+def _write(loc: str, text: str) -> None:
+    storage.write_bytes(loc, text.encode("utf-8"))
 
 
-def _plotly_js(folder: Path) -> None:
+def _plotly_js(folder: str) -> None:
     src = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-    dst = folder / "plotly.min.js"
-    if not dst.exists() or dst.stat().st_size != src.stat().st_size:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".plotly.min.js.{os.getpid()}.tmp"
-        shutil.copyfile(src, tmp)
-        os.rename(tmp, dst)
+    dst = storage.join(folder, "plotly.min.js")
+    if not storage.exists(dst) or storage.size(dst) != src.stat().st_size:
+        storage.write_bytes(dst, src.read_bytes())
 
 
 def write_reports(
-    con, output: str | Path, ds: str | None = None, nights: int = REPORT_NIGHTS, by: list[str] | None = None
-) -> Path | None:
-    """Write the night's page (default: the latest night) and the index; return the page."""
-    folder = Path(output) / "reports"
+    con, output, ds: str | None = None, nights: int = REPORT_NIGHTS, by: list[str] | None = None
+) -> str | None:
+    """Write the night's page (default: the latest night) and the index to the output's
+    store; return the page's location."""
+    folder = storage.join(storage.location(output), "reports")
     if ds is None:
         row = con.execute("SELECT max(ds) FROM runs").fetchone()
         if row[0] is None:
@@ -383,8 +377,8 @@ def write_reports(
     if q["night"] is None:
         return None
     _plotly_js(folder)
-    page = folder / f"ds={ds}" / "index.html"
+    page = storage.join(folder, f"ds={ds}", "index.html")
     _write(page, night_page(q))
-    _write(folder / "data" / f"ds={ds}.json", json.dumps(q, default=str))
-    _write(folder / "index.html", index_page(nights_overview(con)))
+    _write(storage.join(folder, "data", f"ds={ds}.json"), json.dumps(q, default=str))
+    _write(storage.join(folder, "index.html"), index_page(nights_overview(con)))
     return page

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .. import storage
 from ..errors import InputError
 from ..settings import DEFAULTS
 from .fields import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS
@@ -105,7 +106,7 @@ class TokenFile:
     def __init__(self, path: str, bound: int = DEFAULTS.max_row_group_bytes):
         self.path = path
         self.bound = bound
-        self.metadata = pq.read_metadata(path)
+        self.metadata = pq.read_metadata(storage.open_parquet(path))
         names = self.metadata.schema.to_arrow_schema().names
         lp = next(n for n in LOGPROB_NAMES if n in names)  # the contract's name wins
         self.sources = {n: n for n in STRINGS + INTS + DIGESTS if n in names}
@@ -121,7 +122,7 @@ class TokenFile:
         if refused is not None:  # the load made its rows reject rows: no call asks for them
             raise InputError(f"{self.path}: {refused}")
         try:
-            t = pq.ParquetFile(self.path, metadata=self.metadata).read_row_group(
+            t = pq.ParquetFile(storage.open_parquet(self.path), metadata=self.metadata).read_row_group(
                 group, columns=list(dict.fromkeys(self.sources.values()))
             )
         except (pa.ArrowException, OSError) as e:

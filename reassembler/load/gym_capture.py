@@ -25,12 +25,13 @@ from __future__ import annotations
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import storage
 from ..formats.fields import LEDGER
 from ..formats.gym_local import capture_file, parse_state, valid_key
 from ..formats.night import NightFiles
@@ -40,6 +41,7 @@ from ..warehouse import run_script, sql
 from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter
 from .json_lines import DECODER, json_lines, reject
 from .local_capture import CaptureFiles, LocalRollout, TokenRow, read_capture
+from .token_keys import insert_token_keys
 
 CAPTURE_SEQ_BASE = 1 << 40  # calls derived here come after every ledger line
 GIVE_UP_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS (CONTRACT.md 2.1)
@@ -60,9 +62,10 @@ class DerivedTokens:
     """Token rows the load derives, written to one Parquet file in the canonical columns
     (formats/token_file.py), a row group at a time."""
 
-    def __init__(self, folder: Path):
-        self.path = folder / "derived-tokens.parquet"
+    def __init__(self, folder: str):
+        self.path = storage.join(folder, "derived-tokens.parquet")
         self._writer: pq.ParquetWriter | None = None
+        self._sink: Any = None
         self._rows: list[TokenRow] = []
         self.count = 0
 
@@ -79,22 +82,23 @@ class DerivedTokens:
         columns += [pa.nulls(n, f.type) for f in list(FILE_SCHEMA)[1:-3]]  # the custody columns
         table = pa.table(columns + _token_lists(self._rows), schema=FILE_SCHEMA)
         if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._sink = storage.open_output(self.path)
             # scratch, read once by the shards: no compression, dictionary or statistics to make
             self._writer = pq.ParquetWriter(
-                self.path, FILE_SCHEMA, compression="none", use_dictionary=False, write_statistics=False
+                self._sink, FILE_SCHEMA, compression="none", use_dictionary=False, write_statistics=False
             )
         self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
         self.count += n
         self._rows = []
 
-    def close(self) -> Path | None:
+    def close(self) -> str | None:
         """The file, once complete; None when no row was derived."""
         self._flush()
         if self._writer is None:
             return None
         self._writer.close()
-        self._writer = None
+        self._sink.close()
+        self._writer = self._sink = None
         return self.path
 
 
@@ -135,7 +139,7 @@ class GymSummary:
 
 
 class GymCapture:
-    def __init__(self, con, night: NightFiles, rejects: Inserter, scratch: Path | None, max_line_bytes: int):
+    def __init__(self, con, night: NightFiles, rejects: Inserter, scratch: str | None, max_line_bytes: int):
         self.con, self.night, self.rejects, self.max_line_bytes = con, night, rejects, max_line_bytes
         self.summary = GymSummary()
         self.captures: dict[str, CaptureFiles] = {}
@@ -167,7 +171,7 @@ class GymCapture:
     @property
     def tokens(self) -> DerivedTokens:
         if self._tokens is None:
-            folder = self._scratch or Path(tempfile.mkdtemp(prefix="reassembler-capture-"))
+            folder = self._scratch or tempfile.mkdtemp(prefix="reassembler-capture-")
             self._tokens = DerivedTokens(folder)
         return self._tokens
 
@@ -181,7 +185,7 @@ class GymCapture:
         if files is None or files.state is None:
             return False
         try:
-            return parse_state(self.night.path("ledger", files.state).read_bytes())["retired"]
+            return parse_state(storage.read_bytes(self.night.path("ledger", files.state)))["retired"]
         except (OSError, ValueError):
             return False
 
@@ -255,9 +259,7 @@ class GymCapture:
         self.con.unregister("captures")
         path = None if self._tokens is None else self._tokens.close()
         if path is not None:  # the derived rows' keys, as the night's token files' (read.py)
-            listed = "['" + str(path).replace("'", "''") + "']"
-            keys = sql("token_files", files=listed, keep="true")
-            self.con.execute(sql("insert_token_rows", tokens=keys), {"ds": self.night.ds})
+            insert_token_keys(self.con, self.night.ds, [path])
 
     def _local(self, files: CaptureFiles, local: LocalRollout) -> None:
         self.summary.local_rollouts += 1
@@ -379,8 +381,8 @@ def derive_again(night: NightFiles, rollout: dict) -> tuple[dict[str, TokenRow],
     return {r.staging_key: r for r in local.tokens}, local.walk
 
 
-def _line(path: Path, number: int) -> bytes:
-    with open(path, "rb") as fh:
+def _line(path: str, number: int) -> bytes:
+    with storage.open_input(path) as fh:
         for k, raw in enumerate(fh, start=1):
             if k == number:
                 return raw

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
+from .. import storage
 from ..errors import InputError
 from ..formats.items import JsonFloat, UnmarkedFloats
 from ..formats.night import NightFiles
@@ -33,14 +33,14 @@ class LineRange:
     first_line: int
 
 
-def line_ranges(path: Path, cuts: list[int]) -> list[LineRange]:
+def line_ranges(path: str, cuts: list[int]) -> list[LineRange]:
     """The file cut into ranges that start near the byte offsets `cuts` (ascending): each
     cut moves to just after the first newline at or after it (a file with no newline there
     is not cut). Reads the file up to its last cut once, and that span again to count lines."""
-    size = path.stat().st_size
+    size = storage.size(path)
     ranges: list[LineRange] = []
     start, first_line = 0, 1
-    with open(path, "rb") as fh:
+    with storage.open_input(path) as fh:
         for target in cuts:
             if target <= start or target >= size:
                 continue
@@ -96,12 +96,12 @@ class _RolloutDecoder:
 ROLLOUT_DECODER = _RolloutDecoder()
 
 
-def json_lines(path: Path, rel: str, max_bytes: int = MAX_LINE_BYTES, decoder=DECODER, lines: LineRange | None = None):
+def json_lines(path: str, rel: str, max_bytes: int = MAX_LINE_BYTES, decoder=DECODER, lines: LineRange | None = None):
     """(line number, raw bytes, decoded value or the error) of each non-blank line. A line
     longer than `max_bytes` is not decoded: it becomes a reject with its size. `lines`: only
     the lines from byte `start` (a line's first byte, numbered `first_line`) up to byte `end`."""
     try:
-        fh = open(path, "rb")
+        fh = storage.open_input(path)
     except OSError as e:
         raise InputError(f"{rel}: cannot open ({e.strerror})") from e
     with fh:

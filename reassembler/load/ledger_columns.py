@@ -29,13 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from .. import storage
 from ..errors import InputError
 from ..formats.fields import LEDGER, LEDGER_INTS, VERSION_DEFAULTS, ledger_json
 from ..formats.records import rollout_id_from_path
@@ -202,14 +202,14 @@ class Chunk:
 CHUNK_BYTES = 8 << 20
 
 
-def ledger_chunks(files: list[tuple[str, Path]], max_line_bytes: int, in_columns: bool = True) -> Iterator[Chunk]:
+def ledger_chunks(files: list[tuple[str, str]], max_line_bytes: int, in_columns: bool = True) -> Iterator[Chunk]:
     """The files read, scanned and parsed in chunks of about CHUNK_BYTES, in order (pyarrow
     parses a chunk's files at once); `in_columns` False leaves every file to the per-line path."""
     chunk: list[tuple[str, ScannedFile | None]] = []
     size = 0
     for rel, path in files:
         try:
-            data = path.read_bytes()
+            data = storage.read_bytes(path)
         except OSError as e:
             raise InputError(f"{rel}: cannot open ({e.strerror})") from e
         chunk.append((rel, scan_file(rel, data, max_line_bytes) if in_columns else None))

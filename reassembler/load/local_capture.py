@@ -32,12 +32,12 @@ token is looked at in a Python loop.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from .. import storage
 from ..errors import InputError
 from ..formats.gym_local import (
     Entry,
@@ -94,11 +94,11 @@ class _Masked(Exception):
         self.reason, self.detail, self.call_id = reason, detail, call_id
 
 
-def _read(folder: Path, rel: str | None) -> bytes | None:
+def _read(folder: str, rel: str | None) -> bytes | None:
     if rel is None:
         return None
     try:
-        return (folder / rel).read_bytes()
+        return storage.read_bytes(storage.join(folder, rel))
     except OSError as e:
         raise InputError(f"{rel}: cannot read ({e.strerror})") from e
 
@@ -121,7 +121,7 @@ class _Parsed:
     logprobs: np.ndarray
 
 
-def read_capture(folder: Path, files: CaptureFiles) -> LocalRollout:
+def read_capture(folder: str, files: CaptureFiles) -> LocalRollout:
     """The local-mode rollout of `files` (in the ledger partition `folder`)."""
     out = LocalRollout()
     try:
@@ -133,7 +133,7 @@ def read_capture(folder: Path, files: CaptureFiles) -> LocalRollout:
     return out
 
 
-def _rollout_checks(folder: Path, files: CaptureFiles, out: LocalRollout) -> list[_Parsed]:
+def _rollout_checks(folder: str, files: CaptureFiles, out: LocalRollout) -> list[_Parsed]:
     """CONTRACT.md 9.4 items 1-5 (item 6, strict's capture_poisoned, is the shard's)."""
     state = None
     raw_state = _read(folder, files.state)

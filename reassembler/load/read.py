@@ -13,14 +13,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InputError
+from .. import storage
+from ..errors import InputError, StoreError
 from ..formats import token_file
 from ..formats.night import NightFiles
 from ..formats.records import parse_ledger_row
@@ -31,6 +31,7 @@ from .gym_capture import GymCapture, GymSummary
 from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter
 from .json_lines import decode, one_line, read_file_lines
 from .ledger_columns import Chunk, ledger_chunks
+from .token_keys import group_keys, insert_token_keys
 
 # ---------------------------------------------------------------- JSON lines -> warehouse
 
@@ -83,7 +84,7 @@ class LoadSummary:
         return out
 
 
-def _ledger_files(night: NightFiles) -> list[tuple[str, Path]]:
+def _ledger_files(night: NightFiles) -> list[tuple[str, str]]:
     return [(rel, night.path("ledger", rel)) for rel in night.ledger]
 
 
@@ -92,7 +93,7 @@ def load_night(
     night: NightFiles,
     settings: Settings = DEFAULTS,
     background: rollout_lines.InBackground | None = None,
-    scratch: Path | None = None,
+    scratch: str | None = None,
 ) -> LoadSummary:
     """Replace the night `night.ds` in the warehouse, in one transaction: clear it, load the
     token rows' keys, the rollout lines and the ledger lines, then NeMo Gym's own capture
@@ -107,7 +108,7 @@ def load_night(
     con.execute("BEGIN TRANSACTION")
     try:
         run_script(con, "clear_night", {"ds": ds})
-        con.execute(sql("insert_token_rows", tokens=files.sql), {"ds": ds})  # the files' keys, read once
+        insert_token_keys(con, ds, files.locations, files.skip)  # the files' keys, read once
         if files.too_big:
             _reject_too_big(con, night, files)
         tokens = sql("night_token_rows")
@@ -242,18 +243,20 @@ def _insert_columns(con, night: NightFiles, chunk: Chunk, bases: list[int], add,
 
 def _reject_too_big(con, night: NightFiles, files: TokenFiles) -> None:
     """The rows of row groups too big to decode, as reject rows (their calls then find no
-    token row: missing_tokens)."""
-    paths = sorted({path for path, *_ in files.too_big})
-    keys = sql("token_files", files="[" + ", ".join(_sql_string(p) for p in paths) + "]", keep="true")
-    table = pa.table(
-        {name: [b[k] for b in files.too_big] for k, name in enumerate(("file", "first_row", "last_row", "why"))}
-    )
-    con.register("too_big", table)
-    con.execute(
-        sql("too_big_token_rejects", tokens=keys),
-        {"ds": night.ds, "token_dir": str(night.path("tokens", "")).rstrip("/") + "/"},
-    )
-    con.unregister("too_big")
+    token row: missing_tokens): their keys are read, never their token lists."""
+    why = {(loc, group): reason for loc, group, _, _, reason in files.too_big}
+    batches = []
+    for loc in sorted({loc for loc, *_ in files.too_big}):
+        source = storage.open_parquet(loc)
+        file = pq.ParquetFile(source)
+        for (at, group), reason in why.items():
+            if at == loc:
+                first = int(sum(file.metadata.row_group(g).num_rows for g in range(group)))
+                keys = group_keys(file, file.schema_arrow.names, loc, group, first)
+                batches.append(keys.append_column("why", pa.array([reason] * keys.num_rows, pa.string())))
+    con.register("too_big_keys", pa.Table.from_batches(batches))
+    con.execute(sql("too_big_token_rejects"), {"ds": night.ds, "token_dir": _token_dir(night)})
+    con.unregister("too_big_keys")
 
 
 def _reject_orphans(con, night: NightFiles, tokens: str) -> None:
@@ -270,57 +273,51 @@ def _token_dir(night: NightFiles) -> str:
     return str(night.path("tokens", "")).rstrip("/") + "/"
 
 
-# ---------------------------------------------------------------- token Parquet -> SQL
-
-
-def _sql_string(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
+# ---------------------------------------------------------------- token files
 
 
 @dataclass(frozen=True)
 class TokenFiles:
-    """The night's token files, their schemas checked: `sql` selects the keys of their rows
-    (sql/token_files.sql), except the rows of row groups too big to decode (`too_big`:
-    file, first row, last row, why), which the load makes reject rows."""
+    """The night's token files (locations), their schemas checked, and the row groups too
+    big to decode (`too_big`: file, row group, first row, last row, why), which the load
+    makes reject rows instead of reading."""
 
-    sql: str
-    too_big: list[tuple[str, int, int, str]]
+    locations: list[str]
+    too_big: list[tuple[str, int, int, int, str]]
 
     @property
     def n_too_big(self) -> int:
-        return sum(last - first + 1 for _, first, last, _ in self.too_big)
+        return sum(last - first + 1 for _, _, first, last, _ in self.too_big)
+
+    @property
+    def skip(self) -> set[tuple[str, int]]:
+        return {(loc, group) for loc, group, *_ in self.too_big}
 
 
 def token_files(night: NightFiles, bound: int = DEFAULTS.max_row_group_bytes) -> TokenFiles:
     """Check every token file's schema (InputError naming the file), and find the row
     groups that would decode to more than `bound` bytes (formats/token_file.py)."""
-    paths, too_big = [], []
+    locations, too_big = [], []
     for rel in night.tokens:
-        path = night.path("tokens", rel)
+        loc = night.path("tokens", rel)
         try:
-            metadata = pq.read_metadata(path)
+            source = storage.open_parquet(loc)
+            metadata = pq.read_metadata(source)
             schema = metadata.schema.to_arrow_schema()
+        except StoreError:
+            raise
         except Exception as e:  # pyarrow raises several types for a broken footer
+            found = storage.store_error(loc, e)
+            if found is not None:
+                raise found from None
             raise InputError(f"{rel}: unreadable Parquet file ({str(e).splitlines()[0]})") from e
         token_file.check_schema(schema, rel)
-        paths.append(str(path))
+        locations.append(loc)
         first = 0
         for group in range(metadata.num_row_groups):
             n = metadata.row_group(group).num_rows
-            why = token_file.too_big(str(path), metadata, group, bound)
+            why = token_file.too_big(loc, metadata, group, bound)
             if why is not None and n:
-                too_big.append((str(path), first, first + n - 1, why))
+                too_big.append((loc, group, first, first + n - 1, why))
             first += n
-    if not paths:
-        return TokenFiles(sql("token_empty"), [])
-    keep = " OR ".join(
-        f"(filename = {_sql_string(path)} AND file_row_number BETWEEN {a} AND {b})" for path, a, b, _ in too_big
-    )
-    files = "[" + ", ".join(_sql_string(p) for p in paths) + "]"
-    return TokenFiles(sql("token_files", files=files, keep=f"NOT ({keep})" if keep else "true"), too_big)
-
-
-def token_rows_sql(night: NightFiles, bound: int = DEFAULTS.max_row_group_bytes) -> str:
-    """A SELECT of the keys of all the night's token rows that can be read (sql/token_files.sql),
-    after checking every file's schema."""
-    return token_files(night, bound).sql
+    return TokenFiles(locations, too_big)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from .. import storage
 from ..errors import InputError
 from ..formats.night import NightFiles
 from ..formats.records import RecordError, parse_rollout
@@ -80,7 +81,7 @@ def parse_rollouts(
 def split(night: NightFiles, parts: int) -> list[Part]:
     """The night's rollout lines in `parts` runs of about equal bytes, cut between lines
     (fewer when a file has too few lines to cut). Reads the files once."""
-    sizes = [night.path("rollouts", rel).stat().st_size for rel in night.rollouts]
+    sizes = [storage.size(night.path("rollouts", rel)) for rel in night.rollouts]
     targets = [sum(sizes) * k // parts for k in range(1, parts)]
     out: list[Part] = [[] for _ in range(parts)]
     offset = 0
@@ -96,7 +97,7 @@ def rollout_bytes(night: NightFiles) -> int:
     total = 0
     for rel in night.rollouts:
         try:
-            total += night.path("rollouts", rel).stat().st_size
+            total += storage.size(night.path("rollouts", rel))
         except OSError:
             pass  # the parse names the file
     return total
@@ -113,7 +114,7 @@ class _Child:
         self._proc: subprocess.Popen | None
         ranges = None if part is None else [[rel, r.start, r.end, r.first_line] for rel, r in part]
         with tempfile.TemporaryFile(prefix="reassembler-rollouts-") as args:  # a file: no pipe to break
-            what = {"root": str(night.root), "ds": night.ds, "rollouts": night.rollouts, "ranges": ranges}
+            what = {"root": night.root, "ds": night.ds, "rollouts": night.rollouts, "ranges": ranges}
             args.write(json.dumps(dict(what, max_line_bytes=max_line_bytes)).encode())
             args.seek(0)
             self._proc = subprocess.Popen(
@@ -223,9 +224,9 @@ class InBackground:
             child.close()
 
 
-def _line_at(path: Path, lines: LineRange, number: int) -> bytes:
+def _line_at(path: str, lines: LineRange, number: int) -> bytes:
     """Line `number` of a file, inside `lines`."""
-    with open(path, "rb") as fh:
+    with storage.open_input(path) as fh:
         fh.seek(lines.start)
         for _ in range(number - lines.first_line):
             fh.readline()
@@ -302,7 +303,7 @@ def _parse_to(fd: int, night: NightFiles, max_line_bytes: int, part: Part | None
 
 def _child() -> None:
     args = json.loads(sys.stdin.read())
-    night = NightFiles(Path(args["root"]), args["ds"], args["rollouts"], [], [])
+    night = NightFiles(args["root"], args["ds"], args["rollouts"], [], [])
     ranges = args.get("ranges")
     part = None if ranges is None else [(rel, LineRange(a, b, first)) for rel, a, b, first in ranges]
     _parse_to(sys.stdout.fileno(), night, args["max_line_bytes"], part)

@@ -1,59 +1,88 @@
-"""One lock per output folder, taken before anything in it is cleaned or written.
+"""One lock per output, taken before anything in it is cleaned or written.
 
-`<output>/_lock` is held with `flock` by the process that builds (the whole `build`; in the
-DAG, the load and publish tasks for their duration). The kernel releases it when the
-holder dies, so a lock left by a killed process is simply taken over. The file's content
-names the holder (pid, host, ds, command, since when) for the one-line error a second
-build prints. Shards never take it: they only read the warehouse and write their own
-staging folder.
+Locally `<output>/_lock` is held with `flock` by the process that builds (the whole
+`build`; in the DAG, the load and publish tasks for their duration). The kernel releases it
+when the holder dies, so a lock left by a killed process is simply taken over. flock is
+reliable on local disks and on NFSv4; on other shared filesystems, run one writer per
+output (the DAG's pool does).
 
-A note for shared filesystems: flock is reliable on local disks and on NFSv4; on others,
-run one writer per output (the DAG's pool does).
+On object storage `<output>/_lock` is a **lease**: an object written with a conditional
+put (If-None-Match: * to take a free lease, If-Match: <etag> to take over an expired one or
+to renew one's own), naming holder, host, ds, command, since and until when. The holder
+renews it every LEASE_SECONDS / 3 on a thread; a holder that dies leaves it to expire
+after LEASE_SECONDS, and the next build takes it over. Publishing does not rest on the
+lease alone: the manifest's own conditional put decides between two publishers.
+
+Either way the content names the holder for the one-line error a second build prints.
+Shards never take it: they only read the warehouse and write their own run folder.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
+import threading
 import time
+import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 
+from .. import storage
 from ..errors import OutputBusy
 
 LOCK_FILE = "_lock"
+LEASE_SECONDS = float(os.environ.get("REASSEMBLER_LEASE_SECONDS", 120))
+log = logging.getLogger(__name__)
 
 
 class OutputLock:
     """`with OutputLock(output, ds, "build"):` ... Re-entrant within one process."""
 
-    _held: dict[str, int] = {}  # path -> depth, per process
+    _held: dict[str, int] = {}  # location -> depth, per process
 
-    def __init__(self, output: str | Path, ds: str, command: str, wait_seconds: float = 0.0):
-        self.path = Path(output) / LOCK_FILE
+    def __init__(self, output, ds: str, command: str, wait_seconds: float = 0.0):
+        self.output = storage.location(output)
+        self.path = storage.join(self.output, LOCK_FILE)
         self.ds, self.command, self.wait_seconds = ds, command, wait_seconds
         self._fd: int | None = None
+        self._lease: _Lease | None = None
+
+    def _info(self) -> dict:
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "ds": self.ds,
+            "command": self.command,
+            "since": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
 
     def holder(self) -> str:
         try:
-            info = json.loads(self.path.read_text() or "{}")
+            info = json.loads(storage.read_bytes(self.path) or b"{}")
         except (OSError, ValueError):
             info = {}
-        if not info:
-            return "another process"
-        return (
-            f"pid {info.get('pid')} on {info.get('host')} ({info.get('command')} ds={info.get('ds')}) "
-            f"since {info.get('since')}"
-        )
+        return describe(info)
+
+    def busy(self, info: dict | None = None) -> OutputBusy:
+        who = describe(info) if info is not None else self.holder()
+        return OutputBusy(f"{self.output}: output is busy, held by {who}; nothing was touched")
 
     def __enter__(self) -> OutputLock:
-        key = str(self.path.resolve())
-        if self._held.get(key):
-            self._held[key] += 1
+        if self._held.get(self.path):
+            self._held[self.path] += 1
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if storage.is_remote(self.output):
+            self._lease = _Lease(self)
+            self._lease.take()
+        else:
+            self._take_local()
+        self._held[self.path] = 1
+        return self
+
+    def _take_local(self) -> None:
+        os.makedirs(self.output, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.wait_seconds
         while True:
@@ -63,29 +92,98 @@ class OutputLock:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     os.close(fd)
-                    raise OutputBusy(
-                        f"{self.path.parent}: output is busy, held by {self.holder()}; nothing was touched"
-                    ) from None
+                    raise self.busy() from None
                 time.sleep(0.2)
-        info = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "ds": self.ds,
-            "command": self.command,
-            "since": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        os.pwrite(fd, json.dumps(self._info()).encode(), 0)
         self._fd = fd
-        self._held[key] = 1
-        return self
 
     def __exit__(self, *exc) -> None:
-        key = str(self.path.resolve())
-        self._held[key] -= 1
-        if self._held[key] == 0 and self._fd is not None:
-            del self._held[key]
+        self._held[self.path] -= 1
+        if self._held[self.path]:
+            return
+        del self._held[self.path]
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+        elif self._fd is not None:
             os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def describe(info: dict) -> str:
+    if not info:
+        return "another process"
+    until = info.get("until")
+    lease = ""
+    if isinstance(until, (int, float)) and until < 1e11:
+        lease = f", its lease runs until {datetime.fromtimestamp(until, UTC).isoformat(timespec='seconds')}"
+    return (
+        f"pid {info.get('pid')} on {info.get('host')} ({info.get('command')} ds={info.get('ds')}) "
+        f"since {info.get('since')}{lease}"
+    )
+
+
+class _Lease:
+    """The lease object of an output on object storage (the module docstring)."""
+
+    def __init__(self, lock: OutputLock):
+        self.lock = lock
+        self.token = uuid.uuid4().hex
+        self.version: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._guard = threading.Lock()
+
+    def _body(self) -> bytes:
+        info = self.lock._info()
+        info.update(token=self.token, until=time.time() + LEASE_SECONDS)
+        return json.dumps(info).encode()
+
+    def take(self) -> None:
+        deadline = time.monotonic() + self.lock.wait_seconds
+        while True:
+            data, version = storage.read_versioned(self.lock.path)
+            info = _parse(data)
+            if data is None or info.get("until", 0) < time.time():
+                try:
+                    self.version = storage.put_if(self.lock.path, self._body(), version)
+                    break
+                except storage.Conflict:
+                    pass  # another process took it first: look again
+            elif time.monotonic() >= deadline:
+                raise self.lock.busy(info)
+            else:
+                time.sleep(0.5)
+        self._thread = threading.Thread(target=self._renew, name="output-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LEASE_SECONDS / 3):
+            with self._guard:
+                try:
+                    self.version = storage.put_if(self.lock.path, self._body(), self.version)
+                except storage.Conflict:
+                    log.error("%s: the output lease was taken over by another process", self.lock.path)
+                    return
+                except Exception as e:  # noqa: BLE001 - retried at the next renewal
+                    log.warning("%s: renewing the output lease failed (%s)", self.lock.path, e)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._guard:
+            data, version = storage.read_versioned(self.lock.path)
+            if data is not None and _parse(data).get("token") == self.token:
+                storage.delete(self.lock.path)
+
+
+def _parse(data: bytes | None) -> dict:
+    try:
+        info = json.loads(data or b"{}")
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}

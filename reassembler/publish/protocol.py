@@ -1,44 +1,59 @@
-"""Publish a staged night: verify its numbers, then move whole partitions in, with a journal
-so that a crash at any point is rolled forward by the next run.
+"""Publish a staged night: verify its numbers, then commit it with one manifest, written last.
 
-Shards write into `<output>/_staging/<ds>/<run_id>/{rows,audit}/`. `verify_staged` runs
-sql/audit_checks.sql over those files and checks them against the night's load.
-`publish_staged` then, under the output lock:
+The same protocol runs on a local folder and on object storage (storage.py), which has no
+rename. Keys below are relative to the output root.
 
-1. writes the journal `<output>/_publish/ds=<ds>.json` (run id, staging folder, run info)
-   by an atomic rename: from here on the publish is decided and will be finished;
-2. replaces the night's `audit` rows in the warehouse and records the run (one
-   transaction, idempotent): a warehouse that cannot be written stops here, before any
-   partition moves;
-3. for rows, then audit: moves the published partition `<table>/ds=<ds>` out of the table
-   folder into `<output>/_trash/`, then renames the staged folder to `<table>/ds=<ds>`;
-   then refreshes the reader snapshots in `<output>/tables/`;
-4. writes the manifest `<output>/_published/ds=<ds>.json` (run id and numbers);
-5. deletes the journal, then the trash and the staging folder.
+- Shards write the run's files under the run's own folder,
+  `_runs/ds=<ds>/<run>/{rows,audit}/part-<shard>.parquet` (`<run>`: the run id, path-safe).
+  Nothing else ever writes there, and no file is changed once written.
+- `verify_staged` checks the run's numbers against the night's load (sql/audit_checks.sql).
+- `publish_staged`, under the output lock, **commits** the night: it writes the manifest
+  `_published/ds=<ds>.json` in one atomic step, conditional on the manifest it read (a
+  rename decided under a lock file locally; on S3 a put with `If-None-Match: *` for a first
+  publish, `If-Match: <etag>` of the manifest it replaces). Two publishers of one night can
+  never both win; the loser gets OutputBusy and touches nothing of the winner's. The
+  manifest names the run, its numbers, `files` (the run's files: what a trainer reads) and
+  `partitions` (what `rows/ds=<ds>/` and `audit/ds=<ds>/` hold once applied).
+- `apply` then makes everything else follow the manifest, and is idempotent: it replaces
+  the night's audit rows in the warehouse and records the run; makes each partition folder
+  hold exactly the run's files, named `part-<run>-<shard>.parquet` (locally: a folder of
+  hard links swapped in with one `renameat2(RENAME_EXCHANGE)`, so the folder is at every
+  instant one complete run and never absent; on S3: server-side copies, then the other
+  objects deleted); refreshes the reader snapshots `tables/*.parquet`; and deletes the run
+  folders of the night that no manifest needs any more.
 
-Every rename is of a whole folder on one filesystem, so at every instant each
-`<table>/ds=<ds>` is one complete partition of one run, or absent (between the two renames
-of step 3); nothing else ever sits in `rows/` or `audit/`. A crash after step 1 leaves the
-journal: `recover` (run by every build and load before anything else) finishes steps 2-5
-from it, so rows, audit, the warehouse and the manifest all name the same run again. A
-crash before step 1 leaves only a staging folder, which the next load of that ds removes.
+A crash before the commit leaves the previous night as it was (the new run's folder is
+removed by a later build of the night). A crash after it is finished by `recover`, which
+every load and publish runs first: the warehouse, the partitions and the snapshots follow
+the manifest again. A superseded run's files stay readable for `GRACE_SECONDS` after the
+commit that replaced it (they are deleted by the first build of that night after that), so
+a trainer that resolved the previous manifest can finish reading.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import json
 import os
 import re
-import shutil
-import uuid
+import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from datetime import UTC, datetime
 
-from ..errors import AuditCheckFailed
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import storage
+from ..errors import AuditCheckFailed, OutputBusy
 from ..warehouse import run_script, sql
 from .checkpoints import checkpoint
 
 KINDS = ("rows", "audit")
+MANIFEST_VERSION = 1
+# how long a superseded run's files stay after the commit that replaced it
+GRACE_SECONDS = float(os.environ.get("REASSEMBLER_GRACE_SECONDS", 3600))
 __all__ = ["AuditCheckFailed", "NightNumbers", "verify_staged", "publish_staged", "recover", "staging_dir"]
 
 
@@ -62,53 +77,62 @@ class NightNumbers:
 
 
 def path_safe(run_id: str) -> str:
-    """A run id as a folder name: Airflow's run ids hold ':' and '+'."""
+    """A run id as a folder or file name: Airflow's run ids hold ':' and '+'."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
 
 
-def staging_dir(output: Path, ds: str, run_id: str) -> Path:
-    """Where the run stages the night; the run id itself is kept as it is everywhere else
-    (audit rows, the runs table, the manifest)."""
-    return Path(output) / "_staging" / ds / path_safe(run_id)
+def runs_dir(output, ds: str) -> str:
+    return storage.join(output, "_runs", f"ds={ds}")
 
 
-def partition_dir(output: Path, kind: str, ds: str) -> Path:
-    return Path(output) / kind / f"ds={ds}"
+def staging_dir(output, ds: str, run_id: str) -> str:
+    """The run's own folder, where its shards write (a location: storage.py)."""
+    return storage.join(runs_dir(output, ds), path_safe(run_id))
 
 
-def journal_path(output: Path, ds: str) -> Path:
-    return Path(output) / "_publish" / f"ds={ds}.json"
+def partition_dir(output, kind: str, ds: str) -> str:
+    return storage.join(output, kind, f"ds={ds}")
 
 
-def manifest_path(output: Path, ds: str) -> Path:
-    return Path(output) / "_published" / f"ds={ds}.json"
+def manifest_path(output, ds: str) -> str:
+    return storage.join(output, "_published", f"ds={ds}.json")
 
 
-def _files(folder: Path) -> list[str]:
-    return sorted(str(p) for p in folder.glob("part-*.parquet"))
+def _staged_files(staging: str, kind: str) -> list[str]:
+    return [storage.join(staging, kind, rel) for rel in storage.list_files(storage.join(staging, kind), ".parquet")]
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.rename(tmp, path)
+def _read_columns(locations: list[str], columns: list[str], schema: pa.Schema) -> pa.Table:
+    tables = [pq.read_table(storage.open_parquet(loc), columns=columns) for loc in locations]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def _register_staged(con, audit_files: list[str], rows_files: list[str]) -> None:
+    """The run's audit rows (whole: a row per rollout) and its rows' rollout ids, for the
+    checks: DuckDB reads them from Arrow, wherever the files are."""
+    from ..verify.rows import AUDIT_SCHEMA
+
+    con.register("staged_audit", _read_columns(audit_files, AUDIT_SCHEMA.names, AUDIT_SCHEMA))
+    con.register("staged_rows", _read_columns(rows_files, ["rollout_id"], pa.schema([("rollout_id", pa.string())])))
+
+
+def _unregister_staged(con) -> None:
+    con.unregister("staged_audit")
+    con.unregister("staged_rows")
 
 
 def verify_staged(
-    con, staging: Path, ds: str, max_mask_rate: float = 1.0, run_id: str | None = None, allow_empty: bool = False
+    con, staging: str, ds: str, max_mask_rate: float = 1.0, run_id: str | None = None, allow_empty: bool = False
 ) -> NightNumbers:
     """The staged night's numbers, checked against the invariants of CONTRACT.md 3.4 and
     against the night's load (sql/night_load.sql): the rollouts the load read are still in
     the warehouse, and no other run loaded the night since `run_id` did. A staged night of
     no rollout is refused unless `allow_empty`. AuditCheckFailed names every problem."""
-    audit_files, rows_files = _files(staging / "audit"), _files(staging / "rows")
+    staging = str(staging)
+    audit_files, rows_files = _staged_files(staging, "audit"), _staged_files(staging, "rows")
     if not audit_files:
         raise AuditCheckFailed(f"{staging}: no staged audit files (did every shard run?)")
-    loaded_by, n_loaded = con.execute(sql("night_load"), {"ds": ds}).fetchone()
+    [(loaded_by, n_loaded)] = con.execute(sql("night_load"), {"ds": ds}).fetchall()
     if n_loaded is None:
         raise AuditCheckFailed(
             f"night {ds} not published: no load of it is recorded in the warehouse (published by "
@@ -118,9 +142,12 @@ def verify_staged(
         raise AuditCheckFailed(
             f"night {ds} not published: run {loaded_by} loaded it again after run {run_id} did; that run publishes it"
         )
-    params = {"ds": ds, "audit_files": audit_files, "rows_files": rows_files}
-    values = con.execute(sql("audit_checks"), params).fetchone()
-    reasons = dict(con.execute(sql("mask_reasons"), {"audit_files": audit_files}).fetchall())
+    _register_staged(con, audit_files, rows_files)
+    try:
+        [values] = con.execute(sql("audit_checks"), {"ds": ds}).fetchall()
+        reasons = dict(con.execute(sql("mask_reasons")).fetchall())
+    finally:
+        _unregister_staged(con)
     rollouts_in, audit_rows, audit_rollouts, ok_rollouts, n_rows, rollouts_in_rows = values
     numbers = NightNumbers(rollouts_in, audit_rows, audit_rollouts, ok_rollouts, n_rows, rollouts_in_rows, reasons)
     problems = []
@@ -148,89 +175,214 @@ def verify_staged(
     return numbers
 
 
-def publish_staged(
-    con, output: Path, staging: Path, ds: str, run_id: str, numbers: NightNumbers, run_info: dict
-) -> dict[str, Path]:
-    """Steps 1-5 of the module docstring. The caller holds the output lock."""
-    output = Path(output)
-    for kind in KINDS:  # a night without ok rollouts has no rows file: publish an empty folder
-        (staging / kind).mkdir(parents=True, exist_ok=True)
-    journal = {"ds": ds, "run_id": run_id, "staging": str(staging), "numbers": asdict(numbers), "run_info": run_info}
-    _write_atomically(journal_path(output, ds), json.dumps(journal, sort_keys=True))
-    checkpoint("journal")
-    _finish(con, output, journal)
+# ---------------------------------------------------------------- the manifest
+
+
+def read_manifest(output, ds: str) -> tuple[dict | None, str | None]:
+    """The night's committed manifest and its version tag, or (None, None)."""
+    data, version = storage.read_versioned(manifest_path(output, ds))
+    if data is None:
+        return None, None
+    try:
+        manifest = json.loads(data)
+    except ValueError:
+        raise AuditCheckFailed(f"{manifest_path(output, ds)}: not a JSON manifest; move it aside") from None
+    return manifest, version
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def publish_staged(con, output, staging, ds: str, run_id: str, numbers: NightNumbers, run_info: dict) -> dict[str, str]:
+    """Commit the staged run with its manifest, then apply it (the module docstring). The
+    caller holds the output lock; OutputBusy when another publisher committed the night
+    since this one read the manifest."""
+    output, staging = storage.location(output), str(staging)
+    previous, version = read_manifest(output, ds)
+    tag = path_safe(run_id)
+    files = {kind: [storage.relative(output, loc) for loc in _staged_files(staging, kind)] for kind in KINDS}
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "ds": ds,
+        "run_id": run_id,
+        "committed_at": _now(),
+        "files": files,
+        "partitions": {
+            kind: [f"{kind}/ds={ds}/part-{tag}-{storage.name(key)[len('part-') :]}" for key in files[kind]]
+            for kind in KINDS
+        },
+        "replaces": None
+        if previous is None
+        else {"run_id": previous.get("run_id"), "files": previous.get("files", {})},
+        "numbers": asdict(numbers),
+        "run_info": run_info,
+    }
+    checkpoint("commit")
+    try:
+        storage.put_if(manifest_path(output, ds), json.dumps(manifest, indent=1, sort_keys=True).encode(), version)
+    except storage.Conflict:
+        raise OutputBusy(
+            f"{manifest_path(output, ds)}: another run committed night {ds} while this one published; "
+            "its night stands and nothing of it was touched"
+        ) from None
+    checkpoint("manifest")
+    apply(con, output, manifest)
     return {kind: partition_dir(output, kind, ds) for kind in KINDS}
 
 
-def _finish(con, output: Path, journal: dict) -> None:
-    ds, run_id, staging = journal["ds"], journal["run_id"], Path(journal["staging"])
-    # the warehouse first: a warehouse that cannot be written (a damaged file) stops the
-    # publish before any partition moves
+def apply(con, output: str, manifest: dict) -> None:
+    """Make the warehouse, the partitions and the snapshots follow a committed manifest."""
+    ds, run_id = manifest["ds"], manifest["run_id"]
+    audit_files = [storage.join(output, key) for key in manifest["files"]["audit"]]
+    from ..verify.rows import AUDIT_SCHEMA
+
     con.execute("BEGIN TRANSACTION")
-    run_script(con, "publish_audit", {"ds": ds, "audit_files": _files(_audit_folder(output, journal))})
-    run_script(
-        con, "record_run", {"ds": ds, "run_id": run_id, "n_rows": journal["numbers"]["n_rows"], **journal["run_info"]}
-    )
-    con.execute("COMMIT")
+    con.register("staged_audit", _read_columns(audit_files, AUDIT_SCHEMA.names, AUDIT_SCHEMA))
+    try:
+        run_script(con, "publish_audit", {"ds": ds})
+        run_script(
+            con,
+            "record_run",
+            {"ds": ds, "run_id": run_id, "n_rows": manifest["numbers"]["n_rows"], **manifest["run_info"]},
+        )
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        con.unregister("staged_audit")
     checkpoint("warehouse")
-    trash = output / "_trash" / ds
     for kind in KINDS:
-        staged, target = staging / kind, partition_dir(output, kind, ds)
-        if not staged.exists():
-            continue  # moved in before a crash
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            trash.mkdir(parents=True, exist_ok=True)
-            os.rename(target, trash / f"{kind}-{uuid.uuid4().hex}")
-            checkpoint(f"{kind}_aside")
-        os.rename(staged, target)
+        _fill_partition(output, ds, kind, manifest["files"][kind], manifest["partitions"][kind])
         checkpoint(f"{kind}_in")
     export_tables(con, output)
-    _write_atomically(manifest_path(output, ds), json.dumps({"run_id": run_id, **journal["numbers"]}, sort_keys=True))
-    checkpoint("manifest")
-    journal_path(output, ds).unlink()
-    shutil.rmtree(trash, ignore_errors=True)
-    shutil.rmtree(staging, ignore_errors=True)
+    collect_runs(output, ds, manifest)
 
 
-def _audit_folder(output: Path, journal: dict) -> Path:
-    """Where the run's audit files are: still staged, or moved in before a crash."""
-    staged = Path(journal["staging"]) / "audit"
-    return staged if staged.exists() else partition_dir(output, "audit", journal["ds"])
+def _fill_partition(output: str, ds: str, kind: str, sources: list[str], names: list[str]) -> None:
+    """Make `<kind>/ds=<ds>/` hold exactly `names` (keys), copies of `sources` (keys)."""
+    target = partition_dir(output, kind, ds)
+    wanted = dict(zip(names, sources))
+    if storage.is_remote(output):
+        present = {f"{kind}/ds={ds}/{rel}" for rel in storage.list_files(target, "")}
+        for key, source in wanted.items():
+            if key not in present:
+                storage.copy(storage.join(output, source), storage.join(output, key))
+        checkpoint(f"{kind}_copied")
+        for key in sorted(present - wanted.keys()):
+            storage.delete(storage.join(output, key))
+        return
+    present = set(os.listdir(target)) if os.path.isdir(target) else set()
+    if present == {storage.name(k) for k in wanted}:
+        return  # applied before (a recovery, or a retry)
+    fresh = storage.join(output, "_tmp", "publish", f"{kind}-{ds}-{os.getpid()}-{time.time_ns()}")
+    os.makedirs(fresh)
+    for key, source in wanted.items():
+        storage.copy(storage.join(output, source), storage.join(fresh, storage.name(key)))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.isdir(target):
+        _exchange(fresh, target)  # now `fresh` holds the previous files
+        storage.delete_tree(fresh)
+    else:
+        os.rename(fresh, target)
 
 
-def recover(con, output: Path) -> list[str]:
-    """Finish every publish a crash interrupted (roll forward); the ds values finished."""
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: str, b: str) -> None:
+    """Swap two folders in one step (Linux renameat2 RENAME_EXCHANGE)."""
+    if _libc.renameat2(_AT_FDCWD, a.encode(), _AT_FDCWD, b.encode(), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), b)
+        # a filesystem without the exchange: two renames, the folder briefly absent
+        aside = f"{a}.old"
+        os.rename(b, aside)
+        os.rename(a, b)
+        os.rename(aside, a)
+
+
+def collect_runs(output: str, ds: str, manifest: dict | None) -> None:
+    """Delete the run folders of the night no reader needs: all but the committed run's and,
+    for GRACE_SECONDS after its commit, the run it replaced."""
+    keep = set()
+    if manifest is not None:
+        keep.add(path_safe(manifest["run_id"]))
+        replaced = manifest.get("replaces") or {}
+        committed = datetime.fromisoformat(manifest["committed_at"]).timestamp()
+        if replaced.get("run_id") and time.time() - committed < GRACE_SECONDS:
+            keep.add(path_safe(replaced["run_id"]))
+    folder = runs_dir(output, ds)
+    runs = {rel.split("/", 1)[0] for rel in storage.list_files(folder, "", recursive=True)}
+    if not storage.is_remote(folder) and os.path.isdir(folder):
+        runs |= set(os.listdir(folder))
+    for run in sorted(runs - keep):
+        storage.delete_tree(storage.join(folder, run))
+
+
+def recover(con, output, ds: str | None = None) -> list[str]:
+    """Finish the publish of every night (or of `ds`) whose committed manifest the warehouse
+    or the partitions do not follow yet (a crash after the commit); the ds values finished."""
+    output = storage.location(output)
+    nights = [ds] if ds is not None else committed_nights(output)
     done = []
-    for path in sorted((Path(output) / "_publish").glob("ds=*.json")):
-        journal = json.loads(path.read_text())
-        _finish(con, Path(output), journal)
-        done.append(journal["ds"])
+    for night in nights:
+        manifest, _ = read_manifest(output, night)
+        if manifest is None or _applied(con, output, manifest):
+            continue
+        apply(con, output, manifest)
+        done.append(night)
     return done
 
 
-def published_numbers(output: Path, ds: str, run_id: str) -> NightNumbers | None:
+def committed_nights(output) -> list[str]:
+    return [rel[3:-5] for rel in storage.list_files(storage.join(output, "_published"), ".json")]
+
+
+def _applied(con, output: str, manifest: dict) -> bool:
+    ds = manifest["ds"]
+    rows = con.execute(
+        "SELECT run_id FROM runs WHERE ds = CAST($ds AS DATE) ORDER BY published_at DESC LIMIT 1", {"ds": ds}
+    ).fetchall()
+    if not rows or rows[0][0] != manifest["run_id"]:
+        return False
+    for kind in KINDS:
+        present = {f"{kind}/ds={ds}/{rel}" for rel in storage.list_files(partition_dir(output, kind, ds), ".parquet")}
+        if present != set(manifest["partitions"][kind]):
+            return False
+    return True
+
+
+def published_numbers(output, ds: str, run_id: str) -> NightNumbers | None:
     """The numbers of the night as `run_id` published it, if the manifest names that run."""
     try:
-        manifest = json.loads(manifest_path(output, ds).read_text())
-    except (OSError, ValueError):
+        manifest, _ = read_manifest(output, ds)
+    except AuditCheckFailed:
         return None
-    if manifest.get("run_id") != run_id:
+    if manifest is None or manifest.get("run_id") != run_id:
         return None
-    return NightNumbers(**{f: manifest[f] for f in NightNumbers.__dataclass_fields__})
+    return NightNumbers(**manifest["numbers"])
 
 
-def pending(output: Path) -> list[str]:
-    """The ds values whose publish was interrupted and awaits the next build."""
-    return sorted(p.name[3:-5] for p in (Path(output) / "_publish").glob("ds=*.json"))
+def pending(con, output) -> list[str]:
+    """The ds values committed but not yet applied everywhere (finished by the next build)."""
+    output = storage.location(output)
+    waiting = []
+    for ds in committed_nights(output):
+        manifest = read_manifest(output, ds)[0]
+        if manifest is not None and not _applied(con, output, manifest):
+            waiting.append(ds)
+    return waiting
 
 
-def export_tables(con, output: Path) -> None:
+def export_tables(con, output) -> None:
     """Reader snapshots of the warehouse's small tables, `<output>/tables/<table>.parquet`,
-    replaced by an atomic rename, so analysts query them without ever locking the job out."""
-    folder = Path(output) / "tables"
-    folder.mkdir(parents=True, exist_ok=True)
+    each replaced whole in one step, so analysts query them without ever locking the job out."""
     for table in ("runs", "rejects"):
-        tmp = folder / f".{table}.{os.getpid()}.tmp"
-        con.execute(sql("export_table", table=table, path=str(tmp).replace("'", "''")))
-        os.rename(tmp, folder / f"{table}.parquet")
+        data = con.sql(sql("export_table", table=table)).to_arrow_table()
+        sink = pa.BufferOutputStream()
+        pq.write_table(data, sink)
+        storage.write_bytes(storage.join(output, "tables", f"{table}.parquet"), sink.getvalue().to_pybytes())

@@ -19,12 +19,12 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .. import storage
 from ..formats.fields import CALL, select_list
 from ..load.token_store import TokenStore
 from ..settings import Settings
@@ -167,7 +167,7 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
     yield take_rollouts(None), table
 
 
-def run_shard(con, ds: str, shard: int, settings: Settings, run_id: str, staging: Path) -> ShardResult:
+def run_shard(con, ds: str, shard: int, settings: Settings, run_id: str, staging: str) -> ShardResult:
     """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet from
     the loaded night in the warehouse behind `con` (the token rows' files are named there)."""
     params = {"ds": ds, "shard": shard, "rollout_id": None}
@@ -205,13 +205,14 @@ class _Pipeline:
 
     The main thread meanwhile runs the current batch's rollouts, in Python."""
 
-    def __init__(self, staging: Path, shard: int, run_id: str, ds: str):
+    def __init__(self, staging: str, shard: int, run_id: str, ds: str):
         name = f"part-{shard:05d}.parquet"
-        for kind in ("rows", "audit"):
-            (staging / kind).mkdir(parents=True, exist_ok=True)
         self.run_id, self.ds = run_id, ds
-        self.rows_out = pq.ParquetWriter(staging / "rows" / name, ROW_SCHEMA, **ROW_WRITE_OPTIONS)
-        self.audit_out = pq.ParquetWriter(staging / "audit" / name, AUDIT_SCHEMA)
+        # an object appears whole when its stream closes; a local file is written in place
+        # (the run's own folder: nothing reads it before the publish)
+        self.sinks = [storage.open_output(storage.join(staging, kind, name)) for kind in ("rows", "audit")]
+        self.rows_out = pq.ParquetWriter(self.sinks[0], ROW_SCHEMA, **ROW_WRITE_OPTIONS)
+        self.audit_out = pq.ParquetWriter(self.sinks[1], AUDIT_SCHEMA)
         self.reader, self.checks, self.writer = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-{role}")
             for role in ("read", "checks", "write")
@@ -244,6 +245,8 @@ class _Pipeline:
                 pool.shutdown(wait=True, cancel_futures=True)
             self.rows_out.close()
             self.audit_out.close()
+            for sink in self.sinks:
+                sink.close()
 
 
 BATCHES_AHEAD = 2  # batches read and checked ahead of the main thread

@@ -1,0 +1,69 @@
+"""The keys of the night's token rows, read from the token files' key columns only.
+
+Each token file is read a row group at a time, just its `staging_key`, `rollout_id` and
+`model_call_id` columns, through storage.py (a local file or an S3 object, by range): the
+token lists stay unread until a shard needs them. Each key gets where its row sits (file
+location, row number in the file), so a shard reads exactly the rows a batch needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Set
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import storage
+from ..warehouse import sql
+
+KEY_COLUMNS = ("staging_key", "rollout_id", "model_call_id")
+KEYS = pa.schema(
+    [
+        ("t_staging_key", pa.string()),
+        ("t_rollout_id", pa.string()),
+        ("t_model_call_id", pa.string()),
+        ("t_file", pa.string()),
+        ("t_row", pa.int64()),
+    ]
+)
+
+
+def key_batches(locations: Iterable[str], skip: Set[tuple[str, int]] = frozenset()) -> Iterator[pa.RecordBatch]:
+    """A batch of keys per row group of every file, but the row groups in `skip` (file, group)."""
+    for loc in locations:
+        source = storage.open_parquet(loc)
+        try:
+            file = pq.ParquetFile(source)
+            names = file.schema_arrow.names
+            first = 0
+            for group in range(file.metadata.num_row_groups):
+                n = file.metadata.row_group(group).num_rows
+                if n and (loc, group) not in skip:
+                    yield group_keys(file, names, loc, group, first)
+                first += n
+        finally:
+            if not isinstance(source, str):
+                source.close()
+
+
+def group_keys(file: pq.ParquetFile, names: list[str], loc: str, group: int, first: int) -> pa.RecordBatch:
+    """The keys of one row group (`first`: the number of its first row in the file)."""
+    present = [c for c in KEY_COLUMNS if c in names]
+    table = file.read_row_group(group, columns=present)
+    n = table.num_rows
+    columns = [table.column(c).cast(pa.string()) if c in present else pa.nulls(n, pa.string()) for c in KEY_COLUMNS]
+    columns += [pa.array(np.full(n, loc, dtype=object), pa.string()), pa.array(np.arange(first, first + n))]
+    return pa.RecordBatch.from_arrays(
+        [pa.concat_arrays(c.chunks) if isinstance(c, pa.ChunkedArray) else c for c in columns], schema=KEYS
+    )
+
+
+def insert_token_keys(con, ds: str, locations: list[str], skip: Set[tuple[str, int]] = frozenset()) -> None:
+    """Insert the keys of the files' rows into the warehouse's token_rows (streamed)."""
+    reader = pa.RecordBatchReader.from_batches(KEYS, key_batches(locations, skip))
+    con.register("token_keys", reader)
+    try:
+        con.execute(sql("insert_token_rows"), {"ds": ds})
+    finally:
+        con.unregister("token_keys")

@@ -1,0 +1,255 @@
+"""Capture and rows on object storage, against a real S3-compatible server (moto's, started
+on 127.0.0.1 by the `s3` fixture): a night built from and to S3 reads exactly like the local
+build; a kill at every publish step leaves readers who follow the manifest a whole night of
+one run; two publishers never both win; the lease; and every way the store can refuse says
+so in one line. Builds run as the real command in subprocesses, so exit codes, kills and
+messages are real."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from nights import DS
+from reassembler import storage
+from reassembler.errors import OutputBusy
+
+KINDS = ("rows", "audit")
+
+
+def cli(*args, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "reassembler.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def build(inp, out, warehouse, *extra, env: dict | None = None) -> subprocess.CompletedProcess:
+    return cli("build", "--input", inp, "--output", out, "--warehouse", warehouse, "--ds", DS, *extra, env=env)
+
+
+def one_line(res: subprocess.CompletedProcess) -> str:
+    err = res.stderr.strip()
+    assert "Traceback" not in res.stderr and "\n" not in err, res.stderr
+    assert err.startswith("reassembler: error: "), err
+    return err
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory):
+    """Two synthetic nights of every capture shape (staged, lineage, NeMo Gym local mode and
+    rebuilt lines, faults injected), the second larger; and the first built locally."""
+    root = tmp_path_factory.mktemp("nights")
+    for name, rollouts in (("small", 48), ("big", 64)):
+        res = cli("synth", "--output", root / name, "--ds", DS, "--rollouts", rollouts, "--seed", "5")
+        assert res.returncode == 0, res.stderr
+    res = cli("build", "--input", root / "small", "--output", root / "local", "--ds", DS)
+    assert res.returncode == 0, res.stderr
+    return root
+
+
+def _table(folder_or_files) -> pa.Table:
+    if isinstance(folder_or_files, list):
+        return pa.concat_tables([pq.read_table(f) for f in folder_or_files])
+    return pq.read_table(folder_or_files, partitioning=None)
+
+
+def _sorted(table: pa.Table, key: str) -> list[dict]:
+    rows = table.drop_columns([c for c in ("run_id",) if c in table.column_names]).to_pylist()
+    return sorted(rows, key=lambda r: r[key])
+
+
+def test_a_night_from_and_to_s3_reads_exactly_like_the_local_build(s3, nights, tmp_path):
+    inp, out = f"s3://{s3.bucket('capture')}/nightly", f"s3://{s3.bucket('rows')}/nightly"
+    s3.upload(nights / "small", inp)
+    res = build(inp, out, tmp_path / "warehouse.duckdb")
+    assert res.returncode == 0, res.stderr
+    assert f"rows:  {out}/rows/ds={DS}/" in res.stdout
+    s3.download(out, tmp_path / "mirror")
+    local, mirror = nights / "local", tmp_path / "mirror"
+    for kind, key in (("rows", "row_id"), ("audit", "rollout_id")):
+        a, b = _table(local / kind / f"ds={DS}"), _table(mirror / kind / f"ds={DS}")
+        assert a.schema == b.schema and _sorted(a, key) == _sorted(b, key)
+    # rows byte for byte (the rows carry no run id)
+    assert [p.read_bytes() for p in sorted((local / "rows" / f"ds={DS}").iterdir())] == [
+        p.read_bytes() for p in sorted((mirror / "rows" / f"ds={DS}").iterdir())
+    ]
+    manifest = json.loads((mirror / "_published" / f"ds={DS}.json").read_text())
+    keys = s3.keys(out)
+    for kind in KINDS:  # the partition holds exactly the committed files
+        assert [k for k in keys if k.startswith(f"{kind}/")] == sorted(manifest["partitions"][kind])
+        assert all(k in keys for k in manifest["files"][kind])
+    assert "tables/runs.parquet" in keys and "_lock" not in keys
+    # the report and its index are written to the output's store
+    res = cli("report", "--html", "--output", out, "--warehouse", tmp_path / "warehouse.duckdb", "--ds", DS)
+    assert res.returncode == 0, res.stderr
+    assert {f"reports/ds={DS}/index.html", "reports/index.html", "reports/plotly.min.js"} <= set(s3.keys(out))
+
+
+def test_the_quality_ui_serves_reports_from_object_storage(s3, nights, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from reassembler_airflow.quality_ui import create_app
+
+    out = f"s3://{s3.bucket('rows')}/nightly"
+    storage.write_bytes(f"{out}/reports/index.html", b"<!doctype html><title>all nights</title>")
+    client = TestClient(create_app(output=out, access=lambda: None))
+    page = client.get("/")
+    assert page.status_code == 200 and "all nights" in page.text
+    assert page.headers["content-type"].startswith("text/html")
+    assert client.get("/../_published/x.json").status_code == 404
+    assert client.get("/ds=2026-01-01/index.html").status_code == 404
+
+
+def _manifest_view(s3, out: str) -> dict[str, int] | None:
+    """A reader following the manifest on S3: the rows and audit of the run it names."""
+    try:
+        manifest = json.loads(storage.read_bytes(f"{out}/_published/ds={DS}.json"))
+    except FileNotFoundError:
+        return None
+    view = {}
+    for kind in KINDS:
+        tables = [pq.read_table(storage.open_parquet(f"{out}/{key}")) for key in manifest["files"][kind]]
+        view[kind] = sum(t.num_rows for t in tables)
+        if kind == "audit":
+            assert {r for t in tables for r in t.column("run_id").to_pylist()} == {manifest["run_id"]}
+    return view
+
+
+@pytest.mark.parametrize("step", ["commit", "manifest", "warehouse", "rows_copied", "rows_in", "audit_in"])
+def test_a_kill_at_every_publish_step_on_s3(s3, nights, tmp_path, step):
+    inp_small, inp_big = (f"s3://{s3.bucket('capture')}/{n}" for n in ("small", "big"))
+    s3.upload(nights / "small", inp_small)
+    s3.upload(nights / "big", inp_big)
+    out, warehouse = f"s3://{s3.bucket('rows')}/nightly", tmp_path / "warehouse.duckdb"
+    assert build(inp_small, out, warehouse).returncode == 0
+    before = _manifest_view(s3, out)
+    killed = build(inp_big, out, warehouse, env={"REASSEMBLER_TEST_KILL_AT": step, "REASSEMBLER_LEASE_SECONDS": "2"})
+    assert killed.returncode == -signal.SIGKILL
+    after = _manifest_view(s3, out)
+    assert after == before if step == "commit" else after != before  # one whole run, old or new
+    time.sleep(2.5)  # the dead holder's lease (2 s) expires
+    rerun = build(inp_big, out, warehouse)  # and is taken over
+    assert rerun.returncode == 0, rerun.stderr
+    final = _manifest_view(s3, out)
+    manifest = json.loads(storage.read_bytes(f"{out}/_published/ds={DS}.json"))
+    keys = s3.keys(out)
+    for kind in KINDS:  # no stale object of an earlier run among the partition's files
+        assert [k for k in keys if k.startswith(f"{kind}/")] == sorted(manifest["partitions"][kind])
+    rows = pq.read_table(storage.open_parquet(f"{out}/{manifest['partitions']['rows'][0]}"))
+    assert rows.num_rows == final["rows"]
+
+
+def test_two_publishers_of_one_night_never_both_win(s3, nights, tmp_path, monkeypatch):
+    """Two runs staged; the first reads the manifest, then the second commits before the
+    first's conditional put: the first fails OutputBusy and touches nothing of the winner's."""
+    from reassembler.publish import protocol
+    from reassembler.warehouse import connect
+    from steps import load, shard
+
+    inp, out = f"s3://{s3.bucket('capture')}/nightly", f"s3://{s3.bucket('rows')}/nightly"
+    s3.upload(nights / "small", inp)
+    monkeypatch.setenv("REASSEMBLER_WAREHOUSE", str(tmp_path / "warehouse.duckdb"))
+    staged = {}
+    for run in ("first", "second"):
+        load(inp, out, DS, run_id=run)
+        shard(out, DS, 0, run)
+        with connect(out, read_only=True) as con:
+            staged[run] = protocol.verify_staged(con, protocol.staging_dir(out, DS, run), DS, run_id=run)
+    real_put = storage.put_if
+    raced = threading.Event()
+
+    def second_commits_first(loc, data, version):
+        if not raced.is_set() and loc.endswith(".json"):
+            raced.set()
+            with connect(out) as con:  # the other publisher, meanwhile
+                protocol.publish_staged(
+                    con, out, protocol.staging_dir(out, DS, "second"), DS, "second", staged["second"], _info()
+                )
+        return real_put(loc, data, version)
+
+    monkeypatch.setattr(storage, "put_if", second_commits_first)
+    with connect(out) as con, pytest.raises(OutputBusy, match="another run committed night"):
+        protocol.publish_staged(con, out, protocol.staging_dir(out, DS, "first"), DS, "first", staged["first"], _info())
+    manifest = json.loads(storage.read_bytes(f"{out}/_published/ds={DS}.json"))
+    assert manifest["run_id"] == "second"
+    keys = s3.keys(out)
+    assert [k for k in keys if k.startswith("rows/")] == manifest["partitions"]["rows"]
+    assert all(k in keys for k in manifest["files"]["rows"] + manifest["files"]["audit"])
+
+
+def _info() -> dict:
+    return {"input_dir": "x", "mode": "select", "offchain": "selected", "options": "{}", "seconds": 0.0}
+
+
+def test_the_conditional_put_itself(s3):
+    loc = f"s3://{s3.bucket()}/m.json"
+    first = storage.put_if(loc, b"1", None)
+    with pytest.raises(storage.Conflict):
+        storage.put_if(loc, b"2", None)  # If-None-Match: * on an existing object
+    second = storage.put_if(loc, b"3", first)
+    with pytest.raises(storage.Conflict):
+        storage.put_if(loc, b"4", first)  # If-Match of a replaced version
+    assert storage.read_versioned(loc) == (b"3", second)
+
+
+def test_a_held_lease_makes_a_second_build_fail_naming_its_holder(s3, nights, tmp_path):
+    inp, out = f"s3://{s3.bucket('capture')}/nightly", f"s3://{s3.bucket('rows')}/nightly"
+    s3.upload(nights / "small", inp)
+    storage.put_if(
+        f"{out}/_lock",
+        json.dumps(
+            {"pid": 4242, "host": "elsewhere", "ds": DS, "command": "build", "since": "now", "until": 4e9}
+        ).encode(),
+        None,
+    )
+    res = build(inp, out, tmp_path / "w.duckdb")
+    assert res.returncode == 3
+    assert "output is busy, held by pid 4242 on elsewhere (build ds=2026-11-28)" in one_line(res)
+    expired = json.dumps({"pid": 4242, "host": "elsewhere", "ds": DS, "until": 1.0}).encode()
+    storage.write_bytes(f"{out}/_lock", expired)  # its holder died long ago: taken over
+    assert build(inp, out, tmp_path / "w.duckdb").returncode == 0
+    assert "_lock" not in s3.keys(out)  # released
+
+
+def test_the_warehouse_is_required_for_an_output_on_s3(s3, nights):
+    res = cli("build", "--input", nights / "small", "--output", "s3://rows/x", "--ds", DS)
+    assert res.returncode == 2
+    assert "is on object storage: give the warehouse file's local path with --warehouse" in one_line(res)
+
+
+@pytest.mark.parametrize("case", ["missing bucket", "wrong credentials", "unreachable endpoint", "missing prefix"])
+def test_the_store_refusing_is_one_line_and_an_exit_code(s3, nights, tmp_path, case, request):
+    bucket = s3.bucket("capture")
+    s3.upload(nights / "small", f"s3://{bucket}/nightly")
+    inp, env = f"s3://{bucket}/nightly", {}
+    if case == "missing bucket":
+        inp, code, said = "s3://no-such-bucket-here/nightly", 6, "bucket no-such-bucket-here does not exist"
+    elif case == "wrong credentials":  # a second server that checks every request's credentials
+        from s3server import S3Server
+
+        strict = S3Server(tmp_path / "strict.log", authenticate=True)
+        request.addfinalizer(strict.stop)
+        env, code, said = {"AWS_ENDPOINT_URL": strict.endpoint, "AWS_SECRET_ACCESS_KEY": "wrong"}, 6, "access denied"
+    elif case == "unreachable endpoint":
+        env, code, said = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, 6, "cannot reach the object store"
+    else:
+        inp, code, said = f"s3://{bucket}/elsewhere", 2, "input partition folder is missing"
+    if case == "wrong credentials":
+        env["AWS_ACCESS_KEY_ID"] = "AKIAWRONG"
+    res = build(inp, f"s3://{s3.bucket('rows')}/nightly", tmp_path / "w.duckdb", env=env)
+    assert res.returncode == code, res.stderr
+    assert said in one_line(res)
+    assert "s3:/" + bucket not in res.stderr  # a URI is never turned into a path
