@@ -397,7 +397,7 @@ def list_files(
     folder: str, suffix: str | tuple[str, ...], recursive: bool = False, exclude: str | None = None
 ) -> list[str]:
     """Files ending in `suffix` under `folder` (and its subfolders when `recursive`), as
-    sorted relative paths (none when the folder does not exist). Locally, symbolic links are followed; a dangling link, an
+    sorted relative paths (none when the folder does not exist). Locally, links are followed; a dangling link, an
     unreadable entry, a link loop, or anything but a file or folder (a named pipe, a socket,
     a device: reading it could block) is an InputError naming it: nothing is skipped
     silently."""
