@@ -84,3 +84,45 @@ def test_runs_are_recorded_under_their_own_ids(tmp_path):
     assert set(pq.read_table(out / "audit" / "ds=2026-11-28").column("run_id").to_pylist()) == {run_id}
     assert json.loads((out / "_published" / "ds=2026-11-28.json").read_text())["run_id"] == run_id
     assert duckdb.sql(f"SELECT run_id FROM '{out}/tables/runs.parquet'").fetchall() == [(run_id,)]
+
+
+# ---------------------------------------------------------------- readers that follow the manifest
+
+
+def manifest_snippets() -> list[str]:
+    section = README.read_text().split("## Reading exactly the committed night", 1)[1].split("\n## ", 1)[0]
+    found = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    assert len(found) == 5, "the README resolves the manifest once, then one snippet per reader"
+    return found
+
+
+READERS = ["pyarrow", "duckdb", "polars", "datasets"]
+
+
+def _rows_of(rows) -> list[str]:
+    if hasattr(rows, "features"):  # datasets
+        return sorted(rows["row_id"])
+    if hasattr(rows, "get_column"):  # polars
+        return sorted(rows.get_column("row_id").to_list())
+    return sorted(rows.column("row_id").to_pylist())
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+@pytest.mark.parametrize("reader", READERS)
+def test_each_reader_follows_the_manifest_to_exactly_the_committed_night(output, request, store, reader):
+    import json
+
+    out = str(output)
+    if store == "s3":
+        s3 = request.getfixturevalue("s3")
+        out = f"s3://{s3.bucket('rows')}/nightly"
+        s3.upload(output, out)
+    setup, *per_reader = manifest_snippets()
+    namespace = {"OUTPUT": out, "DS": NIGHTS[1]}
+    exec(setup, namespace)
+    exec(per_reader[READERS.index(reader)], namespace)
+    manifest = json.loads((output / "_published" / f"ds={NIGHTS[1]}.json").read_text())
+    expected = sorted(
+        r for key in manifest["files"]["rows"] for r in pq.read_table(output / key).column("row_id").to_pylist()
+    )
+    assert _rows_of(namespace["rows"]) == expected and expected
