@@ -16,7 +16,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from nights import partition_parts
+from nights import DS, Night, partition_parts
 
 REPO = Path(__file__).resolve().parents[1]
 _HOME = tempfile.mkdtemp(prefix="airflow-home-")
@@ -24,8 +24,6 @@ os.environ.setdefault("AIRFLOW_HOME", _HOME)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-
-DS = "2026-11-28"
 
 
 @pytest.fixture(params=[None, "reassembler_warehouse"])
@@ -394,3 +392,42 @@ def test_shard_labels_read_in_the_order_people_expect():
     assert group_label(["007", "8"]) == "2 groups: 007 .. 8"  # not plain numbers: as text
     assert group_label([str(n) for n in range(0, 40, 2)]) == "20 groups: 0, 2, 4, 6, 8, 10, ... (14 more ranges)"
     assert group_label([]) == "no groups" and group_label(["3"]) == "1 group: 3"
+
+
+@pytest.mark.timeout(600)
+def test_the_dag_builds_a_night_from_and_to_object_storage(tmp_path, s3):
+    """REASSEMBLER_INPUT / _OUTPUT on S3 (moto's server), the warehouse a local file: the DAG
+    publishes what a local build publishes, the report lands on the store, and the rows
+    Asset's URI is the output's."""
+    from nights import worked_example
+    from reassembler.build import build_night
+
+    n = Night(tmp_path / "night")
+    worked_example(n, "a_g0", compaction=True, reward=1.0)
+    worked_example(n, "a_g1", compaction=False, reward=0.0)
+    worked_example(n, "b_g0", compaction=False, reward=0.3, failure_reason="timeout")
+    local_in = n.write()
+    inp, out = f"s3://{s3.bucket('capture')}/nightly", f"s3://{s3.bucket('rows')}/nightly"
+    s3.upload(local_in, inp)
+    home = tmp_path / "airflow"
+    home.mkdir()
+    env = _airflow_env(home, inp, out)
+    env.update(s3.env, REASSEMBLER_WAREHOUSE=str(tmp_path / "warehouse.duckdb"))
+    _airflow(env, "db", "migrate")
+    relaxed = {"ds": DS, "gate_max_mask_rate": None, "gate_max_reason_rate": None}
+    log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-29", "-c", json.dumps(relaxed))
+    assert "state=success" in log
+    build_night(local_in, tmp_path / "local", DS)
+    s3.download(out, tmp_path / "mirror")
+    for kind in ("rows", "audit"):
+        a = pq.read_table(tmp_path / "local" / kind / f"ds={DS}", partitioning=None).drop_columns(
+            [c for c in ("run_id",) if kind == "audit"]
+        )
+        b = pq.read_table(tmp_path / "mirror" / kind / f"ds={DS}", partitioning=None).drop_columns(
+            [c for c in ("run_id",) if kind == "audit"]
+        )
+        assert sorted(a.to_pylist(), key=str) == sorted(b.to_pylist(), key=str)
+    assert (tmp_path / "mirror" / "reports" / f"ds={DS}" / "index.html").exists()
+    with sqlite3.connect(home / "airflow.db") as db:
+        [(uri,)] = db.execute("SELECT uri FROM asset WHERE name = 'capture_rows'").fetchall()
+    assert uri == f"{out}/rows"

@@ -4,6 +4,7 @@ audit checks that refuse."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -203,3 +204,39 @@ def test_the_mask_rate_limit_is_exclusive(tmp_path, two_groups):
     assert _verify(out, staging, max_mask_rate=1 / 3).masked == 1  # at the limit: published
     with pytest.raises(AuditCheckFailed, match=r"mask rate 0.333 \(1/3\) above the limit 0.330"):
         _verify(out, staging, max_mask_rate=0.33)
+
+
+def test_a_local_partition_is_one_whole_run_at_every_instant(tmp_path, two_groups):
+    """A reader listing rows/ds=<ds>/ over and over while the night is published again and
+    again: the folder is always there, and always holds all the files of exactly one run."""
+    import threading
+
+    out = tmp_path / "out"
+    build_night(two_groups, out, DS)
+    part = out / "rows" / f"ds={DS}"
+    stop, seen, problems = threading.Event(), {}, []
+
+    def watch():
+        while not stop.is_set():
+            try:
+                names = os.listdir(part)
+            except FileNotFoundError:
+                problems.append("the partition was absent")
+                continue
+            runs = {n.rsplit("-", 1)[0] for n in names}
+            if len(runs) != 1:
+                problems.append(f"files of {len(runs)} runs: {names}")
+                continue
+            seen.setdefault(runs.pop(), set()).add(len(names))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for shards in (2, 3, 2, 3, 2, 3):
+            build_night(two_groups, out, DS, Settings(shards=shards))
+    finally:
+        stop.set()
+        watcher.join()
+    assert not problems, problems[:3]
+    assert len(seen) >= 2  # it saw the night replaced
+    assert all(len(counts) == 1 for counts in seen.values()), seen  # each run's files all there, or none
