@@ -29,6 +29,7 @@ from .publish.checkpoints import checkpoint
 from .publish.lock import OutputLock
 from .publish.protocol import (
     NightNumbers,
+    clear_legacy,
     collect_runs,
     publish_staged,
     published_numbers,
@@ -81,6 +82,7 @@ def load_step(load: NightLoad, warehouse: Warehouse, run_id: str | None = None, 
         if finished:
             log.warning("finished the interrupted publish of %s", ", ".join(finished))
         collect_runs(output, ds, read_manifest(output, ds)[0])  # earlier failed runs, superseded ones
+        clear_legacy(output, ds)
         clear_dead_spill_folders(output, settings.duckdb)
         with _step_memory():
             summary = load.into(con, staging_dir(output, ds, run_id or new_run_id(ds)))

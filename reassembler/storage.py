@@ -12,8 +12,6 @@ S3-compatible server; path-style addressing is used, as those servers need),
 `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_DEFAULT_REGION`
 (default us-east-1). An unreachable endpoint, refused credentials or a missing bucket is a
 StoreError: one line, exit code 6.
-
-Bytes read from object storage are counted per process (`bytes_read()`), for the benchmark.
 """
 
 from __future__ import annotations
@@ -195,8 +193,8 @@ def _raise_store(loc: str, exc: BaseException):
 # ---------------------------------------------------------------- reading
 
 
-class _Counted(io.RawIOBase):
-    """A pyarrow input file as a Python raw stream, counting the bytes read."""
+class _RawObject(io.RawIOBase):
+    """A pyarrow input file (an object read by ranges) as a Python raw stream."""
 
     def __init__(self, native, loc: str):
         self._f, self._loc = native, loc
@@ -214,8 +212,15 @@ class _Counted(io.RawIOBase):
             _raise_store(self._loc, e)
         n = len(data)
         buffer[:n] = data
-        _count(n)
         return n
+
+    def readall(self) -> bytes:
+        """The rest of the object in one request (io's default reads 8 KiB at a time)."""
+        try:
+            data = self._f.read()
+        except OSError as e:
+            _raise_store(self._loc, e)
+        return data
 
     def seek(self, offset: int, whence: int = 0) -> int:
         return self._f.seek(offset, whence)
@@ -226,21 +231,6 @@ class _Counted(io.RawIOBase):
     def close(self) -> None:
         self._f.close()
         super().close()
-
-
-_read_lock = threading.Lock()
-_bytes_read = 0
-
-
-def _count(n: int) -> None:
-    global _bytes_read
-    with _read_lock:
-        _bytes_read += n
-
-
-def bytes_read() -> int:
-    """Bytes this process read from object storage so far."""
-    return _bytes_read
 
 
 def open_input(loc: str, buffer_size: int = 1 << 20):
@@ -254,61 +244,19 @@ def open_input(loc: str, buffer_size: int = 1 << 20):
         native = filesystem.open_input_file(path)
     except OSError as e:
         _missing_or_store(loc, e)
-    return io.BufferedReader(_Counted(native, loc), buffer_size=buffer_size)
+    return io.BufferedReader(_RawObject(native, loc), buffer_size=buffer_size)
 
 
 def open_parquet(loc: str):
-    """A random-access file for pyarrow.parquet (ranges of an object, counted)."""
+    """What pyarrow.parquet reads `loc` from: a local path, or an object read by ranges (an
+    open object is for one thread at a time)."""
     if not is_remote(loc):
         return loc
     filesystem, path = _filesystem(loc)
     try:
-        native = filesystem.open_input_file(path)
+        return filesystem.open_input_file(path)
     except OSError as e:
         _missing_or_store(loc, e)
-    return _CountedNative(native)
-
-
-class _CountedNative:
-    """pyarrow's S3 input file, counting the bytes pyarrow.parquet reads through it."""
-
-    def __init__(self, native):
-        self._f = native
-
-    def __getattr__(self, attr):
-        return getattr(self._f, attr)
-
-    def read(self, nbytes=None):
-        data = self._f.read(nbytes)
-        _count(len(data))
-        return data
-
-    def read_at(self, nbytes, offset):
-        data = self._f.read_at(nbytes, offset)
-        _count(len(data))
-        return data
-
-    def seek(self, *a):
-        return self._f.seek(*a)
-
-    def tell(self):
-        return self._f.tell()
-
-    def size(self):
-        return self._f.size()
-
-    def close(self):
-        self._f.close()
-
-    @property
-    def closed(self):
-        return self._f.closed
-
-    def seekable(self):
-        return True
-
-    def readable(self):
-        return True
 
 
 def _missing_or_store(loc: str, exc: OSError):
@@ -318,8 +266,56 @@ def _missing_or_store(loc: str, exc: OSError):
 
 
 def read_bytes(loc: str) -> bytes:
-    with open_input(loc) as fh:
-        return fh.read()
+    """The whole file (an object in one GET)."""
+    if not is_remote(loc):
+        with open(loc, "rb") as fh:
+            return fh.read()
+    bucket, key = _split(loc)
+    client = _s3_client(_environment())
+    try:  # one GET (pyarrow's streams ask for the size first: a HEAD more per file)
+        data = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except client.exceptions.NoSuchKey:
+        raise FileNotFoundError(errno.ENOENT, "No such file", loc) from None
+    except Exception as e:  # noqa: BLE001
+        _raise_store(loc, e)
+    return data
+
+
+def read_many(locations: list[str], window_bytes: int = 64 << 20, threads: int = 16):
+    """(location, bytes or the OSError) of each file, in order. On object storage the next
+    files are fetched on `threads` threads while the caller works, at most `window_bytes`
+    (or `threads` files) ahead: a night of thousands of small capture files would otherwise
+    wait one round trip per file. Locally they are read one after the other."""
+    if not any(is_remote(loc) for loc in locations):
+        for loc in locations:
+            try:
+                yield loc, read_bytes(loc)
+            except OSError as e:
+                yield loc, e
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    def fetch(loc: str):
+        try:
+            return read_bytes(loc)
+        except OSError as e:
+            return e
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-read") as pool:
+        ahead: deque = deque()
+        pending = iter(locations)
+        held = 0
+        while True:
+            while len(ahead) < threads and held < window_bytes and (nxt := next(pending, None)) is not None:
+                ahead.append((nxt, pool.submit(fetch, nxt)))
+            if not ahead:
+                return
+            loc, future = ahead.popleft()
+            data = future.result()
+            # what the threads fetched and the caller has not taken yet
+            held = sum(len(r) for _, f in ahead if f.done() and isinstance(r := f.result(), bytes))
+            yield loc, data
 
 
 def read_text(loc: str) -> str:

@@ -19,10 +19,13 @@ as CPU seconds (the whole process, and its main thread alone):
            `reassembler build` command in a fresh process (goal: this build >= 2x its tokens/s);
            the revision is taken from this clone's git history, skipped when it is not there
 
-Also times the capture-quality report over 30 nights of 10,000 rollouts each.
+Also times the capture-quality report over 30 nights of 10,000 rollouts each, NeMo Gym's
+local capture mode against its staged capture (`--local-only`), and the night built from and
+to a local S3-compatible server against the local build (`--s3-only`: wall and CPU ratios,
+peak RSS, bytes read from the store over the token files' size).
 
 Usage: python scripts/benchmark.py [--tokens 10e6] [--rounds 3] [--workdir bench-out] [--workers 2]
-                                  [--reuse] [--against REV]
+                                  [--reuse] [--against REV] [--local-only | --s3-only]
        python scripts/benchmark.py --report-only
 """
 
@@ -87,8 +90,10 @@ for f in sorted(tokens.glob("*.parquet")):
 
 def run(body: str, *args: str) -> dict:
     res = subprocess.run(
-        [sys.executable, "-c", MEASURE.format(body=body), *map(str, args)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", MEASURE.format(body=body), *map(str, args)], capture_output=True, text=True
     )
+    if res.returncode != 0:
+        raise SystemExit(f"a measured run failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
     m = json.loads(res.stdout.strip().splitlines()[-1])
     m["cpu"] += m["child_cpu"]  # worker processes, when there are any
     return m
@@ -299,6 +304,79 @@ def local_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
     print(f"             local / staged, CPU       = {lc / sc:.2f}   per round, wall {paired(b, a, 'wall')}")
 
 
+S3_BUILD = """
+from reassembler.cli import entry
+inp, out, ds, memory, warehouse = sys.argv[1:6]
+rc = entry(["build", "--input", inp, "--output", out, "--ds", ds, "--memory-limit", memory, "--warehouse", warehouse])
+assert rc == 0, rc
+"""
+
+
+def s3_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str, latency_ms: float = 0.0) -> None:
+    """The bench night built from and to a local S3-compatible server (moto's, on 127.0.0.1)
+    beside the local build, interleaved (issue 25's goals: S3 within 1.5x by wall; bytes read
+    from the store within 1.1x of the token files). Bytes read are counted by a TCP relay
+    between one more build and the server: every byte the store sent (bodies, headers,
+    listings). `latency_ms`: every build goes through the relay, which delays each request."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from s3server import CountingProxy, S3Server
+
+    root, totals = night(work, "1x", tokens, seed=1, reuse=reuse)
+    server = S3Server(work / "moto.log")
+    proxy = CountingProxy(server.port, latency_ms / 1000)
+    try:
+        os.environ.update(server.env)
+        bucket_in, bucket_out = server.bucket("bench-in"), server.bucket("bench-out")
+        uri_in, uri_out = f"s3://{bucket_in}/capture", f"s3://{bucket_out}/rows"
+        server.upload(root / "input", uri_in)
+        warehouse = work / "s3-warehouse.duckdb"
+        if latency_ms:  # every build through the relay, which delays each request
+            os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+        local, remote = interleaved(
+            rounds,
+            lambda: build(root, 1, 1, memory_limit),
+            lambda: run(S3_BUILD, uri_in, uri_out, DS, memory_limit, warehouse),
+        )
+        # bytes read: one more build through the counting relay (relaying costs this
+        # process CPU, so the timed builds above go straight to the server)
+        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+        before = proxy.downstream
+        run(S3_BUILD, uri_in, uri_out, DS, memory_limit, warehouse)
+        read = proxy.downstream - before
+    finally:
+        proxy.close()
+        server.stop()
+    token_bytes = _size(root / "input" / "tokens")
+    input_bytes = _size(root / "input") - _size(root / "input" / "_expected")
+    lw, rw = statistics.median(r["wall"] for r in local), statistics.median(r["wall"] for r in remote)
+    lc, rc = statistics.median(r["cpu"] for r in local), statistics.median(r["cpu"] for r in remote)
+    print(
+        f"night 1x on S3 ({totals['tokens'] / 1e6:.1f}M tokens; token files {token_bytes / 2**20:.1f} MiB, "
+        f"all input {input_bytes / 2**20:.1f} MiB), {rounds} interleaved rounds, medians (min, max); "
+        f"{latency_ms:g} ms added to each request"
+    )
+    print(
+        f"local build  wall {spread(local, 'wall')}; CPU {spread(local, 'cpu')}; "
+        f"RSS {spread(local, 'rss_mib', 'MiB', 0)}"
+    )
+    print(
+        f"S3 build     wall {spread(remote, 'wall')}; CPU {spread(remote, 'cpu')}; "
+        f"RSS {spread(remote, 'rss_mib', 'MiB', 0)}"
+    )
+    print(f"speed ratio  S3 / local, wall          = {rw / lw:.2f}   (goal <= 1.5)  {_met(rw / lw <= 1.5)}")
+    print(f"             S3 / local, CPU           = {rc / lc:.2f}   per round, wall {paired(remote, local, 'wall')}")
+    json_bytes = input_bytes - token_bytes  # rollout, ledger and capture files, each read once
+    tokens_read = read - json_bytes
+    print(
+        f"bytes read   from S3 / all input files = {read / input_bytes:.2f}   ({read / 2**20:.1f} MiB per build, "
+        f"headers and listings included)"
+    )
+    print(
+        f"             beyond the JSON / token files = {tokens_read / token_bytes:.2f}   (goal <= 1.1)  "
+        f"{_met(tokens_read / token_bytes <= 1.1)}"
+    )
+
+
 def _size(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
@@ -314,6 +392,10 @@ def main() -> None:
     p.add_argument(
         "--local-only", action="store_true", help="only compare NeMo Gym's local capture mode with its staged capture"
     )
+    p.add_argument(
+        "--s3-only", action="store_true", help="only compare the build on a local S3 server with the local build"
+    )
+    p.add_argument("--s3-latency-ms", type=float, default=0.0, help="--s3-only: ms added to each request")
     p.add_argument("--reuse", action="store_true", help="reuse the nights of an earlier run in --workdir")
     p.add_argument(
         "--against", default=AGAINST, help="the revision the throughput goal doubles ('' to skip that comparison)"
@@ -324,6 +406,8 @@ def main() -> None:
         return report_main(work)
     if args.local_only:
         return local_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
+    if args.s3_only:
+        return s3_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit, args.s3_latency_ms)
 
     root1, t1 = night(work, "1x", args.tokens, seed=1, reuse=args.reuse)
     floors, builds = interleaved(
@@ -394,6 +478,7 @@ def main() -> None:
     else:
         _print_against(args.against, vs)
     local_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
+    s3_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit, args.s3_latency_ms)
     report_main(work)
 
 

@@ -121,6 +121,43 @@ MUTANTS = [
         "if False:",
         ("tests/test_warehouse.py",),
     ),
+    # the commit (one manifest per night) and the output lease
+    Mutant(
+        "the manifest put always wins",
+        "reassembler/publish/protocol.py",
+        "json.dumps(manifest, indent=1, sort_keys=True).encode(), version)",
+        "json.dumps(manifest, indent=1, sort_keys=True).encode(), "
+        "storage.read_versioned(manifest_path(output, ds))[1])",
+        ("tests/test_object_storage.py",),
+    ),
+    Mutant(
+        "an earlier run's objects stay in the partition",
+        "reassembler/publish/protocol.py",
+        "        for key in sorted(present - wanted.keys()):",
+        "        for key in sorted(present - wanted.keys())[:0]:",
+        ("tests/test_object_storage.py",),
+    ),
+    Mutant(
+        "a replaced run's files deleted at once",
+        "reassembler/publish/protocol.py",
+        'if replaced.get("run_id") and time.time() - committed < GRACE_SECONDS:',
+        "if False:",
+        ("tests/test_publish.py",),
+    ),
+    Mutant(
+        "a local partition swapped by two renames",
+        "reassembler/publish/protocol.py",
+        "_exchange(fresh, target)  # now `fresh` holds the previous files",
+        "storage.delete_tree(target); os.rename(fresh, target); os.makedirs(fresh)",
+        ("tests/test_publish.py",),
+    ),
+    Mutant(
+        "an expired lease is never taken over",
+        "reassembler/publish/lock.py",
+        'if data is None or info.get("until", 0) < time.time():',
+        "if data is None:",
+        ("tests/test_object_storage.py",),
+    ),
     # digests (CONTRACT.md 4)
     Mutant(
         "chain prefix",

@@ -89,13 +89,6 @@ class S3Server:
             out += [o["Key"][len(prefix) :].lstrip("/") for o in page.get("Contents", [])]
         return sorted(out)
 
-    def bytes_sent(self) -> int:
-        """Bytes the server wrote to its sockets so far (what clients read from it)."""
-        for line in Path(f"/proc/{self.proc.pid}/io").read_text().splitlines():
-            if line.startswith("wchar:"):
-                return int(line.split()[1])
-        return 0
-
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -123,3 +116,60 @@ def with_env(env: dict):
                     os.environ[k] = v
 
     return manager()
+
+
+_METHODS = {b"GET", b"HEAD", b"PUT", b"POST", b"DELETE"}
+
+
+class CountingProxy:
+    """A TCP relay in front of the server on 127.0.0.1, counting the bytes that flow from the
+    server to its clients (bodies, headers, listings: all a client reads from the store).
+    `latency`: seconds each request waits before it reaches the server (a remote store's
+    round trip; a local server answers in a millisecond)."""
+
+    def __init__(self, target_port: int, latency: float = 0.0):
+        import threading
+
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = self._listener.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._target = target_port
+        self.latency = latency
+        self._lock = threading.Lock()
+        self.downstream = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self._target))
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, counted: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if not counted and self.latency and data.split(b" ", 1)[0] in _METHODS:
+                    time.sleep(self.latency)  # a request begins
+                dst.sendall(data)
+                if counted:
+                    with self._lock:
+                        self.downstream += len(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._listener.close()

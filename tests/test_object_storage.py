@@ -152,15 +152,20 @@ def test_a_kill_at_every_publish_step_on_s3(s3, nights, tmp_path, step):
     assert rows.num_rows == final["rows"]
 
 
-def test_two_publishers_of_one_night_never_both_win(s3, nights, tmp_path, monkeypatch):
+@pytest.mark.parametrize("store", ["s3", "local"])
+def test_two_publishers_of_one_night_never_both_win(nights, tmp_path, monkeypatch, request, store):
     """Two runs staged; the first reads the manifest, then the second commits before the
     first's conditional put: the first fails OutputBusy and touches nothing of the winner's."""
     from reassembler.publish import protocol
     from reassembler.warehouse import connect
     from steps import load, shard
 
-    inp, out = f"s3://{s3.bucket('capture')}/nightly", f"s3://{s3.bucket('rows')}/nightly"
-    s3.upload(nights / "small", inp)
+    if store == "s3":
+        s3 = request.getfixturevalue("s3")
+        inp, out = f"s3://{s3.bucket('capture')}/nightly", f"s3://{s3.bucket('rows')}/nightly"
+        s3.upload(nights / "small", inp)
+    else:
+        inp, out = str(nights / "small"), str(tmp_path / "out")
     monkeypatch.setenv("REASSEMBLER_WAREHOUSE", str(tmp_path / "warehouse.duckdb"))
     staged = {}
     for run in ("first", "second"):
@@ -185,9 +190,10 @@ def test_two_publishers_of_one_night_never_both_win(s3, nights, tmp_path, monkey
         protocol.publish_staged(con, out, protocol.staging_dir(out, DS, "first"), DS, "first", staged["first"], _info())
     manifest = json.loads(storage.read_bytes(f"{out}/_published/ds={DS}.json"))
     assert manifest["run_id"] == "second"
-    keys = s3.keys(out)
-    assert [k for k in keys if k.startswith("rows/")] == manifest["partitions"]["rows"]
-    assert all(k in keys for k in manifest["files"]["rows"] + manifest["files"]["audit"])
+    for kind in KINDS:  # the winner's night, whole
+        listed = storage.list_files(f"{out}/{kind}/ds={DS}", ".parquet")
+        assert [f"{kind}/ds={DS}/{name}" for name in listed] == manifest["partitions"][kind]
+        assert all(storage.exists(f"{out}/{key}") for key in manifest["files"][kind])
 
 
 def _info() -> dict:
@@ -253,3 +259,22 @@ def test_the_store_refusing_is_one_line_and_an_exit_code(s3, nights, tmp_path, c
     assert res.returncode == code, res.stderr
     assert said in one_line(res)
     assert "s3:/" + bucket not in res.stderr  # a URI is never turned into a path
+
+
+def test_files_fetched_ahead_come_back_in_order_with_their_errors(s3):
+    """storage.read_many: the small capture files of a night, fetched on threads ahead of the
+    caller, are handed over in the order asked, a missing one as its error in its place."""
+    root = f"s3://{s3.bucket()}/ledger"
+    locations = []
+    for k in range(40):
+        loc = f"{root}/part-{k:03d}.jsonl"
+        if k != 17:
+            storage.write_bytes(loc, f'{{"n": {k}}}\n'.encode() * (k + 1))
+        locations.append(loc)
+    got = list(storage.read_many(locations, window_bytes=64, threads=8))
+    assert [loc for loc, _ in got] == locations
+    for k, (_, data) in enumerate(got):
+        if k == 17:
+            assert isinstance(data, FileNotFoundError)
+        else:
+            assert data == f'{{"n": {k}}}\n'.encode() * (k + 1)

@@ -240,3 +240,24 @@ def test_a_local_partition_is_one_whole_run_at_every_instant(tmp_path, two_group
     assert not problems, problems[:3]
     assert len(seen) >= 2  # it saw the night replaced
     assert all(len(counts) == 1 for counts in seen.values()), seen  # each run's files all there, or none
+
+
+def test_an_output_of_the_release_before_is_built_over(tmp_path, two_groups):
+    """The release before published by renaming whole folders and wrote a manifest of its
+    numbers only, a journal while publishing, staging and trash folders: a build over such an
+    output publishes the night with its manifest and removes that night's leftovers."""
+    out = tmp_path / "out"
+    build_night(two_groups, out, DS)
+    for kind in ("rows", "audit"):  # the old layout: part-<shard>.parquet
+        for p in (out / kind / f"ds={DS}").iterdir():
+            p.rename(p.with_name("part-00000.parquet"))
+    (out / "_published" / f"ds={DS}.json").write_text(json.dumps({"run_id": "old", "n_rows": 3}))
+    for leftover in (out / "_staging" / DS / "old" / "rows", out / "_trash" / DS):
+        leftover.mkdir(parents=True)
+    (out / "_publish").mkdir()
+    (out / "_publish" / f"ds={DS}.json").write_text("{}")
+    new = build_night(two_groups, out, DS)
+    assert [p.name for p in (out / "rows" / f"ds={DS}").iterdir()] == [f"part-{new.run_id}-00000.parquet"]
+    assert _manifest(out)["run_id"] == new.run_id
+    assert not (out / "_staging" / DS).exists() and not (out / "_trash" / DS).exists()
+    assert not (out / "_publish" / f"ds={DS}.json").exists()

@@ -19,6 +19,8 @@ of identical tokens.
 
 from __future__ import annotations
 
+import queue
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -106,7 +108,11 @@ class TokenFile:
     def __init__(self, path: str, bound: int = DEFAULTS.max_row_group_bytes):
         self.path = path
         self.bound = bound
-        self.metadata = pq.read_metadata(storage.open_parquet(path))
+        source = storage.open_parquet(path)
+        self.remote = storage.is_remote(path)
+        self.metadata = pq.read_metadata(source)
+        self._open: queue.SimpleQueue = queue.SimpleQueue()  # open objects, one per thread reading at once
+        self._open.put(source)
         names = self.metadata.schema.to_arrow_schema().names
         lp = next(n for n in LOGPROB_NAMES if n in names)  # the contract's name wins
         self.sources = {n: n for n in STRINGS + INTS + DIGESTS if n in names}
@@ -122,9 +128,14 @@ class TokenFile:
         if refused is not None:  # the load made its rows reject rows: no call asks for them
             raise InputError(f"{self.path}: {refused}")
         try:
-            t = pq.ParquetFile(storage.open_parquet(self.path), metadata=self.metadata).read_row_group(
+            try:
+                source = self._open.get_nowait()
+            except queue.Empty:
+                source = storage.open_parquet(self.path)
+            t = pq.ParquetFile(source, metadata=self.metadata).read_row_group(
                 group, columns=list(dict.fromkeys(self.sources.values()))
             )
+            self._open.put(source)
         except (pa.ArrowException, OSError) as e:
             raise InputError(f"{self.path}: unreadable row group {group} ({str(e).splitlines()[0]})") from e
         columns = []

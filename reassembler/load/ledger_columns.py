@@ -207,11 +207,11 @@ def ledger_chunks(files: list[tuple[str, str]], max_line_bytes: int, in_columns:
     parses a chunk's files at once); `in_columns` False leaves every file to the per-line path."""
     chunk: list[tuple[str, ScannedFile | None]] = []
     size = 0
-    for rel, path in files:
-        try:
-            data = storage.read_bytes(path)
-        except OSError as e:
-            raise InputError(f"{rel}: cannot open ({e.strerror})") from e
+    names = dict((path, rel) for rel, path in files)
+    for path, data in storage.read_many([path for _, path in files]):
+        rel = names[path]
+        if isinstance(data, OSError):
+            raise InputError(f"{rel}: cannot open ({data.strerror})") from data
         chunk.append((rel, scan_file(rel, data, max_line_bytes) if in_columns else None))
         size += len(data)
         if size >= CHUNK_BYTES:

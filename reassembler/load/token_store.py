@@ -12,12 +12,15 @@ again).
 from __future__ import annotations
 
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
 
 from ..formats.token_file import CANONICAL, TokenFile
 from ..settings import DEFAULTS
+
+PREFETCH_THREADS = 4  # row groups fetched at once from object storage
 
 
 class TokenStore:
@@ -50,6 +53,21 @@ class TokenStore:
             self._cached -= old.nbytes
         return table
 
+    def _prefetch(self, wanted: list[tuple[TokenFile, int]]) -> None:
+        """On object storage, read the row groups a fetch needs and the cache lacks at once,
+        on PREFETCH_THREADS threads (each one a round trip otherwise); locally nothing."""
+        missing = list(dict.fromkeys((f, g) for f, g in wanted if f.remote and (f.path, g) not in self._cache))
+        if len(missing) < 2:
+            return
+        with ThreadPoolExecutor(max_workers=PREFETCH_THREADS, thread_name_prefix="token-prefetch") as pool:
+            tables = list(pool.map(lambda fg: fg[0].read(fg[1]), missing))
+        for (file, group), table in zip(missing, tables):
+            self._cache[(file.path, group)] = table
+            self._cached += table.nbytes
+        while self._cached > self.cache_bytes and len(self._cache) > len(missing):
+            _, old = self._cache.popitem(last=False)
+            self._cached -= old.nbytes
+
     def fetch(self, files: pa.ChunkedArray, rows: pa.ChunkedArray) -> pa.Table:
         """The token rows at (file, row) pairs, in that order; all null where file is null.
 
@@ -69,6 +87,7 @@ class TokenStore:
             groups[idx] = np.searchsorted(file.starts, rows_np[idx], side="right") - 1
         key = np.where(present, (codes << 32) + groups, -1)
         cuts = np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1, [n]])
+        self._prefetch([(opened[codes[a]], int(groups[a])) for a in cuts[:-1] if key[a] >= 0])
         pieces = []
         for a, b in zip(cuts[:-1], cuts[1:]):
             if key[a] < 0:

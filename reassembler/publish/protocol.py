@@ -212,9 +212,7 @@ def publish_staged(con, output, staging, ds: str, run_id: str, numbers: NightNum
             kind: [f"{kind}/ds={ds}/part-{tag}-{storage.name(key)[len('part-') :]}" for key in files[kind]]
             for kind in KINDS
         },
-        "replaces": None
-        if previous is None
-        else {"run_id": previous.get("run_id"), "files": previous.get("files", {})},
+        "replaces": None if previous is None else {"run_id": previous.get("run_id")},
         "numbers": asdict(numbers),
         "run_info": run_info,
     }
@@ -234,6 +232,8 @@ def publish_staged(con, output, staging, ds: str, run_id: str, numbers: NightNum
 def apply(con, output: str, manifest: dict) -> None:
     """Make the warehouse, the partitions and the snapshots follow a committed manifest."""
     ds, run_id = manifest["ds"], manifest["run_id"]
+    if not storage.is_remote(output):  # what a publish killed while filling a partition left
+        storage.delete_tree(storage.join(output, "_tmp", "publish"))
     audit_files = [storage.join(output, key) for key in manifest["files"]["audit"]]
     from ..verify.rows import AUDIT_SCHEMA
 
@@ -309,7 +309,7 @@ def collect_runs(output: str, ds: str, manifest: dict | None) -> None:
     """Delete the run folders of the night no reader needs: all but the committed run's and,
     for GRACE_SECONDS after its commit, the run it replaced."""
     keep = set()
-    if manifest is not None:
+    if manifest is not None and "version" in manifest:  # (a manifest of the release before names no run folder)
         keep.add(path_safe(manifest["run_id"]))
         replaced = manifest.get("replaces") or {}
         committed = datetime.fromisoformat(manifest["committed_at"]).timestamp()
@@ -321,6 +321,18 @@ def collect_runs(output: str, ds: str, manifest: dict | None) -> None:
         runs |= set(os.listdir(folder))
     for run in sorted(runs - keep):
         storage.delete_tree(storage.join(folder, run))
+
+
+def clear_legacy(output, ds: str) -> None:
+    """What the release before this one left of the night on a local output: its staging
+    folder, its trash and the journal of a publish it did not finish (this build publishes
+    the night again)."""
+    output = storage.location(output)
+    if storage.is_remote(output):
+        return
+    for leftover in (f"_staging/{ds}", f"_trash/{ds}"):
+        storage.delete_tree(storage.join(output, leftover))
+    storage.delete(storage.join(output, "_publish", f"ds={ds}.json"))
 
 
 def recover(con, output, ds: str | None = None) -> list[str]:
@@ -343,6 +355,8 @@ def committed_nights(output) -> list[str]:
 
 
 def _applied(con, output: str, manifest: dict) -> bool:
+    if "version" not in manifest:
+        return True  # a manifest of the release before manifests committed (it renamed partitions in first)
     ds = manifest["ds"]
     rows = con.execute(
         "SELECT run_id FROM runs WHERE ds = CAST($ds AS DATE) ORDER BY published_at DESC LIMIT 1", {"ds": ds}
