@@ -96,6 +96,30 @@ def test_a_night_from_and_to_s3_reads_exactly_like_the_local_build(s3, nights, t
     res = cli("report", "--html", "--output", out, "--warehouse", tmp_path / "warehouse.duckdb", "--ds", DS)
     assert res.returncode == 0, res.stderr
     assert {f"reports/ds={DS}/index.html", "reports/index.html", "reports/plotly.min.js"} <= set(s3.keys(out))
+    # and every other command that reads the output
+    wh = ("--output", out, "--warehouse", tmp_path / "warehouse.duckdb")
+    text = cli("report", *wh)
+    assert text.returncode == 0 and DS in text.stdout and "interrupted" not in text.stdout, text.stderr
+    assert (
+        cli(
+            "gate",
+            *wh,
+            "--ds",
+            DS,
+            "--max-mask-rate",
+            "1",
+            "--max-reason-rate",
+            "1",
+            "--max-rejects",
+            "100000",
+            "--max-mask-rate-rise",
+            "1",
+        ).returncode
+        == 0
+    )
+    masked = next(r["rollout_id"] for r in _table(mirror / "audit" / f"ds={DS}").to_pylist() if r["status"] == "masked")
+    replay = cli("explain", *wh, "--ds", DS, masked)  # reads the night's input again, from S3
+    assert replay.returncode == 0 and masked in replay.stdout, replay.stderr
 
 
 def test_the_quality_ui_serves_reports_from_object_storage(s3, nights, tmp_path):
