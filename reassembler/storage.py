@@ -146,11 +146,10 @@ def _filesystem(loc: str):
 
 def store_error(loc: str, exc: BaseException) -> StoreError | None:
     """One line for an object-storage failure, or None when it is not one."""
+    if not is_remote(loc):
+        return None
     text = str(exc).replace("\n", " ")
     low = text.lower()
-    where = loc if is_remote(loc) else None
-    if where is None:
-        return None
     bucket = _split(loc)[0]
     endpoint = _endpoint() or "AWS S3"
     if "nosuchbucket" in low or "bucket does not exist" in low or "the specified bucket does not exist" in low:
@@ -178,7 +177,7 @@ def store_error(loc: str, exc: BaseException) -> StoreError | None:
         )
     ):
         return StoreError(f"{loc}: cannot reach the object store at {endpoint} (set AWS_ENDPOINT_URL?)")
-    if "aws error" in low or "s3" in low and isinstance(exc, OSError):
+    if "aws error" in low or ("s3" in low and isinstance(exc, OSError)):
         return StoreError(f"{loc}: object storage error ({text[:300]})")
     return None
 
