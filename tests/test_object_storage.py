@@ -254,6 +254,11 @@ def test_a_held_lease_makes_a_second_build_fail_naming_its_holder(s3, nights, tm
     assert "_lock" not in s3.keys(out)  # released
 
 
+def test_synth_writes_only_local_folders():
+    res = cli("synth", "--output", "s3://capture/nightly", "--ds", DS, "--rollouts", "8")
+    assert res.returncode == 2 and "synth writes a local folder" in one_line(res)
+
+
 def test_the_warehouse_is_required_for_an_output_on_s3(s3, nights):
     res = cli("build", "--input", nights / "small", "--output", "s3://rows/x", "--ds", DS)
     assert res.returncode == 2
