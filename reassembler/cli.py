@@ -252,7 +252,7 @@ def run(args) -> int:
         if args.min_calls > args.max_calls or args.min_calls < 5:
             raise InputError("synth: --min-calls must be >= 5 and <= --max-calls")
         if storage.is_remote(args.output):
-            raise InputError(f"synth: --output {args.output}: synth writes a local folder; upload it to the store after")
+            raise InputError(f"synth: --output {args.output}: synth writes a local folder; upload it after")
         from .producer.synth import synth_night
 
         d = SynthConfig()
