@@ -26,8 +26,10 @@ the `ds` param overrides it for manual runs and backfills).
 
 The warehouse has one writer: the tasks that open it take slots of the pool named by
 `REASSEMBLER_WAREHOUSE_POOL` when the deployment made one, else wait for the warehouse's
-locks (plugins/reassembler_airflow/warehouse.py). A night waiting for its input blocks
-nobody either way.
+locks, and run on the Celery queue `REASSEMBLER_WAREHOUSE_QUEUE` (default: `default`), which
+one worker, the one holding the DuckDB file, serves (plugins/reassembler_airflow/warehouse.py).
+The shards open no warehouse: they read their plans and the token files from the output
+store and run on any worker. A night waiting for its input blocks nobody either way.
 """
 
 from __future__ import annotations
@@ -299,8 +301,7 @@ def capture_rows_nightly():
         run_id="{{ run_id }}",
         settings="{{ params }}",
         map_index_template="shard {{ task.shard }}: {{ task.group_range }}",
-        **READER,
-    ).expand(shard=loaded)
+    ).expand(shard=loaded)  # no pool, any queue: a shard reads the output store only
     numbers = audit_checks(night["output_dir"], night["ds"], shards.output)
     published = publish(night["input_dir"], night["output_dir"], night["ds"], numbers)
     report = quality_report(night["output_dir"], night["ds"], published)

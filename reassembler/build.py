@@ -25,6 +25,7 @@ from . import storage
 from .errors import InputError
 from .load.night_load import NightLoad
 from .load.read import LoadSummary
+from .load.shard_plan import write_plans
 from .publish.checkpoints import checkpoint
 from .publish.lock import OutputLock
 from .publish.protocol import (
@@ -84,23 +85,27 @@ def load_step(load: NightLoad, warehouse: Warehouse, run_id: str | None = None, 
         collect_runs(output, ds, read_manifest(output, ds)[0])  # earlier failed runs, superseded ones
         clear_legacy(output, ds)
         clear_dead_spill_folders(output, settings.duckdb)
+        staging = staging_dir(output, ds, run_id or new_run_id(ds))
         with _step_memory():
-            summary = load.into(con, staging_dir(output, ds, run_id or new_run_id(ds)))
+            summary = load.into(con, staging)
         con.execute("BEGIN TRANSACTION")
         run_script(con, "record_load", {"ds": ds, "run_id": run_id, "n_rollouts": summary.n_rollouts})
         con.execute(sql("plan_shards"), {"ds": ds, "shards": settings.shards})
         apply_retention(con, ds, settings.retention_nights)
         con.execute("COMMIT")
-        con.execute("CHECKPOINT")  # the night into the file, before the shards read it
+        con.execute("CHECKPOINT")  # the night into the file
+        with _step_memory():
+            write_plans(con, staging, ds, settings.shards)  # what each shard reads instead of the warehouse
         checkpoint("loaded")
     log.info("loaded ds=%s: %s", ds, "; ".join(summary.lines()))
     return summary
 
 
-def shard_step(warehouse: Warehouse, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS) -> ShardResult:
-    """Reassemble shard `shard` of the loaded night into the run's staging folder."""
-    with warehouse.reading() as con, _step_memory():
-        return run_shard(con, ds, shard, settings, run_id, staging_dir(warehouse.output_dir, ds, run_id))
+def shard_step(output, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS) -> ShardResult:
+    """Reassemble shard `shard` of the loaded night into the run's folder, from its plan
+    there: it needs the output store only (no warehouse), so it may run on any machine."""
+    with _step_memory():
+        return run_shard(ds, shard, settings, run_id, staging_dir(storage.location(output), ds, run_id))
 
 
 def publish_step(
@@ -163,8 +168,8 @@ def build_loaded(load: NightLoad, output_dir, run_id: str | None = None, warehou
     """The night of `load`, end to end, under the output lock (a second build of the same
     output fails at once, OutputBusy, touching nothing). One process holds one warehouse
     connection for the three steps; with `settings.workers` > 1 the shards run that many at
-    once in worker processes, which open the warehouse read-only, as Airflow's mapped tasks
-    do."""
+    once in worker processes, which read their plans from the output store, as Airflow's
+    mapped tasks do."""
     settings, ds = load.settings, load.ds
     warehouse = Warehouse(output_dir, settings.duckdb, warehouse_file)
     parallel = settings.workers > 1 and settings.shards > 1
@@ -179,18 +184,19 @@ def build_loaded(load: NightLoad, output_dir, run_id: str | None = None, warehou
             with warehouse.held():
                 summary = load_step(load, warehouse, run_id)
                 for k in range(settings.shards):
-                    shard_step(warehouse, ds, k, run_id, settings)
+                    shard_step(warehouse.output_dir, ds, k, run_id, settings)
                 numbers = publish_step(warehouse, ds, run_id, load.night.root, settings, time.perf_counter() - started)
         return BuildSummary(run_id, summary, numbers, time.perf_counter() - started)
 
 
 def _run_shards_in_workers(warehouse: Warehouse, ds: str, run_id: str, settings: Settings) -> None:
+    output = warehouse.output_dir
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(
         max_workers=min(settings.workers, settings.shards), mp_context=get_context("fork")
     ) as pool:
-        for done in [pool.submit(shard_step, warehouse, ds, k, run_id, settings) for k in range(settings.shards)]:
+        for done in [pool.submit(shard_step, output, ds, k, run_id, settings) for k in range(settings.shards)]:
             done.result()  # re-raises a worker's error
 
 

@@ -16,7 +16,7 @@ def load(inp, out, ds: str = DS, settings: Settings = DEFAULTS, run_id: str | No
 
 
 def shard(out, ds: str, k: int, run_id: str, settings: Settings = DEFAULTS):
-    return shard_step(Warehouse(out, settings.duckdb), ds, k, run_id, settings)
+    return shard_step(out, ds, k, run_id, settings)
 
 
 def publish(inp, out, ds: str, run_id: str, settings: Settings = DEFAULTS):

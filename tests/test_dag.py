@@ -28,7 +28,9 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 @pytest.fixture(params=[None, "reassembler_warehouse"])
 def pool(request, monkeypatch):
-    """The DAG parsed without and with the warehouse pool (REASSEMBLER_WAREHOUSE_POOL)."""
+    """The DAG parsed without and with the warehouse pool (REASSEMBLER_WAREHOUSE_POOL), the
+    warehouse's tasks on their own queue."""
+    monkeypatch.setenv("REASSEMBLER_WAREHOUSE_QUEUE", "warehouse-host")
     if request.param is None:
         monkeypatch.delenv("REASSEMBLER_WAREHOUSE_POOL", raising=False)
     else:
@@ -72,10 +74,13 @@ def test_dag_imports_with_the_expected_shape(pool):
         param.resolve(param.value)
     writers = {"load_ledger", "publish", "quality_gate"}
     for task in dag.tasks:
-        if task.task_id in writers | {"reassemble", "audit_checks", "quality_report"}:
+        if task.task_id in writers | {"audit_checks", "quality_report"}:
             # without a pool: Airflow's default one, and the warehouse's locks serialise the writers
             assert task.pool == (pool or "default_pool"), task.task_id
             assert task.pool_slots == (4 if pool and task.task_id in writers else 1), task.task_id
+            assert task.queue == "warehouse-host", task.task_id  # REASSEMBLER_WAREHOUSE_QUEUE
+    shards = dag.get_task("reassemble")  # open no warehouse: no pool, Airflow's default queue
+    assert (shards.pool, shards.pool_slots, shards.queue) == ("default_pool", 1, "default")
     assert dag.get_task("wait_for_input").mode == "reschedule"
     assert dag.get_task("reassemble").upstream_task_ids == {"load_ledger", "check_input"}
     assert dag.get_task("publish").upstream_task_ids >= {"audit_checks"}
@@ -91,7 +96,7 @@ def test_operator_execute_reassembles_one_shard(tmp_path, night):
     worked_example(night, "a_g0", compaction=True, reward=1.0)
     worked_example(night, "b_g0", compaction=False, reward=0.0)
     inp, out = night.write(), tmp_path / "out"
-    load(inp, out, DS, Settings(shards=2))
+    load(inp, out, DS, Settings(shards=2), run_id="test_run")
     operators = [
         ReassembleOperator(task_id=f"reassemble_{k}", output_dir=str(out), ds=DS, run_id="test_run", shard=k)
         for k in (0, 1)

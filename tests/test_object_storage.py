@@ -307,3 +307,32 @@ def test_files_fetched_ahead_come_back_in_order_with_their_errors(s3):
             assert isinstance(data, FileNotFoundError)
         else:
             assert data == f'{{"n": {k}}}\n'.encode() * (k + 1)
+
+
+def test_a_shard_needs_nothing_but_the_store(s3, nights, tmp_path, monkeypatch):
+    """After the load, a shard reads its plan and the token files from the output store
+    only: with the warehouse file gone and no local file of the load's, it builds its
+    part, and the night publishes as a whole build does."""
+    from reassembler.settings import Settings
+    from steps import load, publish, shard
+
+    inp, out = f"s3://{s3.bucket('capture')}/nightly", f"s3://{s3.bucket('rows')}/nightly"
+    s3.upload(nights / "small", inp)
+    warehouse = tmp_path / "warehouse.duckdb"
+    monkeypatch.setenv("REASSEMBLER_WAREHOUSE", str(warehouse))
+    settings = Settings(shards=2)
+    load(inp, out, DS, settings, run_id="r")
+    assert any(k.startswith(f"_runs/ds={DS}/r/plan/shard-00001/") for k in s3.keys(out))
+    warehouse.rename(tmp_path / "elsewhere.duckdb")  # another machine: no warehouse here
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "empty-tmp"))
+    (tmp_path / "empty-tmp").mkdir()
+    results = [shard(out, DS, k, "r", settings) for k in range(2)]
+    assert not warehouse.exists()
+    (tmp_path / "elsewhere.duckdb").rename(warehouse)
+    numbers = publish(inp, out, DS, "r", settings)
+    assert numbers.n_rows == sum(r.n_rows for r in results) > 0
+    s3.download(out, tmp_path / "mirror")
+    local = pq.read_table(nights / "local" / "rows" / f"ds={DS}", partitioning=None)
+    assert sorted(local.to_pylist(), key=str) == sorted(
+        pq.read_table(tmp_path / "mirror" / "rows" / f"ds={DS}", partitioning=None).to_pylist(), key=str
+    )

@@ -7,10 +7,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from reassembler.build import build_night
+from reassembler.load import shard_plan
 from reassembler.producer.synth import FAULTS, SynthConfig, read_expected, synth_night
 from reassembler.reasons import Reason
 from reassembler.settings import Options, Settings
-from reassembler.verify import shard
 
 DS = "2026-11-28"
 CFG = SynthConfig(
@@ -82,14 +82,14 @@ def test_shards_change_nothing(synth):
 
 
 def test_calls_read_in_slices_of_groups_change_nothing(synth, monkeypatch):
-    """DuckDB sorts a shard's calls a slice of groups at a time (shard.SLICE_CALLS); slices of
+    """DuckDB sorts a shard's calls a slice of groups at a time (shard_plan.SLICE_CALLS); slices of
     one group each (every group larger than a slice) give the same rows and audit rows."""
     root, _, _ = synth
     build_night(root / "input", root / "whole", DS)
     slices = []
-    real = shard._slices
-    monkeypatch.setattr(shard, "_slices", lambda *a: slices.append(real(*a)) or slices[-1])
-    monkeypatch.setattr(shard, "SLICE_CALLS", 1)
+    real = shard_plan._slices
+    monkeypatch.setattr(shard_plan, "_slices", lambda *a: slices.append(real(*a)) or slices[-1])
+    monkeypatch.setattr(shard_plan, "SLICE_CALLS", 1)
     build_night(root / "input", root / "sliced", DS)
     groups = {r["group_id"] for r in pq.read_table(root / "whole" / "audit" / f"ds={DS}").to_pylist()}
     assert len(slices[0]) == len(groups) > 1

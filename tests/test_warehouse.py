@@ -191,15 +191,15 @@ def test_publish_refuses_a_night_whose_rollouts_left_the_warehouse_after_the_loa
     load(inp, out, DS, run_id="r2")
     with connect(out) as con:
         con.execute("DELETE FROM rollouts WHERE ds = ?", [DS])
-    shard(out, DS, 0, "r2")
+    shard(out, DS, 0, "r2")  # builds what the load planned (its plan, not the warehouse)
     with pytest.raises(AuditCheckFailed, match=r"the load read 2 rollouts but the warehouse holds 0") as e:
         publish(inp, out, DS, "r2")
-    assert "no rollout staged" in str(e.value)
+    assert "rollouts in 0 != audit rows 2" in str(e.value)
     assert _published(out, DS) == before == (4, 2)
 
 
 def test_publish_refuses_a_night_another_run_loaded_again(tmp_path):
-    from reassembler.errors import AuditCheckFailed
+    from reassembler.errors import AuditCheckFailed, InputError
     from steps import load, publish, shard
 
     out = tmp_path / "out"
@@ -207,10 +207,14 @@ def test_publish_refuses_a_night_another_run_loaded_again(tmp_path):
     worked_example(n, "a_g0")
     inp = n.write()
     load(inp, out, DS, run_id="first")
-    load(inp, out, DS, run_id="second")  # while the first run waits for its shards
     shard(out, DS, 0, "first")
+    load(inp, out, DS, run_id="second")  # while the first run waits to publish
     with pytest.raises(AuditCheckFailed, match="run second loaded it again after run first did"):
         publish(inp, out, DS, "first")
+    load(inp, out, DS, run_id="third")  # and a shard of a run loaded over waits in vain
+    with pytest.raises(InputError, match="this run's plan is gone: the night was loaded again by another run"):
+        shard(out, DS, 0, "second")
+    load(inp, out, DS, run_id="second")
     shard(out, DS, 0, "second")
     assert publish(inp, out, DS, "second").ok_rollouts == 1
 

@@ -19,7 +19,8 @@ from reassembler_airflow.warehouse import task_settings
 class ReassembleOperator(BaseOperator):
     """Select, cut and finalize the rollouts of shard `shard` of night `ds`.
 
-    Reads the warehouse read-only (several shards run at once) and writes
+    Reads its plan and the token files from the output store (never the warehouse: it may
+    run on any worker) and writes
     `<output_dir>/_runs/ds=<ds>/<run id, path-safe>/{rows,audit}/part-<shard>.parquet`; nothing is
     visible to readers until the publish task swaps the partitions in. `settings` is the
     DAG's params (or any mapping of `Settings.from_params` names); missing names take the
@@ -39,16 +40,15 @@ class ReassembleOperator(BaseOperator):
     def execute(self, context: Any) -> dict:
         # imported here so that parsing the DAG file stays light (no DuckDB / Arrow import)
         from reassembler.build import shard_step
-        from reassembler.warehouse import Warehouse, sql
+        from reassembler.load.shard_plan import read_rollouts
+        from reassembler.publish.protocol import staging_dir
 
         settings = task_settings(self.settings, self.pool)
-        warehouse = Warehouse(self.output_dir, settings.duckdb)
         with task_errors():
-            with warehouse.reading() as con:
-                query = con.execute(sql("shard_groups"), {"ds": self.ds, "shard": int(self.shard)})
-                self.group_range = group_label([g for (g,) in query.fetchall()])
+            planned = read_rollouts(staging_dir(self.output_dir, self.ds, self.run_id), int(self.shard))
+            self.group_range = group_label(list(dict.fromkeys(r["group_id"] for r in planned)))
             self.log.info("shard %s of ds=%s: %s", self.shard, self.ds, self.group_range)
-            result = shard_step(warehouse, self.ds, int(self.shard), self.run_id, settings)
+            result = shard_step(self.output_dir, self.ds, int(self.shard), self.run_id, settings)
         return {
             "shard": result.shard,
             "rollouts": result.n_rollouts,

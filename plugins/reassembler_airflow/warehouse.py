@@ -26,14 +26,22 @@ def warehouse_pool() -> str | None:
     return os.environ.get("REASSEMBLER_WAREHOUSE_POOL") or None
 
 
+def warehouse_queue() -> str:
+    """The Celery queue of the tasks that open the warehouse: REASSEMBLER_WAREHOUSE_QUEUE,
+    else Airflow's default queue (read when the DAG is parsed: the dag-processor's
+    environment must carry it too). A deployment serves it from the one worker that holds
+    the DuckDB file; the shards run on any worker (they read the output store only)."""
+    return os.environ.get("REASSEMBLER_WAREHOUSE_QUEUE") or "default"
+
+
 def reader(pool: str | None) -> dict[str, Any]:
-    """The pool arguments of a task that opens the warehouse read-only."""
-    return {"pool": pool} if pool else {}
+    """The arguments of a task that opens the warehouse read-only: its queue, and the pool."""
+    return {"queue": warehouse_queue(), **({"pool": pool} if pool else {})}
 
 
 def writer(pool: str | None) -> dict[str, Any]:
-    """The pool arguments of a task that writes the warehouse: every slot of the pool."""
-    return {"pool": pool, "pool_slots": POOL_SLOTS} if pool else {}
+    """The arguments of a task that writes the warehouse: its queue, every slot of the pool."""
+    return {"queue": warehouse_queue(), **({"pool": pool, "pool_slots": POOL_SLOTS} if pool else {})}
 
 
 def task_settings(params, pool: str | None):

@@ -129,9 +129,6 @@ def verify_staged(
     the warehouse, and no other run loaded the night since `run_id` did. A staged night of
     no rollout is refused unless `allow_empty`. AuditCheckFailed names every problem."""
     staging = str(staging)
-    audit_files, rows_files = _staged_files(staging, "audit"), _staged_files(staging, "rows")
-    if not audit_files:
-        raise AuditCheckFailed(f"{staging}: no staged audit files (did every shard run?)")
     [(loaded_by, n_loaded)] = con.execute(sql("night_load"), {"ds": ds}).fetchall()
     if n_loaded is None:
         raise AuditCheckFailed(
@@ -142,6 +139,9 @@ def verify_staged(
         raise AuditCheckFailed(
             f"night {ds} not published: run {loaded_by} loaded it again after run {run_id} did; that run publishes it"
         )
+    audit_files, rows_files = _staged_files(staging, "audit"), _staged_files(staging, "rows")
+    if not audit_files:
+        raise AuditCheckFailed(f"{staging}: no staged audit files (did every shard run?)")
     _register_staged(con, audit_files, rows_files)
     try:
         [values] = con.execute(sql("audit_checks"), {"ds": ds}).fetchall()
@@ -232,8 +232,8 @@ def publish_staged(con, output, staging, ds: str, run_id: str, numbers: NightNum
 def apply(con, output: str, manifest: dict) -> None:
     """Make the warehouse, the partitions and the snapshots follow a committed manifest."""
     ds, run_id = manifest["ds"], manifest["run_id"]
-    if not storage.is_remote(output):  # what a publish killed while filling a partition left
-        storage.delete_tree(storage.join(output, "_tmp", "publish"))
+    if not storage.is_remote(output):
+        _clear_replaced(output)
     audit_files = [storage.join(output, key) for key in manifest["files"]["audit"]]
     from ..verify.rows import AUDIT_SCHEMA
 
@@ -283,9 +283,21 @@ def _fill_partition(output: str, ds: str, kind: str, sources: list[str], names: 
     os.makedirs(os.path.dirname(target), exist_ok=True)
     if os.path.isdir(target):
         _exchange(fresh, target)  # now `fresh` holds the previous files
-        storage.delete_tree(fresh)
+        os.utime(fresh)  # replaced now: kept for the grace period, for readers that opened it
     else:
         os.rename(fresh, target)
+
+
+def _clear_replaced(output: str) -> None:
+    """Delete the replaced partition folders (and what a publish killed while filling one
+    left) once the grace period is over: a reader that listed a folder just before it was
+    replaced still finds every file it listed."""
+    folder = storage.join(output, "_tmp", "publish")
+    if not os.path.isdir(folder):
+        return
+    for entry in os.scandir(folder):
+        if time.time() - entry.stat().st_mtime > GRACE_SECONDS:
+            storage.delete_tree(entry.path)
 
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)

@@ -1,10 +1,10 @@
-"""Reassemble one shard of a night: stream its calls joined to their token rows, in
-batches of whole groups, and write its rows and audit rows to the run's staging folder.
+"""Reassemble one shard of a night: stream its planned calls (load/shard_plan.py: the
+ledger columns and each call's token-row location, sorted by the load) with their token
+rows, in batches of whole groups, and write its rows and audit rows to the run's folder.
+A shard reads only the output store: its plan and the token files.
 
-Memory is bounded by the batch: DuckDB sorts and streams only the ledger columns and each
-call's token-row location (sql/shard_calls.sql, through `to_arrow_reader`), one slice of
-SLICE_CALLS calls' groups at a time (`_CallSlices`); a batch is cut at a group boundary
-once it holds `batch_rows` calls or `batch_tokens` tokens. Each batch then goes through
+Memory is bounded by the batch: the plan is read a row group at a time; a batch is cut at
+a group boundary once it holds `batch_rows` calls or `batch_tokens` tokens. Each batch then goes through
 four threads in turn (`_Pipeline`): its token rows are read and checked per token
 (token_store.py, tokens.py), its calls checked and hashed in columns (checks.py), its
 rollouts reassembled one by one in Python (rollout.py, the main thread) and its rows and
@@ -25,10 +25,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import storage
-from ..formats.fields import CALL, select_list
+from ..load.shard_plan import PlannedCalls, read_rollouts
 from ..load.token_store import TokenStore
 from ..settings import Settings
-from ..warehouse import sql
 from .batch import verify_batch
 from .checks import BatchChecks
 from .rollout import Outcome
@@ -37,7 +36,6 @@ from .tokens import TokenBatch
 
 ROW_GROUP_ROWS = 256
 log = logging.getLogger(__name__)
-CALL_COLUMNS = select_list(CALL, "l")
 
 
 @dataclass
@@ -66,59 +64,6 @@ class ShardResult:
         ]
         lines += [f"  {reason:<26}{n:>6}" for reason, n in self.reasons.most_common()]
         return "\n".join(lines)
-
-
-def _rollouts(con, params: dict) -> Iterator[dict]:
-    return _records(con.sql(sql("shard_rollouts"), params=params).to_arrow_reader(1024))
-
-
-def _records(reader) -> Iterator[dict]:
-    for batch in reader:
-        yield from batch.to_pylist()
-
-
-SLICE_CALLS = 8192  # calls DuckDB sorts at a time (~2.5 KB each): slices of whole groups
-# Rows per Arrow batch DuckDB streams a slice in: at 64, streaming a 1x night's slices took
-# ~0.09-0.13 CPU-s, at 256-512 ~0.07 (the build: 1-3% less CPU); from 512 on, peak RSS
-# grows (+20 MiB at 512, +50 MiB at 1024 on the 4x night, +110-145 MiB at 2048).
-CALL_BATCH_ROWS = 256
-
-
-def _slices(con, ds: str, shard: int, calls_per_slice: int) -> list[tuple[str | None, str | None]]:
-    """The shard's groups cut into ranges (first, last group_id) of at most
-    `calls_per_slice` ledger rows each (a group larger than that is a slice of its own);
-    [(None, None)], the whole shard, when it holds no group."""
-    slices: list[tuple[str | None, str | None]] = []
-    first = last = None
-    held = 0
-    for group, calls in con.execute(sql("shard_slices"), {"ds": ds, "shard": shard}).fetchall():
-        if first is not None and held + calls > calls_per_slice:
-            slices.append((first, last))
-            first, held = None, 0
-        first = group if first is None else first
-        last, held = group, held + calls
-    if first is not None:
-        slices.append((first, last))
-    return slices or [(None, None)]
-
-
-class _CallSlices:
-    """The shard's call rows (sql/shard_calls.sql, token locations from the night's
-    token_rows), as record batches, one slice of groups after the other: DuckDB sorts a
-    slice at a time, so its sort holds a slice, not the shard."""
-
-    def __init__(self, con, params: dict, slices: list[tuple[str | None, str | None]]):
-        self.con, self.params, self.slices = con, params, slices
-        self.query = sql("shard_calls", tokens=sql("night_token_rows"), call_columns=CALL_COLUMNS)
-        self.schema: pa.Schema | None = None
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        for first, last in self.slices:
-            params = dict(self.params, first_group=first, last_group=last)
-            with self.con.cursor() as cursor:  # closed with its slice (a one-process build shares the connection)
-                reader = cursor.sql(self.query, params=params).to_arrow_reader(CALL_BATCH_ROWS)
-                self.schema = reader.schema
-                yield from reader
 
 
 def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens: int):
@@ -167,15 +112,12 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
     yield take_rollouts(None), table
 
 
-def run_shard(con, ds: str, shard: int, settings: Settings, run_id: str, staging: str) -> ShardResult:
+def run_shard(ds: str, shard: int, settings: Settings, run_id: str, staging: str) -> ShardResult:
     """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet from
-    the loaded night in the warehouse behind `con` (the token rows' files are named there)."""
-    params = {"ds": ds, "shard": shard, "rollout_id": None}
-    # Both streams run at once on the same database; the small rollouts query starts
-    # first so that the calls query's sort can take the rest of the memory limit.
-    rollouts = _rollouts(con.cursor(), params)
-    calls = _CallSlices(con, params, _slices(con, ds, shard, SLICE_CALLS))
-    units = _units(calls, rollouts, settings.batch_rows, settings.batch_tokens)
+    the shard's plan in the run's folder (load/shard_plan.py) and the token files it names:
+    the warehouse is not opened."""
+    rollouts = read_rollouts(staging, shard)
+    units = _units(PlannedCalls(staging, shard), iter(rollouts), settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
     with _Pipeline(staging, shard, run_id, ds) as pipeline:
         store = TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes)
