@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.installed
 DS        ?= 2026-11-28
 SEED      ?= 7
 ROLLOUTS  ?= 240
-.PHONY: venv run test lint bench airflow airflow-stop lock clean
+.PHONY: venv run test lint bench airflow airflow-celery airflow-stop lock clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,9 @@ lint: $(STAMP)
 airflow: $(STAMP)
 	bash scripts/airflow_services.sh start
 
+airflow-celery: $(STAMP)
+	bash scripts/airflow_celery.sh start
+
 airflow-stop:
 	bash scripts/airflow_services.sh stop
 
@@ -39,7 +42,7 @@ bench: $(STAMP)
 
 lock:
 	rm -rf /tmp/reassembler-lock && $(PY) -m venv /tmp/reassembler-lock
-	/tmp/reassembler-lock/bin/pip install --quiet "apache-airflow==3.3.2" "duckdb==2.0.0" "pyarrow==26.0.1" "numpy>=2.4,<2.5" "orjson==3.13.0" "plotly==7.1.0" datasets polars playwright ruff mypy pytest hypothesis pytest-timeout "setuptools==80.9.0" wheel botocore "python-dateutil<3" "moto[server]"
+	/tmp/reassembler-lock/bin/pip install --quiet "apache-airflow==3.3.2" "duckdb==2.0.0" "pyarrow==26.0.1" "numpy>=2.4,<2.5" "orjson==3.13.0" "plotly==7.1.0" datasets polars playwright ruff mypy pytest hypothesis pytest-timeout "setuptools==80.9.0" wheel botocore "python-dateutil<3" "moto[server]" "apache-airflow-providers-celery==3.26.0" "celery<5.7" redis psycopg2-binary asyncpg
 	{ echo "# Fully pinned environment for the reassembler (Python 3.11). Regenerate with: make lock"; \
 	  /tmp/reassembler-lock/bin/pip freeze --all | grep -v "^pip=="; } > requirements.lock
 
