@@ -13,6 +13,8 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import shutil
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -72,11 +74,15 @@ def new_run_id(ds: str) -> str:
     return f"cli__{ds}__{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
 
 
-def load_step(load: NightLoad, warehouse: Warehouse, run_id: str | None = None, lock_wait: float = 0.0) -> LoadSummary:
+def load_step(
+    load: NightLoad, warehouse: Warehouse, run_id: str | None = None, lock_wait: float = 0.0, plans: str | None = None
+) -> LoadSummary:
     """Replace the night in the warehouse and split its groups into shards. Under the output
     lock: first finish any interrupted publish, then clean up, then load, record the load
     (`run_id`: the run that will publish it) and plan the shards, drop the per-call rows
-    outside the retention (never this night's), and write it all into the file."""
+    outside the retention (never this night's), and write it all into the file; then write
+    each shard's plan into the run's folder (or into `plans`: a one-process build's local
+    scratch folder)."""
     ds, settings, output = load.ds, load.settings, warehouse.output_dir
     with OutputLock(output, ds, "load", lock_wait), warehouse.writing() as con:
         finished = recover(con, output, ds)
@@ -95,17 +101,20 @@ def load_step(load: NightLoad, warehouse: Warehouse, run_id: str | None = None, 
         con.execute("COMMIT")
         con.execute("CHECKPOINT")  # the night into the file
         with _step_memory():
-            write_plans(con, staging, ds, settings.shards)  # what each shard reads instead of the warehouse
+            write_plans(con, plans or staging, ds, settings.shards)  # what each shard reads instead of the warehouse
         checkpoint("loaded")
     log.info("loaded ds=%s: %s", ds, "; ".join(summary.lines()))
     return summary
 
 
-def shard_step(output, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS) -> ShardResult:
+def shard_step(
+    output, ds: str, shard: int, run_id: str, settings: Settings = DEFAULTS, plans: str | None = None
+) -> ShardResult:
     """Reassemble shard `shard` of the loaded night into the run's folder, from its plan
-    there: it needs the output store only (no warehouse), so it may run on any machine."""
+    there (or in `plans`): it needs the output store only (no warehouse), so it may run on
+    any machine."""
     with _step_memory():
-        return run_shard(ds, shard, settings, run_id, staging_dir(storage.location(output), ds, run_id))
+        return run_shard(ds, shard, settings, run_id, staging_dir(storage.location(output), ds, run_id), plans)
 
 
 def publish_step(
@@ -173,30 +182,38 @@ def build_loaded(load: NightLoad, output_dir, run_id: str | None = None, warehou
     settings, ds = load.settings, load.ds
     warehouse = Warehouse(output_dir, settings.duckdb, warehouse_file)
     parallel = settings.workers > 1 and settings.shards > 1
+    # the shards run on this machine: on object storage their plans stay on local disk
+    plans = tempfile.mkdtemp(prefix="reassembler-plans-") if storage.is_remote(warehouse.output_dir) else None
     with OutputLock(output_dir, ds, "build"):
         started = time.perf_counter()
         run_id = run_id or new_run_id(ds)
-        if parallel:
-            summary = load_step(load, warehouse, run_id)
-            _run_shards_in_workers(warehouse, ds, run_id, settings)
-            numbers = publish_step(warehouse, ds, run_id, load.night.root, settings, time.perf_counter() - started)
-        else:
-            with warehouse.held():
-                summary = load_step(load, warehouse, run_id)
-                for k in range(settings.shards):
-                    shard_step(warehouse.output_dir, ds, k, run_id, settings)
+        try:
+            if parallel:
+                summary = load_step(load, warehouse, run_id, plans=plans)
+                _run_shards_in_workers(warehouse, ds, run_id, settings, plans)
                 numbers = publish_step(warehouse, ds, run_id, load.night.root, settings, time.perf_counter() - started)
+            else:
+                with warehouse.held():
+                    summary = load_step(load, warehouse, run_id, plans=plans)
+                    for k in range(settings.shards):
+                        shard_step(warehouse.output_dir, ds, k, run_id, settings, plans)
+                    numbers = publish_step(
+                        warehouse, ds, run_id, load.night.root, settings, time.perf_counter() - started
+                    )
+        finally:
+            if plans is not None:
+                shutil.rmtree(plans, ignore_errors=True)
         return BuildSummary(run_id, summary, numbers, time.perf_counter() - started)
 
 
-def _run_shards_in_workers(warehouse: Warehouse, ds: str, run_id: str, settings: Settings) -> None:
+def _run_shards_in_workers(warehouse: Warehouse, ds: str, run_id: str, settings: Settings, plans: str | None) -> None:
     output = warehouse.output_dir
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(
         max_workers=min(settings.workers, settings.shards), mp_context=get_context("fork")
     ) as pool:
-        for done in [pool.submit(shard_step, output, ds, k, run_id, settings) for k in range(settings.shards)]:
+        for done in [pool.submit(shard_step, output, ds, k, run_id, settings, plans) for k in range(settings.shards)]:
             done.result()  # re-raises a worker's error
 
 

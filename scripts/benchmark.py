@@ -312,6 +312,23 @@ assert rc == 0, rc
 """
 
 
+S3_STEP = """
+from reassembler.build import load_step, publish_step, shard_step
+from reassembler.load.night_load import NightLoad
+from reassembler.settings import Settings
+from reassembler.warehouse import Warehouse
+step, inp, out, ds, warehouse = sys.argv[1:6]
+settings = Settings()
+if step == "load":
+    with NightLoad(inp, ds, settings) as night:
+        load_step(night, Warehouse(out, settings.duckdb, warehouse), "bench-steps")
+elif step == "shard":
+    shard_step(out, ds, 0, "bench-steps", settings)
+else:
+    publish_step(Warehouse(out, settings.duckdb, warehouse), ds, "bench-steps", inp, settings)
+"""
+
+
 def s3_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str, latency_ms: float = 0.0) -> None:
     """The bench night built from and to a local S3-compatible server (moto's, on 127.0.0.1)
     beside the local build, interleaved (issue 25's goals: S3 within 1.5x by wall; bytes read
@@ -343,6 +360,13 @@ def s3_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: s
         before = proxy.downstream
         run(S3_BUILD, uri_in, uri_out, DS, memory_limit, warehouse)
         read = proxy.downstream - before
+        # the parts of a distributed night, each in a fresh process straight to the server:
+        # the load (serial, on the warehouse's worker), one shard (any worker), the publish
+        os.environ["AWS_ENDPOINT_URL"] = server.endpoint
+        parts = {
+            step: statistics.median(run(S3_STEP, step, uri_in, uri_out, DS, warehouse)["wall"] for _ in range(rounds))
+            for step in ("load", "shard", "publish")
+        }
     finally:
         proxy.close()
         server.stop()
@@ -374,6 +398,12 @@ def s3_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: s
     print(
         f"             beyond the JSON / token files = {tokens_read / token_bytes:.2f}   (goal <= 1.1)  "
         f"{_met(tokens_read / token_bytes <= 1.1)}"
+    )
+    t = totals["tokens"]
+    print(
+        f"steps on S3  load {parts['load']:.2f} s ({t / parts['load'] / 1e6:.1f}M tokens/s, serial), one shard "
+        f"{parts['shard']:.2f} s ({t / parts['shard'] / 1e6:.1f}M tokens/s), publish {parts['publish']:.2f} s; "
+        "each a fresh process, medians"
     )
 
 

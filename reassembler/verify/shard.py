@@ -112,12 +112,15 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
     yield take_rollouts(None), table
 
 
-def run_shard(ds: str, shard: int, settings: Settings, run_id: str, staging: str) -> ShardResult:
+def run_shard(
+    ds: str, shard: int, settings: Settings, run_id: str, staging: str, plans: str | None = None
+) -> ShardResult:
     """Write staging/rows/part-<shard>.parquet and staging/audit/part-<shard>.parquet from
-    the shard's plan in the run's folder (load/shard_plan.py) and the token files it names:
-    the warehouse is not opened."""
-    rollouts = read_rollouts(staging, shard)
-    units = _units(PlannedCalls(staging, shard), iter(rollouts), settings.batch_rows, settings.batch_tokens)
+    the shard's plan (load/shard_plan.py; in the run's folder unless `plans` names another)
+    and the token files it names: the warehouse is not opened."""
+    plans = plans or staging
+    rollouts = read_rollouts(plans, shard)
+    units = _units(PlannedCalls(plans, shard), iter(rollouts), settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
     with _Pipeline(staging, shard, run_id, ds) as pipeline:
         store = TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes)
