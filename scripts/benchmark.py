@@ -22,7 +22,8 @@ as CPU seconds (the whole process, and its main thread alone):
 Also times the capture-quality report over 30 nights of 10,000 rollouts each, NeMo Gym's
 local capture mode against its staged capture (`--local-only`), and the night built from and
 to a local S3-compatible server against the local build (`--s3-only`: wall and CPU ratios,
-peak RSS, bytes read from the store over the token files' size).
+peak RSS, bytes read from the store over the token files' size; the load, one shard and the
+publish timed on their own), and the fixed cost of a task under Celery (`--celery-only`).
 
 Usage: python scripts/benchmark.py [--tokens 10e6] [--rounds 3] [--workdir bench-out] [--workers 2]
                                   [--reuse] [--against REV] [--local-only | --s3-only]
@@ -407,6 +408,55 @@ def s3_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: s
     )
 
 
+def celery_main(work: Path, tokens: float, reuse: bool) -> None:
+    """The fixed cost of a task under Celery (make airflow-celery's deployment, two workers
+    on this machine): a night of the bench size triggered once, each task's wait from queued
+    to running and its duration, from the metadata DB."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from celery_deployment import CeleryDeployment
+
+    root, totals = night(work, "1x", tokens, seed=1, reuse=reuse)
+    deployment = CeleryDeployment(root / "input", DS, isolate=False, concurrency=2)
+    try:
+        if deployment.started.returncode != 0:
+            raise SystemExit(f"the Celery deployment did not start: {deployment.started.stdout[-1000:]}")
+        state = deployment.run_night("bench", {"ds": DS, "shards": 4, **{f"gate_max_{k}": None for k in GATES}})
+        rows = deployment.query(
+            "SELECT task_id, map_index, extract(epoch FROM start_date - queued_dttm), "
+            "extract(epoch FROM end_date - start_date) FROM task_instance WHERE run_id = 'bench' "
+            "AND start_date IS NOT NULL ORDER BY start_date"
+        )
+        [[night_wall]] = deployment.query(
+            "SELECT extract(epoch FROM end_date - start_date) FROM dag_run WHERE run_id = 'bench'"
+        )
+    finally:
+        deployment.stop()
+    waits = [float(w) for _, _, w, _ in rows if w]
+    took = {(t, int(m)): float(d) for t, m, _, d in rows}
+    shards = [d for (t, _), d in took.items() if t == "reassemble"]
+    print(
+        f"Celery, 2 workers x 2 slots, night 1x ({totals['tokens'] / 1e6:.1f}M tokens, 4 shards): {state} in "
+        f"{float(night_wall):.1f} s"
+    )
+    chain = [d for (t, _), d in took.items() if t != "reassemble"] + [
+        max(shards)
+    ]  # the night's steps, one after another
+    gap = (float(night_wall) - sum(chain)) / len(chain)
+    print(
+        f"task fixed cost  {gap:.2f} s between one step's end and the next one's start (the night's wall less its "
+        f"{len(chain)} steps, per step); queued -> running {statistics.median(waits):.2f} s; a trivial task "
+        f"(check_input) runs {took.get(('check_input', -1), float('nan')):.2f} s"
+    )
+    print(
+        "task durations   "
+        + ", ".join(f"{t} {d:.2f} s" for (t, m), d in took.items() if t != "reassemble")
+        + f"; reassemble x{len(shards)} median {statistics.median(shards):.2f} s"
+    )
+
+
+GATES = ("mask_rate", "reason_rate", "mask_rate_rise", "rejects")
+
+
 def _size(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
@@ -425,6 +475,7 @@ def main() -> None:
     p.add_argument(
         "--s3-only", action="store_true", help="only compare the build on a local S3 server with the local build"
     )
+    p.add_argument("--celery-only", action="store_true", help="only the fixed cost of a task under Celery")
     p.add_argument("--s3-latency-ms", type=float, default=0.0, help="--s3-only: ms added to each request")
     p.add_argument("--reuse", action="store_true", help="reuse the nights of an earlier run in --workdir")
     p.add_argument(
@@ -436,6 +487,8 @@ def main() -> None:
         return report_main(work)
     if args.local_only:
         return local_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
+    if args.celery_only:
+        return celery_main(work, args.tokens, args.reuse)
     if args.s3_only:
         return s3_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit, args.s3_latency_ms)
 
