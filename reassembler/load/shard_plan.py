@@ -7,6 +7,9 @@ task wrote) and may run on any machine.
     <run folder>/plan/shard-<k>/calls.parquet      their calls in the order the shard reads
                                                    them (sql/shard_calls.sql), each with its
                                                    token row's file and row number
+    <run folder>/plan/shard-<k>/token_groups.parquet  the token row groups it reads (file, row
+                                                   group, rows taken), in the order it first
+                                                   needs them
 
 Memory is bounded while writing: DuckDB sorts one slice of SLICE_CALLS calls' groups at a
 time and streams it out in batches of CALL_BATCH_ROWS rows, which become the calls file's
@@ -18,12 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import storage
 from ..errors import InputError
 from ..formats.fields import CALL, select_list
+from ..formats.token_file import TokenFile
 from ..warehouse import sql
 
 SLICE_CALLS = 8192  # calls DuckDB sorts at a time (~2.5 KB each): slices of whole groups
@@ -40,12 +45,56 @@ def plan_dir(staging, shard: int) -> str:
 
 def write_plans(con, staging, ds: str, shards: int) -> None:
     """Write the plan of every shard of the loaded night `ds` (sql/plan_shards.sql split it)."""
+    starts: dict[str, np.ndarray] = {}  # each token file's row-group starts, its footer read once
     for shard in range(shards):
         params = {"ds": ds, "shard": shard, "rollout_id": None}
         folder = plan_dir(staging, shard)
         rollouts = con.sql(sql("shard_rollouts"), params=params).to_arrow_table()
         _write(storage.join(folder, "rollouts.parquet"), rollouts.schema, [rollouts])
-        _write(storage.join(folder, "calls.parquet"), None, _call_slices(con, params, _slices(con, ds, shard)))
+        groups = _TokenGroups(starts)
+        calls = (groups.add(batch) for batch in _call_slices(con, params, _slices(con, ds, shard)))
+        _write(storage.join(folder, "calls.parquet"), None, calls)
+        _write(storage.join(folder, "token_groups.parquet"), TOKEN_GROUPS, [groups.table()])
+
+
+TOKEN_GROUPS = pa.schema([("file", pa.string()), ("row_group", pa.int32()), ("rows", pa.int64())])
+
+
+class _TokenGroups:
+    """The token row groups a shard reads, in the order it first needs them, with how many
+    of each one's rows it takes (the plan's token_groups.parquet)."""
+
+    def __init__(self, starts: dict[str, np.ndarray]):
+        self.starts = starts
+        self.files: list[pa.Array] = []
+        self.rows: list[pa.Array] = []
+
+    def add(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        self.files.append(batch.column("t_file"))
+        self.rows.append(batch.column("t_row"))
+        return batch
+
+    def table(self) -> pa.Table:
+        if not self.files:
+            return TOKEN_GROUPS.empty_table()
+        files = pa.chunked_array(self.files, pa.string()).combine_chunks().dictionary_encode()
+        present = files.is_valid().to_numpy(zero_copy_only=False)
+        codes = files.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        rows = pa.chunked_array(self.rows, pa.int64()).fill_null(0).to_numpy()
+        groups = np.zeros(len(rows), dtype=np.int64)
+        for code, name in enumerate(files.dictionary.to_pylist()):
+            if name not in self.starts:
+                self.starts[name] = TokenFile(name).starts
+            idx = np.flatnonzero(present & (codes == code))
+            groups[idx] = np.searchsorted(self.starts[name], rows[idx], side="right") - 1
+        keys = (codes << 32) + groups
+        distinct, first, counts = np.unique(keys[present], return_index=True, return_counts=True)
+        order = np.argsort(first)  # the order the shard first needs them
+        names = files.dictionary.take(pa.array(distinct[order] >> 32))
+        return pa.table(
+            [names, pa.array((distinct[order] & 0xFFFFFFFF).astype(np.int32)), pa.array(counts[order])],
+            schema=TOKEN_GROUPS,
+        )
 
 
 def _write(loc: str, schema: pa.Schema | None, parts) -> None:
