@@ -123,11 +123,17 @@ MUTANTS = [
     ),
     # the commit (one manifest per night) and the output lease
     Mutant(
-        "the manifest put always wins",
-        "reassembler/publish/protocol.py",
-        "json.dumps(manifest, indent=1, sort_keys=True).encode(), version)",
-        "json.dumps(manifest, indent=1, sort_keys=True).encode(), "
-        "storage.read_versioned(manifest_path(output, ds))[1])",
+        "the conditional put on S3 is unconditional",
+        "reassembler/storage.py",
+        'condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}',
+        "condition: dict = {}",
+        ("tests/test_object_storage.py",),
+    ),
+    Mutant(
+        "the local conditional put never conflicts",
+        "reassembler/storage.py",
+        "        if read_versioned(loc)[1] != version:",
+        "        if False:",
         ("tests/test_object_storage.py",),
     ),
     Mutant(
