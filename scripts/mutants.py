@@ -146,8 +146,8 @@ MUTANTS = [
     Mutant(
         "a replaced run's files deleted at once",
         "reassembler/publish/protocol.py",
-        'if replaced.get("run_id") and time.time() - committed < GRACE_SECONDS:',
-        "if False:",
+        'keep |= {path_safe(r["run_id"]) for r in manifest.get("superseded", []) if _age(r["at"]) < GRACE_SECONDS}',
+        "pass",
         ("tests/test_publish.py",),
     ),
     Mutant(

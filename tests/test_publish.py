@@ -59,10 +59,13 @@ def test_rerun_of_the_same_night_publishes_identical_rows(tmp_path, two_groups):
             assert (out / key).read_bytes() == (out / part).read_bytes()
     # the replaced run's files stay readable for the grace period, under its own folder
     assert (out / first_key(first.run_id)).exists()
-    build_night(two_groups, out, DS)
+    third = build_night(two_groups, out, DS)
     assert partition_parts(out / "rows" / f"ds={DS}") == rows1  # byte for byte
+    # every run replaced within the grace period keeps its files (the first one too: replaced
+    # by the second less than the grace period ago)
     runs = sorted(p.name for p in (out / "_runs" / f"ds={DS}").iterdir())
-    assert runs == sorted([second.run_id, _manifest(out)["run_id"]])  # the first run's files are gone
+    assert runs == sorted([first.run_id, second.run_id, third.run_id])
+    assert [r["run_id"] for r in _manifest(out)["superseded"]] == [second.run_id, first.run_id]
 
 
 def first_key(run_id: str) -> str:
@@ -72,9 +75,13 @@ def first_key(run_id: str) -> str:
 def test_runs_beyond_the_grace_period_are_deleted(tmp_path, two_groups, monkeypatch):
     out = tmp_path / "out"
     first = build_night(two_groups, out, DS)
-    monkeypatch.setattr(publish_module, "GRACE_SECONDS", 0.0)
     second = build_night(two_groups, out, DS)
-    assert not (out / first_key(first.run_id)).exists() and (out / first_key(second.run_id)).exists()
+    assert (out / first_key(first.run_id)).exists()
+    monkeypatch.setattr(publish_module, "GRACE_SECONDS", 0.0)  # the grace periods are over
+    third = build_night(two_groups, out, DS)
+    assert [p.name for p in (out / "_runs" / f"ds={DS}").iterdir()] == [third.run_id]
+    # the manifest lists the run it just replaced, not the first one, whose grace is over
+    assert [r["run_id"] for r in _manifest(out)["superseded"]] == [second.run_id]
 
 
 def test_a_crash_in_a_shard_leaves_the_previous_partition(tmp_path, two_groups, monkeypatch):

@@ -201,18 +201,21 @@ def publish_staged(con, output, staging, ds: str, run_id: str, numbers: NightNum
     output, staging = storage.location(output), str(staging)
     previous, version = read_manifest(output, ds)
     tag = path_safe(run_id)
+    now = _now()
     files = {kind: [storage.relative(output, loc) for loc in _staged_files(staging, kind)] for kind in KINDS}
     manifest = {
         "version": MANIFEST_VERSION,
         "ds": ds,
         "run_id": run_id,
-        "committed_at": _now(),
+        "committed_at": now,
         "files": files,
         "partitions": {
             kind: [f"{kind}/ds={ds}/part-{tag}-{storage.name(key)[len('part-') :]}" for key in files[kind]]
             for kind in KINDS
         },
         "replaces": None if previous is None else {"run_id": previous.get("run_id")},
+        # runs replaced less than GRACE_SECONDS ago, with when: their files stay readable
+        "superseded": _superseded(previous, now),
         "numbers": asdict(numbers),
         "run_info": run_info,
     }
@@ -317,16 +320,26 @@ def _exchange(a: str, b: str) -> None:
         os.rename(aside, a)
 
 
+def _superseded(previous: dict | None, now: str) -> list[dict]:
+    """The runs a new commit supersedes, each with when: the run the previous manifest named
+    (from now on), and those it listed whose grace period is not over."""
+    if previous is None or "version" not in previous:
+        return []
+    live = [r for r in previous.get("superseded", []) if _age(r["at"]) < GRACE_SECONDS]
+    return [{"run_id": previous["run_id"], "at": now}, *live]
+
+
+def _age(when: str) -> float:
+    return time.time() - datetime.fromisoformat(when).timestamp()
+
+
 def collect_runs(output: str, ds: str, manifest: dict | None) -> None:
-    """Delete the run folders of the night no reader needs: all but the committed run's and,
-    for GRACE_SECONDS after its commit, the run it replaced."""
+    """Delete the run folders of the night no reader needs: all but the committed run's and
+    those of the runs it superseded less than GRACE_SECONDS ago."""
     keep = set()
     if manifest is not None and "version" in manifest:  # (a manifest of the release before names no run folder)
         keep.add(path_safe(manifest["run_id"]))
-        replaced = manifest.get("replaces") or {}
-        committed = datetime.fromisoformat(manifest["committed_at"]).timestamp()
-        if replaced.get("run_id") and time.time() - committed < GRACE_SECONDS:
-            keep.add(path_safe(replaced["run_id"]))
+        keep |= {path_safe(r["run_id"]) for r in manifest.get("superseded", []) if _age(r["at"]) < GRACE_SECONDS}
     folder = runs_dir(output, ds)
     runs = {rel.split("/", 1)[0] for rel in storage.list_files(folder, "", recursive=True)}
     if not storage.is_remote(folder) and os.path.isdir(folder):
