@@ -150,18 +150,14 @@ def store_error(loc: str, exc: BaseException) -> StoreError | None:
         return None
     text = str(exc).replace("\n", " ")
     low = text.lower()
-    bucket = _split(loc)[0]
     endpoint = _endpoint() or "AWS S3"
-    if "nosuchbucket" in low or "bucket does not exist" in low or "the specified bucket does not exist" in low:
-        return StoreError(f"{loc}: bucket {bucket} does not exist at {endpoint}")
+    if "nosuchbucket" in low or "bucket does not exist" in low:
+        return _no_bucket(loc)
     if any(
         s in low
         for s in ("invalidaccesskeyid", "signaturedoesnotmatch", "access denied", "accessdenied", "forbidden", "403")
     ):
-        return StoreError(
-            f"{loc}: access denied by {endpoint} (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the "
-            "bucket's policy)"
-        )
+        return _denied(loc)
     if any(
         s in low
         for s in (
@@ -180,6 +176,17 @@ def store_error(loc: str, exc: BaseException) -> StoreError | None:
     if "aws error" in low or ("s3" in low and isinstance(exc, OSError)):
         return StoreError(f"{loc}: object storage error ({text[:300]})")
     return None
+
+
+def _no_bucket(loc: str) -> StoreError:
+    return StoreError(f"{loc}: bucket {_split(loc)[0]} does not exist at {_endpoint() or 'AWS S3'}")
+
+
+def _denied(loc: str) -> StoreError:
+    return StoreError(
+        f"{loc}: access denied by {_endpoint() or 'AWS S3'} (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+        "and the bucket's policy)"
+    )
 
 
 def _raise_store(loc: str, exc: BaseException):
@@ -378,12 +385,9 @@ def check_bucket(loc: str) -> None:
     except Exception as e:  # noqa: BLE001 - botocore's errors, said as one line
         code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
         if code in ("404", "NoSuchBucket", "NotFound"):
-            raise StoreError(f"{loc}: bucket {bucket} does not exist at {_endpoint() or 'AWS S3'}") from None
+            raise _no_bucket(loc) from None
         if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            raise StoreError(
-                f"{loc}: access denied by {_endpoint() or 'AWS S3'} (check AWS_ACCESS_KEY_ID / "
-                "AWS_SECRET_ACCESS_KEY and the bucket's policy)"
-            ) from None
+            raise _denied(loc) from None
         found = store_error(loc, e)
         raise found or StoreError(f"{loc}: object storage error ({str(e).splitlines()[0][:300]})") from None
 

@@ -73,14 +73,7 @@ class S3Server:
                 client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
 
     def download(self, uri: str, folder: Path) -> None:
-        bucket, _, prefix = uri[len("s3://") :].partition("/")
-        client = self.client()
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                rel = obj["Key"][len(prefix) :].lstrip("/")
-                target = Path(folder) / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+        download(uri, folder)  # the test's environment points at this server (conftest's `s3`)
 
     def keys(self, uri: str) -> list[str]:
         bucket, _, prefix = uri[len("s3://") :].partition("/")
@@ -173,3 +166,14 @@ class CountingProxy:
 
     def close(self) -> None:
         self._listener.close()
+
+
+def download(uri: str, folder: Path) -> None:
+    """Every object under `uri` into `folder`, same layout, from the store the AWS
+    environment names (reassembler.storage)."""
+    from reassembler import storage
+
+    for rel in storage.list_files(uri, "", recursive=True):
+        target = Path(folder) / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(storage.read_bytes(storage.join(uri, rel)))

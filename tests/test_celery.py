@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from celery_deployment import CeleryDeployment
+from s3server import download
 
 REPO = Path(__file__).resolve().parents[1]
 DS = "2026-11-28"
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.mark.timeout(900)
-def test_a_night_on_two_celery_workers_that_share_only_object_storage(tmp_path):
+def test_a_night_on_two_celery_workers_that_share_only_object_storage(tmp_path, monkeypatch):
     from reassembler.build import build_night
     from reassembler.producer.synth import SynthConfig, synth_night
 
@@ -61,12 +61,10 @@ def test_a_night_on_two_celery_workers_that_share_only_object_storage(tmp_path):
         assert not list((celery_dir / "worker-2").rglob("*.duckdb"))
         # the rows equal a local build's
         mirror = tmp_path / "mirror"
-        subprocess.run(
-            [sys.executable, "-c", _DOWNLOAD, "s3://rows/nightly", str(mirror)],
-            env=deployment.env,
-            check=True,
-            timeout=120,
-        )
+        for name, value in deployment.env.items():
+            if name.startswith("AWS_"):
+                monkeypatch.setenv(name, value)
+        download("s3://rows/nightly", mirror)
         build_night(local_input, tmp_path / "local", DS)
         for kind in ("rows", "audit"):
             a = pq.read_table(tmp_path / "local" / kind / f"ds={DS}", partitioning=None)
@@ -76,15 +74,3 @@ def test_a_night_on_two_celery_workers_that_share_only_object_storage(tmp_path):
             assert sorted(a.to_pylist(), key=str) == sorted(b.to_pylist(), key=str)
     finally:
         deployment.stop()
-
-
-_DOWNLOAD = """
-import sys
-from pathlib import Path
-from reassembler import storage
-uri, folder = sys.argv[1:3]
-for rel in storage.list_files(uri, "", recursive=True):
-    target = Path(folder) / rel
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(storage.read_bytes(storage.join(uri, rel)))
-"""

@@ -18,6 +18,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
+from commands import cli, one_line_error
 from nights import DS, Night, partition_parts, worked_example
 from reassembler.errors import ResourceExhausted, classify
 from reassembler.publish.protocol import KINDS
@@ -26,25 +27,8 @@ from reassembler.settings import DuckDBSettings
 STEPS = ["commit", "manifest", "warehouse", "rows_in", "audit_in"]
 
 
-def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "reassembler.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
 def build(inp, out, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return cli("build", "--input", inp, "--output", out, "--ds", DS, *extra, env=env)
-
-
-def one_line_error(res: subprocess.CompletedProcess) -> str:
-    err = res.stderr.strip()
-    assert "Traceback" not in res.stderr and "\n" not in err, res.stderr
-    assert err.startswith("reassembler: error: "), err
-    return err
 
 
 def night_input(root: Path, extra: bool = False) -> Path:

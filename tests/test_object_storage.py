@@ -8,10 +8,8 @@ messages are real."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -19,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from commands import cli, one_line_error
 from nights import DS
 from reassembler import storage
 from reassembler.errors import OutputBusy
@@ -26,25 +25,8 @@ from reassembler.errors import OutputBusy
 KINDS = ("rows", "audit")
 
 
-def cli(*args, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "reassembler.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
 def build(inp, out, warehouse, *extra, env: dict | None = None) -> subprocess.CompletedProcess:
     return cli("build", "--input", inp, "--output", out, "--warehouse", warehouse, "--ds", DS, *extra, env=env)
-
-
-def one_line(res: subprocess.CompletedProcess) -> str:
-    err = res.stderr.strip()
-    assert "Traceback" not in res.stderr and "\n" not in err, res.stderr
-    assert err.startswith("reassembler: error: "), err
-    return err
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +229,7 @@ def test_a_held_lease_makes_a_second_build_fail_naming_its_holder(s3, nights, tm
     )
     res = build(inp, out, tmp_path / "w.duckdb")
     assert res.returncode == 3
-    assert "output is busy, held by pid 4242 on elsewhere (build ds=2026-11-28)" in one_line(res)
+    assert "output is busy, held by pid 4242 on elsewhere (build ds=2026-11-28)" in one_line_error(res)
     expired = json.dumps({"pid": 4242, "host": "elsewhere", "ds": DS, "until": 1.0}).encode()
     storage.write_bytes(f"{out}/_lock", expired)  # its holder died long ago: taken over
     assert build(inp, out, tmp_path / "w.duckdb").returncode == 0
@@ -256,13 +238,13 @@ def test_a_held_lease_makes_a_second_build_fail_naming_its_holder(s3, nights, tm
 
 def test_synth_writes_only_local_folders():
     res = cli("synth", "--output", "s3://capture/nightly", "--ds", DS, "--rollouts", "8")
-    assert res.returncode == 2 and "synth writes a local folder" in one_line(res)
+    assert res.returncode == 2 and "synth writes a local folder" in one_line_error(res)
 
 
 def test_the_warehouse_is_required_for_an_output_on_s3(s3, nights):
     res = cli("build", "--input", nights / "small", "--output", "s3://rows/x", "--ds", DS)
     assert res.returncode == 2
-    assert "is on object storage: give the warehouse file's local path with --warehouse" in one_line(res)
+    assert "is on object storage: give the warehouse file's local path with --warehouse" in one_line_error(res)
 
 
 @pytest.mark.parametrize("case", ["missing bucket", "wrong credentials", "unreachable endpoint", "missing prefix"])
@@ -286,7 +268,7 @@ def test_the_store_refusing_is_one_line_and_an_exit_code(s3, nights, tmp_path, c
         env["AWS_ACCESS_KEY_ID"] = "AKIAWRONG"
     res = build(inp, f"s3://{s3.bucket('rows')}/nightly", tmp_path / "w.duckdb", env=env)
     assert res.returncode == code, res.stderr
-    assert said in one_line(res)
+    assert said in one_line_error(res)
     assert "s3:/" + bucket not in res.stderr  # a URI is never turned into a path
 
 
