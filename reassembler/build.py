@@ -10,24 +10,21 @@ run exactly this code, with one `Settings` (settings.py).
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
-
-import pyarrow as pa
 
 from . import storage
 from .errors import InputError
 from .load.night_load import NightLoad
 from .load.read import LoadSummary
 from .load.shard_plan import write_plans
+from .memory import step_memory
 from .publish.checkpoints import checkpoint
 from .publish.lock import OutputLock
 from .publish.protocol import (
@@ -46,28 +43,6 @@ from .verify.shard import ShardResult, run_shard
 from .warehouse import Warehouse, apply_retention, clear_dead_spill_folders, run_script, sql
 
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def _step_memory():
-    """How a step uses memory: pyarrow allocates through jemalloc (its default, mimalloc,
-    handed each freed batch's pages back to the kernel and faulted fresh zeroed ones in), and
-    Python's cycle collector runs rarely meanwhile (the steps allocate many short-lived
-    containers; at the default thresholds it cost ~6% of a shard's CPU). Reference counting
-    frees everything else as usual."""
-    try:
-        pa.set_memory_pool(pa.jemalloc_memory_pool())
-    except NotImplementedError:  # a pyarrow built without jemalloc keeps its default
-        pass
-    thresholds = gc.get_threshold()
-    gc.set_threshold(STEP_GC_THRESHOLD, *thresholds[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-
-
-STEP_GC_THRESHOLD = 200_000  # container allocations between two young-generation collections
 
 
 def new_run_id(ds: str) -> str:
@@ -92,7 +67,7 @@ def load_step(
         clear_legacy(output, ds)
         clear_dead_spill_folders(output, settings.duckdb)
         staging = staging_dir(output, ds, run_id or new_run_id(ds))
-        with _step_memory():
+        with step_memory():
             summary = load.into(con, staging)
         con.execute("BEGIN TRANSACTION")
         run_script(con, "record_load", {"ds": ds, "run_id": run_id, "n_rollouts": summary.n_rollouts})
@@ -100,7 +75,7 @@ def load_step(
         apply_retention(con, ds, settings.retention_nights)
         con.execute("COMMIT")
         con.execute("CHECKPOINT")  # the night into the file
-        with _step_memory():
+        with step_memory():
             write_plans(con, plans or staging, ds, settings.shards)  # what each shard reads instead of the warehouse
         checkpoint("loaded")
     log.info("loaded ds=%s: %s", ds, "; ".join(summary.lines()))
@@ -113,7 +88,7 @@ def shard_step(
     """Reassemble shard `shard` of the loaded night into the run's folder, from its plan
     there (or in `plans`): it needs the output store only (no warehouse), so it may run on
     any machine."""
-    with _step_memory():
+    with step_memory():
         return run_shard(ds, shard, settings, run_id, staging_dir(storage.location(output), ds, run_id), plans)
 
 

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +20,7 @@ from conftest import Built
 from nights import DS, Night, answer, call, reasoning, tool_output, worked_example, worked_example_local
 from reassembler.build import build_night
 from reassembler.errors import InputError
-from reassembler.formats.gym_local import tokens_digest
+from reassembler.formats.gym_local import float_array, int_array, tokens_digest
 from reassembler.producer.gym_local import entry_line
 from reassembler.settings import Options
 
@@ -559,6 +560,48 @@ def test_gyms_tokens_digest_of_the_fixture_entries():
             e = orjson.loads(line)
             assert e["prompt_is_delta"] is False
             assert digest(e["prompt_token_ids"] + e["generation_token_ids"]) == e["digest"]
+
+
+_elements = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.booleans(),
+    st.integers(2**63, 2**70) | st.integers(-(2**70), -(2**63) - 1),
+    st.floats(allow_nan=False),
+    st.none(),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_elements, max_size=6))
+def test_token_lists_are_read_exactly_or_refused(values):
+    """int_array: integers (JSON true / false as 1 / 0) in int64 as they are; a list with an
+    element of another type is refused (TypeError: invalid_record), a list of integers one of
+    which is beyond int64 is OverflowError (invalid_token); strictly, booleans are refused
+    too. float_array: numbers as float64, null as NaN."""
+    ints = all(isinstance(v, int) for v in values)
+    for strict in (False, True):
+        if ints and not (strict and any(isinstance(v, bool) for v in values)):
+            if all(-(2**63) <= v < 2**63 for v in values):
+                got = int_array(values, strict=strict)
+                assert got.dtype == np.int64 and got.tolist() == [int(v) for v in values]
+            else:
+                with pytest.raises(OverflowError):
+                    int_array(values, strict=strict)
+        elif all(isinstance(v, int) and -(2**63) <= v < 2**63 for v in values):  # booleans, strictly
+            with pytest.raises(TypeError):
+                int_array(values, strict=strict)
+        else:  # which of the two, when both an intruder and a huge integer are there, is not said
+            with pytest.raises((TypeError, OverflowError)):
+                int_array(values, strict=strict)
+    numbers = all(v is None or (isinstance(v, (int, float)) and abs(v) < 2**53) for v in values)
+    if numbers:
+        got = float_array(values)
+        assert got.tolist() == pytest.approx([float("nan") if v is None else float(v) for v in values], nan_ok=True)
+    elif any(isinstance(v, (str, list)) for v in values):
+        with pytest.raises(TypeError):
+            float_array(values)
 
 
 # -- the audit product shows the capture

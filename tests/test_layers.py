@@ -9,7 +9,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "reassembler"
 # floors, lowest first: a module may import its own floor and the floors below it
 FLOORS = [
-    {"errors", "reasons", "settings", "storage"},  # beneath everything
+    {"errors", "memory", "reasons", "settings", "storage"},  # beneath everything
     {"formats"},
     {"warehouse"},
     {"load"},

@@ -11,7 +11,8 @@ import pyarrow as pa
 from ..errors import InputError
 from ..formats.fields import CALL, select_list
 from ..formats.night import NightFiles, find_night
-from ..load.gym_capture import derive_again, derived_tokens
+from ..load.derived_tokens import derived_tokens
+from ..load.gym_capture import derive_again
 from ..load.read import token_files
 from ..load.token_keys import KEYS, key_batches
 from ..load.token_store import TokenStore

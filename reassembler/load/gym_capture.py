@@ -14,9 +14,10 @@ inserted, then calls `finish` once the rollouts and the ledger are in:
   **local-mode** files (load/local_capture.py) when it has no ledger row, or from neither
   (`mixed_capture` when it has both).
 
-Derived token rows (local mode, rebuilt lines) go to one Parquet file in the run's scratch
-folder, in the token file's canonical columns, and their keys into token_rows: from there
-on the shards treat them as any token row. Calls derived here are numbered after the
+Derived token rows (local mode, rebuilt lines) go to Parquet files in the run's scratch
+folder (load/derived_tokens.py; one more per child process that read local-mode captures,
+load/capture_children.py), and their keys into token_rows: from there on the shards treat
+them as any token row. Calls derived here are numbered after the
 ledger's (CAPTURE_SEQ_BASE), each rollout's in its own capture order.
 """
 
@@ -25,19 +26,17 @@ from __future__ import annotations
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .. import storage
 from ..formats.fields import LEDGER
 from ..formats.gym_local import capture_file, parse_state, valid_key
 from ..formats.night import NightFiles
 from ..formats.records import RecordError, parse_failure
-from ..formats.token_file import CANONICAL, LISTS
 from ..warehouse import run_script, sql
+from .capture_children import CaptureChildren
+from .derived_tokens import DerivedTokens
 from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter
 from .json_lines import DECODER, json_lines, reject
 from .local_capture import CaptureFiles, LocalRollout, TokenRow, read_capture
@@ -45,61 +44,7 @@ from .token_keys import insert_token_keys
 
 CAPTURE_SEQ_BASE = 1 << 40  # calls derived here come after every ledger line
 GIVE_UP_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS (CONTRACT.md 2.1)
-ROW_GROUP_ROWS = 256
 REBUILT_CALL = "gym-rebuilt-item-{}"  # the calls of a rebuilt line, one per token item (never shown)
-
-
-# a token file (CONTRACT.md 2.3) holding only keys and token lists; the custody columns are
-# null: a derived call's checks ran where it was derived
-FILE_SCHEMA = pa.schema(
-    [("staging_key", pa.string())]
-    + [(f.name, f.type) for f in CANONICAL if f.name not in ("ids", "mask", "logprobs")]
-    + [(column, typ) for _, column, typ in LISTS]
-)
-
-
-class DerivedTokens:
-    """Token rows the load derives, written to one Parquet file in the canonical columns
-    (formats/token_file.py), a row group at a time."""
-
-    def __init__(self, folder: str):
-        self.path = storage.join(folder, "derived-tokens.parquet")
-        self._writer: pq.ParquetWriter | None = None
-        self._sink: Any = None
-        self._rows: list[TokenRow] = []
-        self.count = 0
-
-    def add(self, row: TokenRow) -> None:
-        self._rows.append(row)
-        if len(self._rows) >= ROW_GROUP_ROWS:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._rows:
-            return
-        n = len(self._rows)
-        columns = [pa.array([r.staging_key for r in self._rows], pa.string())]
-        columns += [pa.nulls(n, f.type) for f in list(FILE_SCHEMA)[1:-3]]  # the custody columns
-        table = pa.table(columns + _token_lists(self._rows), schema=FILE_SCHEMA)
-        if self._writer is None:
-            self._sink = storage.open_output(self.path)
-            # scratch, read once by the shards: no compression, dictionary or statistics to make
-            self._writer = pq.ParquetWriter(
-                self._sink, FILE_SCHEMA, compression="none", use_dictionary=False, write_statistics=False
-            )
-        self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
-        self.count += n
-        self._rows = []
-
-    def close(self) -> str | None:
-        """The file, once complete; None when no row was derived."""
-        self._flush()
-        if self._writer is None:
-            return None
-        self._writer.close()
-        self._sink.close()
-        self._writer = self._sink = None
-        return self.path
 
 
 @dataclass
@@ -139,7 +84,15 @@ class GymSummary:
 
 
 class GymCapture:
-    def __init__(self, con, night: NightFiles, rejects: Inserter, scratch: str | None, max_line_bytes: int):
+    def __init__(
+        self,
+        con,
+        night: NightFiles,
+        rejects: Inserter,
+        scratch: str | None,
+        max_line_bytes: int,
+        readers: CaptureChildren | None = None,
+    ):
         self.con, self.night, self.rejects, self.max_line_bytes = con, night, rejects, max_line_bytes
         self.summary = GymSummary()
         self.captures: dict[str, CaptureFiles] = {}
@@ -161,6 +114,7 @@ class GymCapture:
         self.columns: list[dict[str, str | None]] = []  # rollout capture columns decided here
         self.rebuilt: set[str] = set()
         self._scratch = scratch
+        self._readers = readers
         self._tokens: DerivedTokens | None = None
         self.calls = Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
         self._seq = CAPTURE_SEQ_BASE
@@ -169,10 +123,15 @@ class GymCapture:
     # -- derived rows
 
     @property
+    def scratch(self) -> str:
+        if self._scratch is None:
+            self._scratch = tempfile.mkdtemp(prefix="reassembler-capture-")
+        return self._scratch
+
+    @property
     def tokens(self) -> DerivedTokens:
         if self._tokens is None:
-            folder = self._scratch or tempfile.mkdtemp(prefix="reassembler-capture-")
-            self._tokens = DerivedTokens(folder)
+            self._tokens = DerivedTokens(self.scratch)
         return self._tokens
 
     def _call(self, row: dict) -> None:
@@ -248,8 +207,14 @@ class GymCapture:
                 continue
             local.append(files)
         folder = self.night.path("ledger", "")
-        for files in local:  # a thread pool here gained nothing: the parse holds the GIL (docs/performance.md)
-            self._local(files, read_capture(folder, files))
+        token_files = []
+        if self._readers is not None and local:  # child processes (capture_children.py)
+            for files, outcome in zip(local, self._readers.read(folder, local, self.scratch), strict=True):
+                self._local(files, outcome)
+            token_files = self._readers.token_files
+        else:
+            for files in local:
+                self._local(files, read_capture(folder, files))
         self.calls.flush()
         if self.columns:
             self.con.register("captures", pa.Table.from_pylist(self.columns, schema=CAPTURE_COLUMNS))
@@ -258,8 +223,9 @@ class GymCapture:
         run_script(self.con, "set_capture", {"ds": self.night.ds})
         self.con.unregister("captures")
         path = None if self._tokens is None else self._tokens.close()
-        if path is not None:  # the derived rows' keys, as the night's token files' (read.py)
-            insert_token_keys(self.con, self.night.ds, [path])
+        token_files = ([] if path is None else [path]) + token_files
+        if token_files:  # the derived rows' keys, as the night's token files' (read.py)
+            insert_token_keys(self.con, self.night.ds, token_files)
 
     def _local(self, files: CaptureFiles, local: LocalRollout) -> None:
         self.summary.local_rollouts += 1
@@ -387,32 +353,3 @@ def _line(path: str, number: int) -> bytes:
             if k == number:
                 return raw
     return b""
-
-
-def derived_tokens(table: pa.Table, rows: dict[str, TokenRow]) -> tuple[pa.Table, pa.Table]:
-    """A batch's call rows (sql/shard_calls.sql, no token file joined) given their derived
-    token rows: the call rows with each found one's place (t_file, t_row), and the token
-    rows row for row in the canonical columns (formats/token_file.py)."""
-    keys = table.column("staging_key").to_pylist()
-    found = [rows.get(k) for k in keys]
-    n = len(keys)
-    t_file = pa.array(["(derived)" if r is not None else None for r in found], pa.string())
-    t_row = pa.array([k if r is not None else None for k, r in enumerate(found)], pa.int64())
-    table = table.set_column(table.schema.get_field_index("t_file"), "t_file", t_file)
-    table = table.set_column(table.schema.get_field_index("t_row"), "t_row", t_row)
-    columns = [pa.nulls(n, f.type) for f in CANONICAL if f.name not in ("ids", "mask", "logprobs")]
-    return table, pa.table(columns + _token_lists(found), schema=CANONICAL)
-
-
-def _token_lists(rows: list[TokenRow] | list[TokenRow | None]) -> list[pa.Array]:
-    """The ids, mask and logprobs list columns of token rows (null for a None), as the
-    token file's canonical types (list<int64>, list<float32>, list<float32>)."""
-    missing = pa.array([r is None for r in rows], pa.bool_()) if any(r is None for r in rows) else None
-    out = []
-    for part, dtype in (("ids", np.int64), ("mask", np.float32), ("logprobs", np.float32)):
-        arrays = [getattr(r, part) if r is not None else np.zeros(0, dtype) for r in rows]
-        offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-        np.cumsum([len(a) for a in arrays], out=offsets[1:])
-        values = np.concatenate(arrays).astype(dtype, copy=False) if rows else np.zeros(0, dtype)
-        out.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), mask=missing))
-    return out

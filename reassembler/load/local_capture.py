@@ -26,16 +26,23 @@ only on a chain, and counts as an off-chain fault elsewhere. In this order:
 
 (the per-token checks before the digest, as CONTRACT.md 3.3 orders them for staged calls).
 Every full sequence is hashed: a chain of n calls hashes about n/2 times its tokens; no
-token is looked at in a Python loop.
+token is looked at in a Python loop. A rollout's token lists are converted together
+(`_Flat`): its entries' prompts and generations end to end as one int64 array and its
+big-endian copy, with the mask and log probabilities of token rows laid out alike, so an
+entry's own sequence, a chain of delta entries' F, and most token rows are slices of them.
+A list that is not of its type (or an id beyond int64) sends the rollout to entry-by-entry
+conversion, which names the first such line.
 """
 
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
+import pyarrow as pa
 
 from .. import storage
 from ..errors import InputError
@@ -119,6 +126,8 @@ class _Parsed:
     prompt: np.ndarray | None  # None: an id beyond int64
     generated: np.ndarray | None
     logprobs: np.ndarray
+    flat: _Flat | None = None  # the rollout's arrays these are views of, when read in one batch
+    at: int = 0  # where its prompt starts in flat.ids
 
 
 def read_capture(folder: str, files: CaptureFiles) -> LocalRollout:
@@ -175,23 +184,26 @@ def _rollout_checks(folder: str, files: CaptureFiles, out: LocalRollout) -> list
         raise _Masked(Reason.CAPTURE_INCOMPLETE, "intents without an entry: " + ", ".join(dangling))
     if not lines:
         raise _Masked(Reason.EMPTY_LEDGER, f"no entry in {files.entries or files.key + '.tokens.jsonl'}")
-    parsed: list[_Parsed] = []
+    entries: list[Entry] = []
     kept: dict[str, bytes] = {}
-    for number, raw, value in lines:
+    for number, raw, value in lines:  # each line's checks; its token lists are converted below
         if isinstance(value, Exception):
+            _first_list_problem(entries)
             raise _Masked(Reason.INVALID_RECORD, f"line {number}: not valid JSON ({str(value).splitlines()[0]})")
         try:
             entry = parse_entry(value, raw, number, files.key)
-            p = _parsed(entry)
         except LineProblem as e:
+            _first_list_problem(entries)
             raise _Masked(e.reason, e.detail, e.call_id) from None
         cid = entry.model_call_id
         if cid in kept:
             if kept[cid] == raw.strip():
                 continue  # Gym's append is idempotent: the same line twice is one entry
+            _first_list_problem([*entries, entry])
             raise _Masked(Reason.DUPLICATE_CALL_ID, f"model_call_id {cid} on two different lines (line {number})")
         kept[cid] = raw.strip()
-        parsed.append(p)
+        entries.append(entry)
+    parsed = _Flat.of(entries) or [_converted(e) for e in entries]
     if state is not None and state["indexed_size"] == len(data):
         stored = state["entry_digests"]
         for p in parsed:
@@ -204,7 +216,7 @@ def _rollout_checks(folder: str, files: CaptureFiles, out: LocalRollout) -> list
     return parsed
 
 
-def _parsed(entry: Entry) -> _Parsed:
+def _converted(entry: Entry) -> _Parsed:
     """The entry's token lists as arrays, each in one call; a list of the wrong type is a
     line Gym's validator refuses."""
 
@@ -214,7 +226,7 @@ def _parsed(entry: Entry) -> _Parsed:
         except OverflowError:
             return None  # an integer beyond int64: invalid_token, where its call is checked
         except TypeError:
-            raise LineProblem(
+            raise _Masked(
                 Reason.INVALID_RECORD, f"line {entry.line}: {name} is not a list of integers", entry.model_call_id
             ) from None
 
@@ -223,12 +235,80 @@ def _parsed(entry: Entry) -> _Parsed:
     try:
         logprobs = float_array(entry.logprobs)
     except TypeError:
-        raise LineProblem(
+        raise _Masked(
             Reason.INVALID_RECORD,
             f"line {entry.line}: generation_log_probs is not a list of numbers",
             entry.model_call_id,
         ) from None
     return _Parsed(entry, prompt, generated, logprobs)
+
+
+def _first_list_problem(entries: list[Entry]) -> None:
+    """Raise the first of these entries' token lists that is not a list of its type: a
+    line's lists are checked before the lines after it."""
+    if _Flat.of(entries) is None:
+        for entry in entries:
+            _converted(entry)
+
+
+class _Flat:
+    """A rollout's token lists end to end, converted in a few calls for all its entries:
+    each entry's prompt then its generated ids (`ids`, int64), the same ids big-endian as
+    the digests hash them (`be`), and, laid out alike, the mask and log probabilities of a
+    token row (0 and 0.0 on a prompt, 1 and the log probabilities on a generation): a token
+    row whose carried tokens are the end of its own prompt is one slice of the three."""
+
+    def __init__(self, ids: np.ndarray, logprobs: np.ndarray, sizes: np.ndarray):
+        self.ids = ids
+        self.be = ids.astype(">u8").data.cast("B")
+        self.read_logprobs = logprobs  # float64, as read: the generations' end to end
+        generated = np.repeat(np.tile(np.array([False, True]), len(sizes)), sizes.ravel())
+        self.row_mask = generated.astype(np.float32)
+        self.row_logprobs = np.zeros(len(ids), np.float32)
+        self.row_logprobs[generated] = logprobs
+        self.clean_ids = not len(ids) or bool(ids.min() >= 0 and ids.max() < TOKEN_LIMIT)
+        self.clean_logprobs = bool(np.isfinite(logprobs).all())
+
+    @classmethod
+    def of(cls, entries: list[Entry]) -> list[_Parsed] | None:
+        """The entries' token lists as views of one _Flat; None when a list is not of its
+        type or an id is beyond int64 (`_converted`, entry by entry, then says which)."""
+        ids = array.array("q")
+        try:
+            for entry in entries:
+                ids.extend(entry.prompt)
+                ids.extend(entry.generated)
+            logprobs = pa.array([e.logprobs for e in entries], pa.list_(pa.float64()))
+        except (TypeError, OverflowError, pa.ArrowException):
+            return None
+        sizes = np.array([(len(e.prompt), len(e.generated)) for e in entries], dtype=np.int64).reshape(-1, 2)
+        flat = cls(np.frombuffer(ids, dtype=np.int64), logprobs.flatten().to_numpy(zero_copy_only=False), sizes)
+        ends = np.cumsum(sizes.ravel()).tolist()
+        lp_ends = np.cumsum(sizes[:, 1]).tolist()
+        out, at, lp_at = [], 0, 0
+        for k, entry in enumerate(entries):
+            mid, end, lp_end = ends[2 * k], ends[2 * k + 1], lp_ends[k]
+            out.append(_Parsed(entry, flat.ids[at:mid], flat.ids[mid:end], flat.read_logprobs[lp_at:lp_end], flat, at))
+            at, lp_at = end, lp_end
+        return out
+
+
+class _Seq(NamedTuple):
+    """A full sequence: its big-endian pieces end to end, and its length in tokens; `span`
+    when it is one run of bytes of a rollout's flat buffer (flat, start, end), as a chain of
+    delta entries written one after the other is: then it is hashed in one call."""
+
+    pieces: list[memoryview]
+    n: int
+    span: tuple[_Flat, int, int] | None = None
+
+    def then(self, own: _Seq) -> _Seq:
+        """This sequence followed by `own`."""
+        if self.span is not None and own.span is not None:
+            flat, start, end = self.span
+            if own.span[0] is flat and own.span[1] == end:
+                return _Seq([flat.be[start : own.span[2]]], self.n + own.n, (flat, start, own.span[2]))
+        return _Seq(self.pieces + own.pieces, self.n + own.n)
 
 
 class _Sequences:
@@ -237,10 +317,10 @@ class _Sequences:
 
     def __init__(self, by_id: dict[str, _Parsed]):
         self.by_id = by_id
-        self._own: dict[str, list[memoryview]] = {}
-        self._full: dict[str, list[memoryview]] = {}
+        self._own: dict[str, _Seq] = {}
+        self._full: dict[str, _Seq] = {}
 
-    def full(self, p: _Parsed) -> list[memoryview]:
+    def full(self, p: _Parsed) -> _Seq:
         """F(p) in pieces; _Masked (for `p`) when a delta prompt's parents cannot be followed."""
         known = self._full.get(p.entry.model_call_id)
         if known is not None:
@@ -259,29 +339,30 @@ class _Sequences:
                 raise _Masked(Reason.LINEAGE_CYCLE, f"delta prompts loop back to {parent_id}", p.entry.model_call_id)
             chain.append(parent)
         top = chain.pop()
-        pieces = self._full.get(top.entry.model_call_id)
-        if pieces is None:  # a full prompt: its own ids are its F
-            pieces = self._full[top.entry.model_call_id] = self.own(top)
+        seq = self._full.get(top.entry.model_call_id)
+        if seq is None:  # a full prompt: its own ids are its F
+            seq = self._full[top.entry.model_call_id] = self.own(top)
         for q in reversed(chain):
-            pieces = pieces + self.own(q)
-            self._full[q.entry.model_call_id] = pieces
-        return pieces
+            seq = seq.then(self.own(q))
+            self._full[q.entry.model_call_id] = seq
+        return seq
 
-    def own(self, p: _Parsed) -> list[memoryview]:
+    def own(self, p: _Parsed) -> _Seq:
         cid = p.entry.model_call_id
         if cid not in self._own:
             if p.prompt is None or p.generated is None:
                 raise _Masked(Reason.INVALID_TOKEN, "a token id beyond 64 bits", cid)
-            self._own[cid] = [a.astype(">u8").data.cast("B") for a in (p.prompt, p.generated)]
+            n = len(p.prompt) + len(p.generated)
+            if p.flat is not None:  # a slice of the rollout's big-endian ids: its prompt, then its generation
+                start, end = 8 * p.at, 8 * (p.at + n)
+                self._own[cid] = _Seq([p.flat.be[start:end]], n, (p.flat, start, end))
+            else:
+                self._own[cid] = _Seq([a.astype(">u8").data.cast("B") for a in (p.prompt, p.generated)], n)
         return self._own[cid]
 
 
-def _length(pieces: list[memoryview]) -> int:
-    return sum(len(x) for x in pieces) // 8
-
-
-def _ids(pieces: list[memoryview]) -> np.ndarray:
-    return np.frombuffer(b"".join(pieces), dtype=">u8").astype(np.int64)
+def _ids(seq: _Seq) -> np.ndarray:
+    return np.frombuffer(b"".join(seq.pieces), dtype=">u8").astype(np.int64)
 
 
 def _calls(key: str, rel: str, parsed: list[_Parsed], walk: list[str]) -> tuple[list[dict], list[TokenRow]]:
@@ -378,7 +459,7 @@ def _check(p: _Parsed, by_id: dict[str, _Parsed], seqs: _Sequences, staging_key:
         raise _Masked(
             Reason.INVALID_RECORD, f"line {e.line}: {'cum_len' if e.cum_len is None else 'digest'} is null", cid
         )
-    n = _length(full)
+    n = full.n
     if e.cum_len != n:
         raise _Masked(Reason.LENGTH_MISMATCH, f"cum_len {e.cum_len} != {n} tokens in the full sequence", cid)
     assert p.prompt is not None and p.generated is not None  # seqs.full checked them
@@ -386,7 +467,7 @@ def _check(p: _Parsed, by_id: dict[str, _Parsed], seqs: _Sequences, staging_key:
     prev = 0
     if parent is not None:
         parent_full = seqs.full(parent)
-        prev = parent.entry.cum_len if parent.entry.cum_len is not None else _length(parent_full)
+        prev = parent.entry.cum_len if parent.entry.cum_len is not None else parent_full.n
         if prev > prompt_len:
             raise _Masked(
                 Reason.PARENT_LENGTH_MISMATCH,
@@ -394,30 +475,40 @@ def _check(p: _Parsed, by_id: dict[str, _Parsed], seqs: _Sequences, staging_key:
                 cid,
             )
         if not e.prompt_is_delta:  # its own prompt, big-endian as hashed, against the parent's F
-            if seqs.own(p)[0][: 8 * prev] != b"".join(parent_full):
+            if seqs.own(p).pieces[0][: 8 * prev] != b"".join(parent_full.pieces):
                 raise _Masked(
                     Reason.PREFIX_MISMATCH,
                     f"the prompt does not start with parent {parent.entry.model_call_id}'s {prev} tokens",
                     cid,
                 )
     for name, ids in (("prompt_token_ids", p.prompt), ("generation_token_ids", p.generated)):
-        bad = np.flatnonzero((ids < 0) | (ids >= TOKEN_LIMIT))
-        if len(bad):
+        if (p.flat is None or not p.flat.clean_ids) and len(ids) and (ids.min() < 0 or ids.max() >= TOKEN_LIMIT):
+            bad = np.flatnonzero((ids < 0) | (ids >= TOKEN_LIMIT))
             raise _Masked(Reason.INVALID_TOKEN, f"{name}[{bad[0]}] = {ids[bad[0]]}, outside [0, 2**31)", cid)
     if len(p.generated) == 0:
         raise _Masked(Reason.EMPTY_GENERATION, "generation_token_ids is empty", cid)
-    bad_lp = np.flatnonzero(~np.isfinite(p.logprobs))
+    clean = p.flat is not None and p.flat.clean_logprobs
+    bad_lp = (
+        np.zeros(0, np.int64) if clean or np.isfinite(p.logprobs.sum()) else np.flatnonzero(~np.isfinite(p.logprobs))
+    )
     if len(bad_lp):
         value = p.logprobs[bad_lp[0]]
         shown = "null" if np.isnan(value) else value
         raise _Masked(Reason.INVALID_LOGPROB, f"generation_log_probs[{bad_lp[0]}] is {shown}", cid)
-    recomputed = tokens_digest(full, n)
+    recomputed = tokens_digest(full.pieces, n)
     if recomputed != e.digest:
         raise _Masked(Reason.DIGEST_MISMATCH, f"recomputed {recomputed[:16]}.. != entry {e.digest[:16]}..", cid)
-    if not e.prompt_is_delta:  # F is its own prompt then generation
-        ids = np.concatenate([p.prompt[prev:], p.generated])
-    elif parent is not None and prev == _length(seqs.full(parent)):
-        ids = np.concatenate([p.prompt, p.generated])
+    # the new tokens: the end of its own prompt (F is its own prompt then generation, or a
+    # delta prompt on all of its parent's F), or of F rebuilt
+    start = (
+        None if e.prompt_is_delta and (parent is None or prev != parent_full.n) else (0 if e.prompt_is_delta else prev)
+    )
+    end = len(p.prompt) + len(p.generated)
+    if p.flat is not None and start is not None:  # slices of the rollout's arrays
+        a, b = p.at + start, p.at + end
+        return prev, TokenRow(staging_key, p.flat.ids[a:b], p.flat.row_mask[a:b], p.flat.row_logprobs[a:b])
+    if start is not None:
+        ids = np.concatenate([p.prompt[start:], p.generated])
     else:
         ids = _ids(full)[prev:]
     carried = prompt_len - prev

@@ -26,7 +26,7 @@ from ..formats.night import NightFiles
 from ..formats.records import parse_ledger_row
 from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script, sql
-from . import rollout_lines
+from . import capture_children, rollout_lines
 from .gym_capture import GymCapture, GymSummary
 from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter
 from .json_lines import decode, one_line, read_file_lines
@@ -94,6 +94,7 @@ def load_night(
     settings: Settings = DEFAULTS,
     background: rollout_lines.InBackground | None = None,
     scratch: str | None = None,
+    readers: capture_children.CaptureChildren | None = None,
 ) -> LoadSummary:
     """Replace the night `night.ds` in the warehouse, in one transaction: clear it, load the
     token rows' keys, the rollout lines and the ledger lines, then NeMo Gym's own capture
@@ -102,7 +103,8 @@ def load_night(
     `settings.allow_empty`. `background`: this night's rollout lines being parsed by child
     processes (load.NightLoad started them), else they are parsed here. `scratch`: the
     folder for the token rows the load derives (the run's staging folder; a temporary
-    folder when not given)."""
+    folder when not given). `readers`: child processes for the night's local-mode captures
+    (load.NightLoad started them), else they are read here."""
     ds, max_line_bytes = night.ds, settings.max_line_bytes
     files = token_files(night, settings.max_row_group_bytes)  # unusable token files: refused before anything
     con.execute("BEGIN TRANSACTION")
@@ -113,7 +115,7 @@ def load_night(
             _reject_too_big(con, night, files)
         tokens = sql("night_token_rows")
         rejects = Inserter(con, "insert_rejects", REJECT_BATCH, ds)
-        gym = GymCapture(con, night, rejects, scratch, max_line_bytes)
+        gym = GymCapture(con, night, rejects, scratch, max_line_bytes, readers)
         # the ledger while the rollout children (if any) parse; the rollouts first if they are done
         rollouts_first = background is None or background.done()
         if rollouts_first:

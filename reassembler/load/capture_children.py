@@ -1,0 +1,223 @@
+"""Read a night's local-mode captures in child processes (NeMo Gym's local mode, CONTRACT.md 9).
+
+Reading a local-mode rollout (load/local_capture.py: JSON lines, token lists to arrays, the
+`nemo-gym-tokens` digest of every entry's full sequence) is Python holding the GIL, about
+5 ms a rollout of the bench night, while the rest of the load waits for it. So a night with
+at least CHILD_ROLLOUTS local-mode captures per core (two cores or more) is read by this
+process and child processes beside it: one per further core (MAX_READERS readers in all),
+each a new interpreter started as the night's load begins (load.NightLoad), so its imports
+run beside the rollout parse. Each child then waits on its stdin for its share of the
+rollouts, which the load knows only once the rollout lines and the ledger are in (`read`):
+the captures in key order, cut in runs, the first this process's, a little longer than the
+children's (CHILD_SHARE).
+
+A child runs exactly `read_capture` over its rollouts, writes their token rows to a
+derived-tokens file of its own in the run's folder (load/derived_tokens.py), and pickles
+each rollout's outcome and ledger rows, without its token rows, in chunks to a temporary
+file. `read` hands the outcomes over in key order, its own run (with token rows) and then
+the children's, as one process would have read them; `token_files` names the files the
+children wrote. A child that cannot start leaves the night to this process; one that fails
+re-raises its error here (an InputError stays an InputError, with the same message); one
+killed fails the load, naming its exit code and the last line it wrote to stderr.
+docs/performance.md has the figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from ..errors import InputError
+from ..formats.gym_local import TOKENS_SUFFIX
+from ..formats.night import NightFiles
+
+if TYPE_CHECKING:  # imported when the reading begins: load.NightLoad starts children before numpy is loaded
+    from .local_capture import CaptureFiles, LocalRollout
+
+CHILD_ROLLOUTS = 64  # local-mode captures a core must have for the night to be read by children
+MAX_READERS = 4  # this process and its children
+CHUNK = 32  # rollouts a pickled chunk
+# A child's share against this process's: a child also pickles what it read, which this
+# process then unpickles and inserts after its own share (measured: docs/performance.md)
+CHILD_SHARE = 0.85
+CHILD = "import sys; sys.path.append(sys.argv[1]); from reassembler.load.capture_children import _child; _child()"
+ROLES = ("entries", "intents", "incomplete", "state")
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+class _Child:
+    """One child process, started idle: its imports done, waiting on stdin for its work."""
+
+    def __init__(self, number: int):
+        self.number = number
+        self._out: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-captures-")
+        self._err: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-captures-")
+        self._proc: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, "-P", "-c", CHILD, str(Path(__file__).resolve().parents[2])],
+            stdin=subprocess.PIPE,
+            stdout=self._out,
+            stderr=self._err,
+        )
+
+    def give(self, folder: str, files: list[CaptureFiles], scratch: str) -> None:
+        """Its share: the captures `files` of the ledger partition `folder`; token rows to
+        a file of its own in `scratch`."""
+        assert self._proc is not None and self._proc.stdin is not None
+        work = {
+            "folder": folder,
+            "files": [[f.key, *(getattr(f, role) for role in ROLES)] for f in files],
+            "scratch": scratch,
+            "name": f"derived-tokens-local-{self.number}.parquet",
+        }
+        try:
+            self._proc.stdin.write(json.dumps(work).encode())
+            self._proc.stdin.close()
+        except OSError:
+            pass  # it has ended already: `results` says how
+
+    def results(self) -> Iterator[LocalRollout | str | None]:
+        """Wait for the child, then its outcomes in order, and last the token file it wrote
+        (None when it derived no token row)."""
+        assert self._proc is not None
+        code = self._proc.wait()
+        self._proc = None
+        if code != 0:  # killed, or failed before it could say why: nothing it wrote is used
+            self._err.seek(0)
+            said = self._err.read().decode("utf-8", "replace").strip().splitlines()
+            last = said[-1] if said else "no output"
+            raise RuntimeError(f"local-mode capture reader process ended with exit code {code}: {last}")
+        self._out.seek(0)
+        while True:
+            try:
+                kind, payload = pickle.load(self._out)
+            except (EOFError, pickle.UnpicklingError) as e:
+                raise RuntimeError(f"local-mode capture reader process left unreadable results ({e})") from None
+            if kind == "rollouts":
+                yield from payload
+            elif kind == "input_error":
+                raise InputError(payload)
+            elif kind == "error":
+                raise RuntimeError(f"local-mode capture reader: {payload}")
+            else:  # "done": the last record, the token file
+                yield payload
+                return
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+        self._out.close()
+        self._err.close()
+
+
+class CaptureChildren:
+    """Child processes, started idle, that read, beside this process, the local-mode
+    captures `read` gives them."""
+
+    def __init__(self, count: int):
+        self._children: list[_Child] = []
+        try:
+            for number in range(count):
+                self._children.append(_Child(number))
+        except BaseException:
+            self.close()
+            raise
+        self.token_files: list[str] = []
+
+    def read(self, folder: str, files: list[CaptureFiles], scratch: str) -> Iterator[LocalRollout]:
+        """The local-mode rollouts of `files` (in the ledger partition `folder`), in order:
+        the first run read here, with its token rows; the children's without theirs, which
+        are in `token_files` once all are read."""
+        from .local_capture import LocalRollout, read_capture
+
+        weights = [1.0] + [CHILD_SHARE] * len(self._children)
+        ends = [round(len(files) * w) for w in itertools.accumulate(w / sum(weights) for w in weights)][:-1]
+        ends.append(len(files))
+        shares = [files[a:b] for a, b in zip([0, *ends], ends)]
+        for child, share in zip(self._children, shares[1:]):
+            if share:
+                child.give(folder, share, scratch)
+        for files_ in shares[0]:
+            yield read_capture(folder, files_)
+        for child, share in zip(self._children, shares[1:]):
+            if not share:
+                continue
+            outcomes = child.results()
+            for _ in share:
+                local = next(outcomes)
+                assert isinstance(local, LocalRollout)
+                yield local
+            path = next(outcomes)
+            assert path is None or isinstance(path, str)
+            if path is not None:
+                self.token_files.append(path)
+
+    def close(self) -> None:
+        for child in self._children:
+            child.close()
+
+
+def start(night: NightFiles) -> CaptureChildren | None:
+    """Idle child processes for the night's local-mode captures, if they are worth it: one
+    per core beside this process's (MAX_READERS readers in all) when the night holds
+    CHILD_ROLLOUTS capture files per reader; None otherwise, or when they cannot start (the
+    load then reads them all itself)."""
+    captures = sum(1 for rel in night.captures if rel.endswith(TOKENS_SUFFIX))
+    readers = min(MAX_READERS, _cores(), captures // CHILD_ROLLOUTS)
+    if readers < 2 or not sys.executable:
+        return None
+    try:
+        return CaptureChildren(readers - 1)
+    except OSError:
+        return None
+
+
+def _read_to(out: IO[bytes], work: dict) -> None:
+    """The child's work: `read_capture` over its share, outcomes pickled to `out`."""
+
+    from .derived_tokens import DerivedTokens
+    from .local_capture import CaptureFiles, read_capture
+
+    def put(kind: str, payload) -> None:
+        pickle.dump((kind, payload), out, protocol=pickle.HIGHEST_PROTOCOL)
+
+    try:
+        tokens = DerivedTokens(work["scratch"], work["name"])
+        chunk: list[LocalRollout] = []
+        for key, *paths in work["files"]:
+            local = read_capture(work["folder"], CaptureFiles(key, *paths))
+            for row in local.tokens:
+                tokens.add(row)
+            local.tokens, local.walk = [], []  # the walk is `reassembler explain`'s
+            chunk.append(local)
+            if len(chunk) >= CHUNK:
+                put("rollouts", chunk)
+                chunk = []
+        if chunk:
+            put("rollouts", chunk)
+        put("done", tokens.close())
+    except InputError as e:
+        put("input_error", str(e))
+    except Exception as e:  # noqa: BLE001 - said by the parent, which raises it
+        put("error", f"{type(e).__name__}: {e}")
+
+
+def _child() -> None:
+    from ..memory import step_memory
+    from . import derived_tokens, local_capture  # noqa: F401 - imported while the load has no work for it yet
+
+    work = json.loads(sys.stdin.buffer.read())
+    with os.fdopen(sys.stdout.fileno(), "wb", closefd=False) as out, step_memory():  # as the load step's
+        _read_to(out, work)

@@ -1,0 +1,113 @@
+"""Token rows the load derives (NeMo Gym's local mode and rebuilt lines), as a token file.
+
+A derived token row holds one call's new tokens, with the mask and log probabilities the
+load derived for them (load/local_capture.py, formats/gym_rebuilt.py). `DerivedTokens`
+writes them to a Parquet file in the token file's canonical columns (formats/token_file.py,
+CONTRACT.md 2.3), custody columns null, 256 rows a row group, uncompressed, ids as int32
+and the mask as int8 (the file's reader widens them: formats/token_file.py): scratch in the
+run's folder, written and read once, so half the bytes of the canonical types is half the
+time; the shards treat its rows as any token row.
+`derived_tokens` gives the same columns in memory, for `reassembler explain`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import storage
+from ..formats.token_file import CANONICAL, LISTS
+from .local_capture import TokenRow
+
+ROW_GROUP_ROWS = 256
+
+# a token file (CONTRACT.md 2.3) holding only keys and token lists; the custody columns are
+# null: a derived call's checks ran where it was derived. Every derived id is in [0, 2**31)
+# (a call whose ids are not has no token row) and every mask value 0 or 1.
+COMPACT = {"ids": np.int32, "mask": np.int8, "logprobs": np.float32}
+FILE_SCHEMA = pa.schema(
+    [("staging_key", pa.string())]
+    + [(f.name, f.type) for f in CANONICAL if f.name not in ("ids", "mask", "logprobs")]
+    + [(column, pa.list_(pa.from_numpy_dtype(COMPACT[name]))) for name, column, _ in LISTS]
+)
+CANONICAL_TYPES = {"ids": np.int64, "mask": np.float32, "logprobs": np.float32}
+
+
+class DerivedTokens:
+    """Token rows the load derives, written to one Parquet file in the canonical columns
+    (formats/token_file.py), a row group at a time."""
+
+    def __init__(self, folder: str, name: str = "derived-tokens.parquet"):
+        self.path = storage.join(folder, name)
+        self._writer: pq.ParquetWriter | None = None
+        self._sink: Any = None
+        self._rows: list[TokenRow] = []
+        self.count = 0
+
+    def add(self, row: TokenRow) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        n = len(self._rows)
+        columns = [pa.array([r.staging_key for r in self._rows], pa.string())]
+        columns += [pa.nulls(n, f.type) for f in list(FILE_SCHEMA)[1:-3]]  # the custody columns
+        table = pa.table(columns + _token_lists(self._rows, COMPACT), schema=FILE_SCHEMA)
+        if self._writer is None:
+            self._sink = storage.open_output(self.path)
+            # scratch, read once by the shards: no compression, dictionary or statistics to make
+            self._writer = pq.ParquetWriter(
+                self._sink, FILE_SCHEMA, compression="none", use_dictionary=False, write_statistics=False
+            )
+        self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        self.count += n
+        self._rows = []
+
+    def close(self) -> str | None:
+        """The file, once complete; None when no row was derived."""
+        self._flush()
+        if self._writer is None:
+            return None
+        self._writer.close()
+        self._sink.close()
+        self._writer = self._sink = None
+        return self.path
+
+
+def derived_tokens(table: pa.Table, rows: dict[str, TokenRow]) -> tuple[pa.Table, pa.Table]:
+    """A batch's call rows (sql/shard_calls.sql, no token file joined) given their derived
+    token rows: the call rows with each found one's place (t_file, t_row), and the token
+    rows row for row in the canonical columns (formats/token_file.py)."""
+    keys = table.column("staging_key").to_pylist()
+    found = [rows.get(k) for k in keys]
+    n = len(keys)
+    t_file = pa.array(["(derived)" if r is not None else None for r in found], pa.string())
+    t_row = pa.array([k if r is not None else None for k, r in enumerate(found)], pa.int64())
+    table = table.set_column(table.schema.get_field_index("t_file"), "t_file", t_file)
+    table = table.set_column(table.schema.get_field_index("t_row"), "t_row", t_row)
+    columns = [pa.nulls(n, f.type) for f in CANONICAL if f.name not in ("ids", "mask", "logprobs")]
+    return table, pa.table(columns + _token_lists(found, CANONICAL_TYPES), schema=CANONICAL)
+
+
+def _token_lists(rows: list[TokenRow] | list[TokenRow | None], types: Mapping[str, Any]) -> list[pa.Array]:
+    """The ids, mask and logprobs list columns of token rows (null for a None), their values
+    of `types` (the canonical int64, float32, float32, or the file's COMPACT ones)."""
+    missing = pa.array([r is None for r in rows], pa.bool_()) if any(r is None for r in rows) else None
+    out = []
+    for part, dtype in types.items():
+        arrays = [getattr(r, part) if r is not None else np.zeros(0, dtype) for r in rows]
+        offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+        values = np.concatenate(arrays) if rows else np.zeros(0, dtype)
+        narrowed: np.ndarray = values.astype(dtype, copy=False)
+        if len(values) and narrowed.dtype != values.dtype and not np.array_equal(narrowed, values):
+            raise RuntimeError(f"internal: a derived token row's {part} does not fit {np.dtype(dtype).name}")
+        out.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(narrowed), mask=missing))
+    return out
