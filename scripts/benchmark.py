@@ -289,11 +289,13 @@ def local_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
         print(f"night {name}: {agree}/{total} audit rows match the outcomes synth recorded")
     print(
         f"NeMo Gym staged  {ts['rollouts']} rollouts, {ts['tokens'] / 1e6:.1f}M tokens: wall {spread(a, 'wall')}; "
-        f"CPU {spread(a, 'cpu')}; peak RSS {spread(a, 'rss_mib', 'MiB', 0)}"
+        f"CPU {spread(a, 'cpu')}; peak RSS {spread(a, 'rss_mib', 'MiB', 0)}, "
+        f"of a child process {spread(a, 'worker_rss_mib', 'MiB', 0)}"
     )
     print(
         f"NeMo Gym local   {tl['rollouts']} rollouts, {tl['tokens'] / 1e6:.1f}M tokens (delta prompts): wall "
-        f"{spread(b, 'wall')}; CPU {spread(b, 'cpu')}; peak RSS {spread(b, 'rss_mib', 'MiB', 0)}"
+        f"{spread(b, 'wall')}; CPU {spread(b, 'cpu')}; peak RSS {spread(b, 'rss_mib', 'MiB', 0)}, "
+        f"of a child process {spread(b, 'worker_rss_mib', 'MiB', 0)}"
     )
     print(
         f"NeMo Gym local, full prompts (input {_size(full / 'input') / 2**20:.0f} MiB against "

@@ -41,6 +41,7 @@ class Mutant:
 
 REASONS = "tests/test_reason_codes.py"
 GYM = "tests/test_gym_local.py"
+CHILDREN = "tests/test_capture_children.py"
 MUTANTS = [
     # versions and defaults (the four survivors of the independent mutation run)
     Mutant(
@@ -231,8 +232,8 @@ MUTANTS = [
     Mutant(
         "item fingerprint keeps status",
         "reassembler/formats/items.py",
-        'body = {k: v for k, v in item.items() if k not in ("id", "status")}',
-        'body = {k: v for k, v in item.items() if k not in ("id",)}',
+        '_NOT_HASHED = ("id", "status", *TOKEN_FIELDS)',
+        '_NOT_HASHED = ("id", *TOKEN_FIELDS)',
         ("tests/test_items.py", "tests/test_worked_example.py"),
     ),
     # select (CONTRACT.md 3.1)
@@ -384,9 +385,58 @@ MUTANTS = [
     Mutant(
         "local full prompt prefix not checked",
         "reassembler/load/local_capture.py",
-        '            if mine != b"".join(parent_full):',
+        '            if seqs.own(p).pieces[0][: 8 * prev] != b"".join(parent_full.pieces):',
         "            if False:",
         (GYM, REASONS),
+    ),
+    Mutant(
+        "a delta chain hashed over bytes that are not its own",
+        "reassembler/load/local_capture.py",
+        "            if own.span[0] is flat and own.span[1] == end:",
+        "            if own.span[0] is flat:",
+        (GYM,),
+    ),
+    Mutant(
+        "a rollout's ids not checked once converted together",
+        "reassembler/load/local_capture.py",
+        "        self.clean_ids = not len(ids) or bool(ids.min() >= 0 and ids.max() < TOKEN_LIMIT)",
+        "        self.clean_ids = True",
+        (GYM, REASONS),
+    ),
+    Mutant(
+        "a rollout's log probabilities not checked once converted together",
+        "reassembler/load/local_capture.py",
+        "        self.clean_logprobs = bool(np.isfinite(logprobs).all())",
+        "        self.clean_logprobs = True",
+        (GYM, REASONS),
+    ),
+    Mutant(
+        "a full prompt's token row starts at its prompt, not after its parent",
+        "reassembler/load/local_capture.py",
+        "        start: int | None = prev  # F is its own prompt, then its generation",
+        "        start: int | None = 0",
+        (GYM,),
+    ),
+    Mutant(
+        "a child's derived token rows left out",
+        "reassembler/load/capture_children.py",
+        "                self.token_files.append(path)",
+        "                pass",
+        (CHILDREN,),
+    ),
+    Mutant(
+        "this process's share read out of key order",
+        "reassembler/load/capture_children.py",
+        "        for files_ in shares[0]:",
+        "        for files_ in shares[0][::-1]:",
+        (CHILDREN,),
+    ),
+    Mutant(
+        "a killed child's exit code not looked at",
+        "reassembler/load/capture_children.py",
+        "        if code != 0:  # killed, or failed before it could say why: nothing it wrote is used",
+        "        if False:",
+        (CHILDREN,),
     ),
     Mutant(
         "dangling intent not incomplete",

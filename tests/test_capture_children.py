@@ -80,6 +80,21 @@ def test_children_read_what_this_process_reads(tmp_path, local_night, monkeypatc
     assert any(reason for _, reason in statuses.values())  # faults were read by the children too
 
 
+def test_children_read_from_and_write_to_object_storage(s3, local_night, tmp_path, monkeypatch):
+    """On S3 the children read the capture files and write their token rows to the run's
+    folder on the store, as this process does: the same rows as a local build."""
+    inp, out = f"s3://{s3.bucket('capture')}/nightly", f"s3://{s3.bucket('rows')}/nightly"
+    s3.upload(local_night, inp)
+    here = _built(local_night, tmp_path / "here", monkeypatch, None)
+    started = _children(monkeypatch, 2)
+    build_night(inp, out, DS, warehouse_file=tmp_path / "warehouse.duckdb")
+    [children] = started
+    assert children is not None and [f.startswith(out + "/_runs/") for f in children.token_files] == [True]
+    s3.download(out, tmp_path / "mirror")
+    rows = pq.read_table(tmp_path / "mirror" / "rows" / f"ds={DS}").sort_by("row_id").to_pylist()
+    assert rows == here[3] and len(rows) > 0
+
+
 def _gone(root, key: str, monkeypatch, cores, out) -> str:
     """The one-line error when `key`'s entries file is gone after the listing."""
     started = _children(monkeypatch, cores)
