@@ -498,11 +498,13 @@ def _check(p: _Parsed, by_id: dict[str, _Parsed], seqs: _Sequences, staging_key:
     recomputed = tokens_digest(full.pieces, n)
     if recomputed != e.digest:
         raise _Masked(Reason.DIGEST_MISMATCH, f"recomputed {recomputed[:16]}.. != entry {e.digest[:16]}..", cid)
-    # the new tokens: the end of its own prompt (F is its own prompt then generation, or a
-    # delta prompt on all of its parent's F), or of F rebuilt
-    start = (
-        None if e.prompt_is_delta and (parent is None or prev != parent_full.n) else (0 if e.prompt_is_delta else prev)
-    )
+    # the new tokens, from `start` in its own prompt, or F's after prev
+    if not e.prompt_is_delta:
+        start: int | None = prev  # F is its own prompt, then its generation
+    elif parent is not None and prev == parent_full.n:
+        start = 0  # a delta prompt on all of its parent's F
+    else:
+        start = None
     end = len(p.prompt) + len(p.generated)
     if p.flat is not None and start is not None:  # slices of the rollout's arrays
         a, b = p.at + start, p.at + end
