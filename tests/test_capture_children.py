@@ -127,7 +127,7 @@ def test_a_child_killed_fails_the_load_and_leaves_the_night_before(tmp_path, loc
     started = _children(monkeypatch, 2)
     with connect(tmp_path / "out") as con, NightLoad(local_night, DS) as load:
         [child] = started[0]._children
-        os.kill(child._proc.pid, signal.SIGKILL)
+        os.kill(child._proc._proc.pid, signal.SIGKILL)
         with pytest.raises(RuntimeError, match="local-mode capture reader process ended with exit code -9"):
             load.into(con)
         assert con.execute(LEDGER).fetchall() == before
@@ -136,11 +136,11 @@ def test_a_child_killed_fails_the_load_and_leaves_the_night_before(tmp_path, loc
 def test_leaving_the_night_load_stops_and_reaps_idle_children(local_night, monkeypatch):
     started = _children(monkeypatch, 4)
     with NightLoad(local_night, DS):
-        procs = [child._proc for child in started[0]._children]
+        procs = [child._proc._proc for child in started[0]._children]  # their Popen
         assert len(procs) == 3 and all(p.poll() is None for p in procs)  # idle, waiting for work
     assert all(p.returncode is not None for p in procs)  # reaped: no zombie left
     with pytest.raises(KeyboardInterrupt), NightLoad(local_night, DS):
-        procs = [child._proc for child in started[1]._children]
+        procs = [child._proc._proc for child in started[1]._children]
         raise KeyboardInterrupt
     assert all(p.returncode is not None for p in procs)
 

@@ -258,7 +258,7 @@ def test_leaving_the_night_load_stops_a_child_still_parsing(tmp_path, odd_night,
     os.mkfifo(more)
     with pytest.raises(KeyboardInterrupt), load:
         [child] = load._children._children
-        proc = child._proc
+        proc = child._proc._proc  # the Popen behind child_process.ChildProcess
         assert proc.poll() is None  # still parsing: blocked on the pipe
         raise KeyboardInterrupt
     assert load._children is None and proc.returncode is not None  # killed, and waited for

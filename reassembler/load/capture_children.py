@@ -13,8 +13,8 @@ children's (CHILD_SHARE).
 
 A child runs exactly `read_capture` over its rollouts, writes their token rows to a
 derived-tokens file of its own in the run's folder (load/derived_tokens.py), and pickles
-each rollout's outcome and ledger rows, without its token rows, in chunks to a temporary
-file. `read` hands the outcomes over in key order, its own run (with token rows) and then
+each rollout's outcome and ledger rows, without its token rows, in chunks
+(child_process.py). `read` hands the outcomes over in key order, its own run (with token rows) and then
 the children's, as one process would have read them; `token_files` names the files the
 children wrote. A child that cannot start leaves the night to this process; one that fails
 re-raises its error here (an InputError stays an InputError, with the same message); one
@@ -27,17 +27,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import pickle
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
-from ..errors import InputError
 from ..formats.gym_local import TOKENS_SUFFIX
 from ..formats.night import NightFiles
+from .child_process import ChildProcess, Records
 
 if TYPE_CHECKING:  # imported when the reading begins: load.NightLoad starts children before numpy is loaded
     from .local_capture import CaptureFiles, LocalRollout
@@ -48,7 +44,6 @@ CHUNK = 32  # rollouts a pickled chunk
 # A child's share against this process's: a child also pickles what it read, which this
 # process then unpickles and inserts after its own share (measured: docs/performance.md)
 CHILD_SHARE = 0.85
-CHILD = "import sys; sys.path.append(sys.argv[1]); from reassembler.load.capture_children import _child; _child()"
 ROLES = ("entries", "intents", "incomplete", "state")
 
 
@@ -61,65 +56,31 @@ class _Child:
 
     def __init__(self, number: int):
         self.number = number
-        self._out: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-captures-")
-        self._err: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-captures-")
-        self._proc: subprocess.Popen | None = subprocess.Popen(
-            [sys.executable, "-P", "-c", CHILD, str(Path(__file__).resolve().parents[2])],
-            stdin=subprocess.PIPE,
-            stdout=self._out,
-            stderr=self._err,
-        )
+        self._proc = ChildProcess(__name__, "local-mode capture reader")
 
     def give(self, folder: str, files: list[CaptureFiles], scratch: str) -> None:
         """Its share: the captures `files` of the ledger partition `folder`; token rows to
         a file of its own in `scratch`."""
-        assert self._proc is not None and self._proc.stdin is not None
         work = {
             "folder": folder,
             "files": [[f.key, *(getattr(f, role) for role in ROLES)] for f in files],
             "scratch": scratch,
             "name": f"derived-tokens-local-{self.number}.parquet",
         }
-        try:
-            self._proc.stdin.write(json.dumps(work).encode())
-            self._proc.stdin.close()
-        except OSError:
-            pass  # it has ended already: `results` says how
+        self._proc.give(json.dumps(work).encode())
 
     def results(self) -> Iterator[LocalRollout | str | None]:
         """Wait for the child, then its outcomes in order, and last the token file it wrote
         (None when it derived no token row)."""
-        assert self._proc is not None
-        code = self._proc.wait()
-        self._proc = None
-        if code != 0:  # killed, or failed before it could say why: nothing it wrote is used
-            self._err.seek(0)
-            said = self._err.read().decode("utf-8", "replace").strip().splitlines()
-            last = said[-1] if said else "no output"
-            raise RuntimeError(f"local-mode capture reader process ended with exit code {code}: {last}")
-        self._out.seek(0)
-        while True:
-            try:
-                kind, payload = pickle.load(self._out)
-            except (EOFError, pickle.UnpicklingError) as e:
-                raise RuntimeError(f"local-mode capture reader process left unreadable results ({e})") from None
+        for kind, payload in self._proc.records():
             if kind == "rollouts":
-                yield from payload
-            elif kind == "input_error":
-                raise InputError(payload)
-            elif kind == "error":
-                raise RuntimeError(f"local-mode capture reader: {payload}")
+                yield from payload  # type: ignore[misc]
             else:  # "done": the last record, the token file
-                yield payload
+                yield payload  # type: ignore[misc]
                 return
 
     def close(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-        self._out.close()
-        self._err.close()
+        self._proc.close()
 
 
 class CaptureChildren:
@@ -184,34 +145,25 @@ def start(night: NightFiles) -> CaptureChildren | None:
         return None
 
 
-def _read_to(out: IO[bytes], work: dict) -> None:
-    """The child's work: `read_capture` over its share, outcomes pickled to `out`."""
-
+def _read(records: Records, work: dict) -> None:
+    """The child's work: `read_capture` over its share, outcomes as records."""
     from .derived_tokens import DerivedTokens
     from .local_capture import CaptureFiles, read_capture
 
-    def put(kind: str, payload) -> None:
-        pickle.dump((kind, payload), out, protocol=pickle.HIGHEST_PROTOCOL)
-
-    try:
-        tokens = DerivedTokens(work["scratch"], work["name"])
-        chunk: list[LocalRollout] = []
-        for key, *paths in work["files"]:
-            local = read_capture(work["folder"], CaptureFiles(key, *paths))
-            for row in local.tokens:
-                tokens.add(row)
-            local.tokens, local.walk = [], []  # the walk is `reassembler explain`'s
-            chunk.append(local)
-            if len(chunk) >= CHUNK:
-                put("rollouts", chunk)
-                chunk = []
-        if chunk:
-            put("rollouts", chunk)
-        put("done", tokens.close())
-    except InputError as e:
-        put("input_error", str(e))
-    except Exception as e:  # noqa: BLE001 - said by the parent, which raises it
-        put("error", f"{type(e).__name__}: {e}")
+    tokens = DerivedTokens(work["scratch"], work["name"])
+    chunk: list[LocalRollout] = []
+    for key, *paths in work["files"]:
+        local = read_capture(work["folder"], CaptureFiles(key, *paths))
+        for row in local.tokens:
+            tokens.add(row)
+        local.tokens, local.walk = [], []  # the walk is `reassembler explain`'s
+        chunk.append(local)
+        if len(chunk) >= CHUNK:
+            records.put("rollouts", chunk)
+            chunk = []
+    if chunk:
+        records.put("rollouts", chunk)
+    records.put("done", tokens.close())
 
 
 def _child() -> None:
@@ -219,5 +171,6 @@ def _child() -> None:
     from . import derived_tokens, local_capture  # noqa: F401 - imported while the load has no work for it yet
 
     work = json.loads(sys.stdin.buffer.read())
-    with os.fdopen(sys.stdout.fileno(), "wb", closefd=False) as out, step_memory():  # as the load step's
-        _read_to(out, work)
+    records = Records()
+    with step_memory():  # as the load step's
+        records.run(lambda: _read(records, work))

@@ -8,7 +8,7 @@ processes (`InBackground`, a new interpreter each), started by the night's load 
 begins (load.NightLoad), so that the parse runs beside the imports and the ledger load. A
 bigger night is cut between lines into parts of about equal bytes (`split`), one more child
 per PART_BYTES, at most one per core. Each child runs exactly `parse_rollouts` over its part
-and writes what it gives as pickled chunks to a temporary file; the load then inserts them
+and writes what it gives as pickled chunks (child_process.py); the load then inserts them
 part after part, a chunk at a time, so memory is bounded by a chunk on both sides, and a
 rollout_id an earlier part holds makes its line the same reject row one child would have
 written. A child that cannot start leaves the parse to this process; one that fails
@@ -20,29 +20,20 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import subprocess
 import sys
-import tempfile
 from bisect import bisect_right
 from collections.abc import Callable
-from pathlib import Path
-from typing import IO
 
 from .. import storage
-from ..errors import InputError
 from ..formats.night import NightFiles
 from ..formats.records import RecordError, parse_rollout
+from .child_process import ChildProcess, Records
 from .json_lines import ROLLOUT_DECODER, LineRange, decode, guess_ids, line_ranges, read_file_lines, read_lines, reject
 
 BACKGROUND_BYTES = 1 << 20  # rollout lines of a night above this are parsed by a child process
 PART_BYTES = 4 << 20  # and by one more child for each PART_BYTES more, up to one per core
 MAX_PARTS = 4
 CHUNK = 500  # rows per pickled chunk
-# The child: this interpreter, without the working folder on its path (-P: nothing there
-# shadows a module), importing this package as this process does, else from the folder
-# this file was loaded from (appended, so it never shadows anything either).
-CHILD = "import sys; sys.path.append(sys.argv[1]); from reassembler.load.rollout_lines import _child; _child()"
 
 
 Part = list[tuple[str, LineRange]]  # runs of lines of the night's rollout files, in reading order
@@ -105,67 +96,35 @@ def rollout_bytes(night: NightFiles) -> int:
 
 class _Child:
     """One child process running `parse_rollouts` (over `part`, or every line), its results
-    pickled in chunks to a temporary file."""
+    pickled in chunks (child_process.py)."""
 
     def __init__(self, night: NightFiles, max_line_bytes: int, part: Part | None):
         self.part = part
-        self._out: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-rollouts-")
-        self._err: IO[bytes] = tempfile.TemporaryFile(prefix="reassembler-rollouts-")
-        self._proc: subprocess.Popen | None
         ranges = None if part is None else [[rel, r.start, r.end, r.first_line] for rel, r in part]
-        with tempfile.TemporaryFile(prefix="reassembler-rollouts-") as args:  # a file: no pipe to break
-            what = {"root": night.root, "ds": night.ds, "rollouts": night.rollouts, "ranges": ranges}
-            args.write(json.dumps(dict(what, max_line_bytes=max_line_bytes)).encode())
-            args.seek(0)
-            self._proc = subprocess.Popen(
-                [sys.executable, "-P", "-c", CHILD, str(Path(__file__).resolve().parents[2])],
-                stdin=args,
-                stdout=self._out,
-                stderr=self._err,
-            )
+        what = {"root": night.root, "ds": night.ds, "rollouts": night.rollouts, "ranges": ranges}
+        work = json.dumps(dict(what, max_line_bytes=max_line_bytes)).encode()
+        self._proc = ChildProcess(__name__, "rollout parser", work)
 
     def done(self) -> bool:
-        return self._proc is None or self._proc.poll() is not None
+        return self._proc.done()
 
     def results(self, add: Callable[[dict], None], rejects) -> int:
         """Wait for the child, then hand its rows and reject rows over in order; returns the
         lines read."""
-        assert self._proc is not None
-        code = self._proc.wait()
-        self._proc = None
-        if code != 0:  # killed, or failed before it could say why: nothing it wrote is used
-            self._err.seek(0)
-            said = self._err.read().decode("utf-8", "replace").strip().splitlines()
-            last = said[-1] if said else "no output"
-            raise RuntimeError(f"rollout parser process ended with exit code {code}: {last}")
-        self._out.seek(0)
-        lines = None
-        while lines is None:
-            try:
-                kind, payload = pickle.load(self._out)
-            except (EOFError, pickle.UnpicklingError) as e:
-                raise RuntimeError(f"rollout parser process left unreadable results ({e})") from None
+        for kind, payload in self._proc.records():
             if kind == "rows":
-                for row in payload:
+                for row in payload:  # type: ignore[attr-defined]
                     add(row)
             elif kind == "rejects":
-                for row in payload:
+                for row in payload:  # type: ignore[attr-defined]
                     rejects.add(row)
-            elif kind == "input_error":
-                raise InputError(payload)
-            elif kind == "error":
-                raise RuntimeError(f"rollout parser: {payload}")
             else:  # "lines": the last record
-                lines = payload
-        return lines
+                assert isinstance(payload, int)
+                return payload
+        raise AssertionError("unreachable: records end with the last one or raise")
 
     def close(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-        self._out.close()
-        self._err.close()
+        self._proc.close()
 
 
 class InBackground:
@@ -254,10 +213,11 @@ def start(night: NightFiles, max_line_bytes: int) -> InBackground | None:
 
 
 class _Chunks:
-    """Rows and reject rows pickled to `out` in chunks, in the order they come."""
+    """Rows and reject rows put as records (child_process.Records) in chunks, in the order
+    they come."""
 
-    def __init__(self, out: IO[bytes]):
-        self.out = out
+    def __init__(self, records: Records):
+        self.records = records
         self.rows: list[dict] = []
         self.rejects: list[dict] = []
 
@@ -276,34 +236,27 @@ class _Chunks:
     def put(self, kind: str, payload) -> None:
         self._flush_rows()
         self._flush_rejects()
-        pickle.dump((kind, payload), self.out, protocol=pickle.HIGHEST_PROTOCOL)
+        self.records.put(kind, payload)
 
     def _flush_rows(self) -> None:
         if self.rows:
-            pickle.dump(("rows", self.rows), self.out, protocol=pickle.HIGHEST_PROTOCOL)
+            self.records.put("rows", self.rows)
             self.rows = []
 
     def _flush_rejects(self) -> None:
         if self.rejects:
-            pickle.dump(("rejects", self.rejects), self.out, protocol=pickle.HIGHEST_PROTOCOL)
+            self.records.put("rejects", self.rejects)
             self.rejects = []
 
 
-def _parse_to(fd: int, night: NightFiles, max_line_bytes: int, part: Part | None) -> None:
-    """The child's work: `parse_rollouts` pickled in chunks to file descriptor `fd`."""
-    with os.fdopen(fd, "wb", closefd=False) as out:
-        chunks = _Chunks(out)
-        try:
-            chunks.put("lines", parse_rollouts(night, max_line_bytes, chunks.add_row, chunks, part))
-        except InputError as e:
-            chunks.put("input_error", str(e))
-        except Exception as e:  # noqa: BLE001 - said by the parent, which raises it
-            chunks.put("error", f"{type(e).__name__}: {e}")
-
-
 def _child() -> None:
+    """The child's work: `parse_rollouts` over its part, as records."""
     args = json.loads(sys.stdin.read())
     night = NightFiles(args["root"], args["ds"], args["rollouts"], [], [])
     ranges = args.get("ranges")
     part = None if ranges is None else [(rel, LineRange(a, b, first)) for rel, a, b, first in ranges]
-    _parse_to(sys.stdout.fileno(), night, args["max_line_bytes"], part)
+    records = Records()
+    chunks = _Chunks(records)
+    records.run(
+        lambda: chunks.put("lines", parse_rollouts(night, args["max_line_bytes"], chunks.add_row, chunks, part))
+    )
