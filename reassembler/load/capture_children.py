@@ -24,6 +24,7 @@ docs/performance.md has the figures.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -44,7 +45,6 @@ CHUNK = 32  # rollouts a pickled chunk
 # A child's share against this process's: a child also pickles what it read, which this
 # process then unpickles and inserts after its own share (measured: docs/performance.md)
 CHILD_SHARE = 0.85
-ROLES = ("entries", "intents", "incomplete", "state")
 
 
 def _cores() -> int:
@@ -63,7 +63,7 @@ class _Child:
         a file of its own in `scratch`."""
         work = {
             "folder": folder,
-            "files": [[f.key, *(getattr(f, role) for role in ROLES)] for f in files],
+            "files": [dataclasses.astuple(f) for f in files],  # CaptureFiles(*fields) again in the child
             "scratch": scratch,
             "name": f"derived-tokens-local-{self.number}.parquet",
         }
@@ -152,8 +152,8 @@ def _read(records: Records, work: dict) -> None:
 
     tokens = DerivedTokens(work["scratch"], work["name"])
     chunk: list[LocalRollout] = []
-    for key, *paths in work["files"]:
-        local = read_capture(work["folder"], CaptureFiles(key, *paths))
+    for fields in work["files"]:
+        local = read_capture(work["folder"], CaptureFiles(*fields))
         for row in local.tokens:
             tokens.add(row)
         local.tokens, local.walk = [], []  # the walk is `reassembler explain`'s

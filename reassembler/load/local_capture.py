@@ -245,10 +245,9 @@ def _converted(entry: Entry) -> _Parsed:
 
 def _first_list_problem(entries: list[Entry]) -> None:
     """Raise the first of these entries' token lists that is not a list of its type: a
-    line's lists are checked before the lines after it."""
-    if _Flat.of(entries) is None:
-        for entry in entries:
-            _converted(entry)
+    line's lists are checked before the lines after it (a rare path: one is failing)."""
+    for entry in entries:
+        _converted(entry)
 
 
 class _Flat:
