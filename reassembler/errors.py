@@ -128,4 +128,10 @@ def classify(exc: BaseException, settings=None, warehouse=None) -> ReassemblerEr
         return InputError(f"unreadable input: {text}")
     if isinstance(exc, FileNotFoundError):
         return InputError(str(exc))
+    if type(exc).__module__.split(".")[0] in ("botocore", "urllib3") or (
+        isinstance(exc, OSError) and "AWS Error" in text
+    ):
+        # an object-storage failure that reached here without its object (storage/ names it
+        # where it can): still the store's, never a bug
+        return StoreError(f"object storage error ({type(exc).__name__}: {text[:300]})")
     return None

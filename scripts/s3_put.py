@@ -16,7 +16,7 @@ def main() -> None:
     p.add_argument("uri")
     p.add_argument("--bucket", action="append", default=[], help="another bucket to create (an output's)")
     args = p.parse_args()
-    client = storage._s3_client(storage._environment())
+    client = storage.s3.client()
     bucket, _, prefix = args.uri[len("s3://") :].partition("/")
     for name in [bucket, *args.bucket]:
         try:

@@ -61,7 +61,7 @@ class OutputLock:
     def holder(self) -> str:
         try:
             info = json.loads(storage.read_bytes(self.path) or b"{}")
-        except (OSError, ValueError):
+        except Exception:  # noqa: BLE001 - unreadable or gone: the busy error stands
             info = {}
         return describe(info)
 
@@ -162,7 +162,7 @@ class _Lease:
 
     def _renew(self) -> None:
         while not self._stop.wait(LEASE_SECONDS / 3):
-            with self._guard:
+            with self._guard, storage.retry.short_budget(LEASE_SECONDS / 6):
                 try:
                     self.version = storage.put_if(self.lock.path, self._body(), self.version)
                 except storage.Conflict:
@@ -172,13 +172,39 @@ class _Lease:
                     log.warning("%s: renewing the output lease failed (%s)", self.lock.path, e)
 
     def release(self) -> None:
+        """Delete the lease if it is still this holder's (a conditional delete: a lease taken
+        over by another process is left alone). Never raises: a lease that cannot be
+        deleted is expired in place or left to expire, and logged; the build's own outcome,
+        or the error that ended it, stands."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        with self._guard:
-            data, version = storage.read_versioned(self.lock.path)
-            if data is not None and _parse(data).get("token") == self.token:
-                storage.delete(self.lock.path)
+        path = self.lock.path
+        with self._guard, storage.retry.short_budget():
+            try:
+                if self.version is None or storage.delete_if(path, self.version):
+                    return
+                log.warning("%s: the output lease was taken over by another process; left to it", path)
+            except Exception as e:  # noqa: BLE001 - never replaces the build's outcome
+                log.warning(
+                    "%s: the output lease could not be deleted (%s); expiring it", path, storage.retry.describe(e)
+                )
+                self._expire(path)
+
+    def _expire(self, path: str) -> None:
+        """Overwrite this holder's lease with an expired one (a PUT may pass where a DELETE
+        failed), so that the next build need not wait; else it expires by itself."""
+        info = self.lock._info()
+        info.update(token=self.token, until=0, released=True)
+        try:
+            storage.put_if(path, json.dumps(info).encode(), self.version)
+        except Exception as e:  # noqa: BLE001
+            log.warning(
+                "%s: the output lease is left to expire (within %g s): %s",
+                path,
+                LEASE_SECONDS,
+                storage.retry.describe(e),
+            )
 
 
 def _parse(data: bytes | None) -> dict:

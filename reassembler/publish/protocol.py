@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import storage
-from ..errors import AuditCheckFailed, OutputBusy
+from ..errors import AuditCheckFailed, OutputBusy, StoreError
 from ..warehouse import run_script, sql
 from .checkpoints import checkpoint
 
@@ -228,7 +228,13 @@ def publish_staged(con, output, staging, ds: str, run_id: str, numbers: NightNum
             "its night stands and nothing of it was touched"
         ) from None
     checkpoint("manifest")
-    apply(con, output, manifest)
+    try:
+        apply(con, output, manifest)
+    except StoreError as e:
+        raise StoreError(
+            f"{e} -- night {ds} is committed ({manifest_path(output, ds)}); the next build or publish of "
+            "this output finishes applying it"
+        ) from None
     return {kind: partition_dir(output, kind, ds) for kind in KINDS}
 
 
@@ -269,12 +275,15 @@ def _fill_partition(output: str, ds: str, kind: str, sources: list[str], names: 
     wanted = dict(zip(names, sources))
     if storage.is_remote(output):
         present = {f"{kind}/ds={ds}/{rel}" for rel in storage.list_files(target, "")}
-        for key, source in wanted.items():
-            if key not in present:
-                storage.copy(storage.join(output, source), storage.join(output, key))
+        storage.copy_many(
+            [
+                (storage.join(output, source), storage.join(output, key))
+                for key, source in wanted.items()
+                if key not in present
+            ]
+        )
         checkpoint(f"{kind}_copied")
-        for key in sorted(present - wanted.keys()):
-            storage.delete(storage.join(output, key))
+        storage.delete_many([storage.join(output, key) for key in sorted(present - wanted.keys())])
         return
     present = set(os.listdir(target)) if os.path.isdir(target) else set()
     if present == {storage.name(k) for k in wanted}:
@@ -341,8 +350,12 @@ def collect_runs(output: str, ds: str, manifest: dict | None) -> None:
         keep.add(path_safe(manifest["run_id"]))
         keep |= {path_safe(r["run_id"]) for r in manifest.get("superseded", []) if _age(r["at"]) < GRACE_SECONDS}
     folder = runs_dir(output, ds)
-    runs = {rel.split("/", 1)[0] for rel in storage.list_files(folder, "", recursive=True)}
-    if not storage.is_remote(folder) and os.path.isdir(folder):
+    files = storage.list_files(folder, "", recursive=True)
+    if storage.is_remote(folder):  # every object of those runs, 1,000 a request
+        storage.delete_many([storage.join(folder, rel) for rel in files if rel.split("/", 1)[0] not in keep])
+        return
+    runs = {rel.split("/", 1)[0] for rel in files}
+    if os.path.isdir(folder):
         runs |= set(os.listdir(folder))
     for run in sorted(runs - keep):
         storage.delete_tree(storage.join(folder, run))

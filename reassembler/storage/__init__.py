@@ -1,0 +1,274 @@
+"""Where the job reads and writes: a local folder or an S3 prefix, through one layer.
+
+Every other module opens, lists and writes through the functions here, with locations
+(locations.py: local paths or `s3://bucket/key` URIs), so input and output may each be
+either kind. The layer's parts:
+
+- `locations.py`: what a location is; joining and splitting them.
+- `local.py`: the local store (listing that skips nothing silently, atomic writes, links).
+- `s3.py`: the S3 client (botocore and pyarrow's S3FileSystem from the AWS environment),
+  every request through `retry.py`, the one retry policy (backoff with full jitter, a
+  longer budget for throttling, REASSEMBLER_S3_RETRY_SECONDS), and every failure one line
+  (StoreError, exit code 6).
+- `conditional.py`: conditional writes (the manifest, the output lease).
+
+On object storage, reads of many small files are fetched ahead on threads (`read_many`),
+copies run at once (`copy_many`) and deletes go 1,000 keys a request (`delete_tree`), so
+that the store's latency is paid by several requests together.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+
+from . import local, retry, s3
+from .conditional import Conflict, delete_if, put_if, read_versioned
+from .locations import S3, is_remote, join, location, name, parent, relative, split
+from .s3 import store_error
+
+__all__ = [
+    "S3",
+    "Conflict",
+    "check_bucket",
+    "copy",
+    "copy_many",
+    "delete",
+    "delete_if",
+    "delete_many",
+    "delete_tree",
+    "exists",
+    "is_dir",
+    "is_remote",
+    "join",
+    "list_files",
+    "location",
+    "makedirs",
+    "name",
+    "open_input",
+    "open_output",
+    "open_parquet",
+    "parent",
+    "put_if",
+    "read_bytes",
+    "read_many",
+    "read_text",
+    "read_versioned",
+    "relative",
+    "retry",
+    "size",
+    "split",
+    "store_error",
+    "write_bytes",
+]
+
+
+# ---------------------------------------------------------------- reading
+
+
+def open_input(loc: str, buffer_size: int = 1 << 20):
+    """A binary file object to read `loc` from (seek, tell, read, readline). Local files are
+    Python's own files; an object is read by ranges as it is consumed (never downloaded
+    whole first), each range a retried request."""
+    if not is_remote(loc):
+        return open(loc, "rb")
+    return io.BufferedReader(s3.RangeReader(loc), buffer_size=buffer_size)
+
+
+def open_parquet(loc: str):
+    """What pyarrow.parquet reads `loc` from: a local path, or an object read by retried
+    ranges (an open object is for one thread at a time)."""
+    if not is_remote(loc):
+        return loc
+    import pyarrow as pa
+
+    return pa.PythonFile(s3.RangeReader(loc), mode="r")
+
+
+def read_bytes(loc: str) -> bytes:
+    """The whole file (an object in one GET)."""
+    if not is_remote(loc):
+        with open(loc, "rb") as fh:
+            return fh.read()
+    return s3.get(loc)
+
+
+def read_many(locations: list[str], window_bytes: int = 64 << 20, threads: int = 16):
+    """(location, bytes or the OSError) of each file, in order. On object storage the next
+    files are fetched on `threads` threads while the caller works, at most `window_bytes`
+    (or `threads` files) ahead: a night of thousands of small capture files would otherwise
+    wait one round trip per file. Locally they are read one after the other."""
+    if not any(is_remote(loc) for loc in locations):
+        for loc in locations:
+            try:
+                yield loc, read_bytes(loc)
+            except OSError as e:
+                yield loc, e
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    def fetch(loc: str):
+        try:
+            return read_bytes(loc)
+        except OSError as e:
+            return e
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-read") as pool:
+        ahead: deque = deque()
+        pending = iter(locations)
+        held = 0
+        while True:
+            while len(ahead) < threads and held < window_bytes and (nxt := next(pending, None)) is not None:
+                ahead.append((nxt, pool.submit(fetch, nxt)))
+            if not ahead:
+                return
+            loc, future = ahead.popleft()
+            data = future.result()
+            # what the threads fetched and the caller has not taken yet
+            held = sum(len(r) for _, f in ahead if f.done() and isinstance(r := f.result(), bytes))
+            yield loc, data
+
+
+def read_text(loc: str) -> str:
+    return read_bytes(loc).decode()
+
+
+def size(loc: str) -> int:
+    if not is_remote(loc):
+        return os.stat(loc).st_size
+    return _info(loc).size
+
+
+def _info(loc: str):
+    from pyarrow import fs
+
+    info = s3.info(loc)
+    if info.type == fs.FileType.NotFound:
+        raise FileNotFoundError(2, "No such file", loc)
+    return info
+
+
+def exists(loc: str) -> bool:
+    if not is_remote(loc):
+        return os.path.exists(loc)
+    try:
+        _info(loc)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def is_dir(loc: str) -> bool:
+    """A folder, or on object storage a prefix holding at least one object."""
+    if not is_remote(loc):
+        return os.path.isdir(loc)
+    from pyarrow import fs
+
+    if not split(loc)[1]:
+        check_bucket(loc)
+        return True
+    return s3.info(loc).type == fs.FileType.Directory
+
+
+def check_bucket(loc: str) -> None:
+    """StoreError unless the bucket of `loc` exists and the credentials may use it."""
+    if is_remote(loc):
+        s3.head_bucket(loc)
+
+
+def list_files(
+    folder: str, suffix: str | tuple[str, ...], recursive: bool = False, exclude: str | None = None
+) -> list[str]:
+    """Files ending in `suffix` under `folder` (and its subfolders when `recursive`), as
+    sorted relative paths (none when the folder does not exist). Locally, links are followed; a dangling link, an
+    unreadable entry, a link loop, or anything but a file or folder (a named pipe, a socket,
+    a device: reading it could block) is an InputError naming it: nothing is skipped
+    silently."""
+    if not is_remote(folder):
+        return local.list_files(folder, suffix, recursive, exclude)
+    from pyarrow import fs
+
+    path = folder[len(S3) :]
+    found = []
+    for info in s3.listing(folder, recursive):
+        if info.type != fs.FileType.File:
+            continue
+        rel = info.path[len(path.rstrip("/")) + 1 :]
+        base = rel.rsplit("/", 1)[-1]
+        if base.endswith(suffix) and not (exclude and base.endswith(exclude)):
+            found.append(rel)
+    return sorted(found)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def makedirs(loc: str) -> None:
+    """A local folder (object storage has none to make)."""
+    if not is_remote(loc):
+        os.makedirs(loc, exist_ok=True)
+
+
+def open_output(loc: str):
+    """A binary stream writing `loc`: a local file, or an object that appears whole when the
+    stream is closed (nothing when a `with` block around it ends in an exception)."""
+    if not is_remote(loc):
+        os.makedirs(os.path.dirname(loc), exist_ok=True)
+        return open(loc, "wb")
+    return s3.Upload(loc)
+
+
+def write_bytes(loc: str, data: bytes) -> None:
+    """Write `loc` whole, atomically: a reader sees the old content or the new, never a part."""
+    if is_remote(loc):
+        s3.put(loc, data)
+    else:
+        local.write_bytes(loc, data)
+
+
+def delete(loc: str) -> None:
+    """Remove a file or object; a missing one is fine."""
+    if is_remote(loc):
+        s3.delete(loc)
+    else:
+        local.delete(loc)
+
+
+def delete_tree(loc: str) -> None:
+    """Remove a folder, or every object under a prefix; a missing one is fine."""
+    if not is_remote(loc):
+        shutil.rmtree(loc, ignore_errors=True)
+        return
+    delete_many([join(loc, rel) for rel in list_files(loc, "", recursive=True)])
+
+
+def delete_many(locations: list[str]) -> None:
+    """Remove files or objects (on object storage 1,000 a request, several requests at once)."""
+    remote = [loc for loc in locations if is_remote(loc)]
+    for loc in locations:
+        if not is_remote(loc):
+            local.delete(loc)
+    by_bucket: dict[str, list[str]] = {}
+    for loc in remote:
+        bucket, key = split(loc)
+        by_bucket.setdefault(bucket, []).append(key)
+    for bucket, keys in by_bucket.items():
+        s3.delete_keys(f"{S3}{bucket}", keys)
+
+
+def copy(src: str, dst: str) -> None:
+    """`dst` becomes a copy of `src` (locally a hard link: files here are never changed in
+    place; on object storage a server-side copy: no byte passes through this process)."""
+    if is_remote(src) != is_remote(dst):
+        raise ValueError("copy within one store only")
+    if is_remote(src):
+        s3.copy(src, dst)
+    else:
+        local.copy(src, dst)
+
+
+def copy_many(pairs: list[tuple[str, str]], threads: int = 16) -> None:
+    """`copy` of each (src, dst); on object storage up to `threads` copies at once."""
+    s3.each(lambda pair: copy(*pair), pairs, threads if any(is_remote(s) for s, _ in pairs) else 1)
