@@ -23,10 +23,12 @@ Also times the capture-quality report over 30 nights of 10,000 rollouts each, Ne
 local capture mode against its staged capture (`--local-only`), and the night built from and
 to a local S3-compatible server against the local build (`--s3-only`: wall and CPU ratios,
 peak RSS, bytes read from the store over the token files' size; the load, one shard and the
-publish timed on their own), and the fixed cost of a task under Celery (`--celery-only`).
+publish timed on their own), the same with 0, 20 and 100 ms added to every request through
+the fault proxy (`--latency-only`: wall ratios and the mean requests in flight), and the
+fixed cost of a task under Celery (`--celery-only`).
 
 Usage: python scripts/benchmark.py [--tokens 10e6] [--rounds 3] [--workdir bench-out] [--workers 2]
-                                  [--reuse] [--against REV] [--local-only | --s3-only]
+                                  [--reuse] [--against REV] [--local-only | --s3-only | --latency-only]
        python scripts/benchmark.py --report-only
 """
 
@@ -410,6 +412,57 @@ def s3_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: s
     )
 
 
+def latency_main(
+    work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str, latencies: tuple[float, ...] = (0, 20, 100)
+) -> None:
+    """The bench night built from and to the local S3 server through the fault proxy
+    (tests/faultproxy.py), which adds `latencies` ms to every request, rounds interleaved
+    across the latencies; issue 32's goal: 100 ms a request costs at most 1.5x the build at
+    0 ms. Mean requests in flight: the time requests spent in the proxy, summed, over the
+    build's wall time. Every build goes through the same proxy, so its cost is in all."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from faultproxy import FaultProxy
+
+    from s3server import S3Server
+
+    root, totals = night(work, "1x", tokens, seed=1, reuse=reuse)
+    server = S3Server(work / "moto-latency.log")
+    proxy = FaultProxy(server.port)
+    runs: dict[float, list[dict]] = {ms: [] for ms in latencies}
+    try:
+        os.environ.update(server.env)
+        uri_in, uri_out = f"s3://{server.bucket('lat-in')}/capture", f"s3://{server.bucket('lat-out')}/rows"
+        server.upload(root / "input", uri_in)
+        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+        for k in range(rounds):
+            for ms in latencies if k % 2 == 0 else latencies[::-1]:
+                proxy.clear()
+                proxy.reset_stats()
+                if ms:
+                    proxy.add("latency", seconds=ms / 1000)
+                m = run(S3_BUILD, uri_in, uri_out, DS, memory_limit, work / "latency-warehouse.duckdb")
+                m["requests"], m["in_flight"] = proxy.stats.requests, proxy.stats.busy_seconds / m["wall"]
+                runs[ms].append(m)
+    finally:
+        os.environ["AWS_ENDPOINT_URL"] = server.endpoint
+        proxy.close()
+        server.stop()
+    base = statistics.median(r["wall"] for r in runs[latencies[0]])
+    print(
+        f"night 1x on S3 through the fault proxy ({totals['tokens'] / 1e6:.1f}M tokens), latency added to every "
+        f"request, {rounds} interleaved rounds, medians (min, max)"
+    )
+    for ms in latencies:
+        wall = statistics.median(r["wall"] for r in runs[ms])
+        flight = statistics.median(r["in_flight"] for r in runs[ms])
+        goal = f"  (goal <= 1.5)  {_met(wall / base <= 1.5)}" if ms == 100 else ""
+        print(
+            f"latency {ms:>5g} ms  wall {spread(runs[ms], 'wall')}; CPU {spread(runs[ms], 'cpu')}; "
+            f"{statistics.median(r['requests'] for r in runs[ms]):.0f} requests, {flight:.1f} in flight on average; "
+            f"x{wall / base:.2f} the 0 ms build{goal}"
+        )
+
+
 def celery_main(work: Path, tokens: float, reuse: bool) -> None:
     """The fixed cost of a task under Celery (make airflow-celery's deployment, two workers
     on this machine): a night of the bench size triggered once, each task's wait from queued
@@ -478,6 +531,9 @@ def main() -> None:
         "--s3-only", action="store_true", help="only compare the build on a local S3 server with the local build"
     )
     p.add_argument("--celery-only", action="store_true", help="only the fixed cost of a task under Celery")
+    p.add_argument(
+        "--latency-only", action="store_true", help="only the build on S3 with 0, 20 and 100 ms added to each request"
+    )
     p.add_argument("--s3-latency-ms", type=float, default=0.0, help="--s3-only: ms added to each request")
     p.add_argument("--reuse", action="store_true", help="reuse the nights of an earlier run in --workdir")
     p.add_argument(
@@ -493,6 +549,8 @@ def main() -> None:
         return celery_main(work, args.tokens, args.reuse)
     if args.s3_only:
         return s3_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit, args.s3_latency_ms)
+    if args.latency_only:
+        return latency_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
 
     root1, t1 = night(work, "1x", args.tokens, seed=1, reuse=args.reuse)
     floors, builds = interleaved(
@@ -564,6 +622,7 @@ def main() -> None:
         _print_against(args.against, vs)
     local_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     s3_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit, args.s3_latency_ms)
+    latency_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     report_main(work)
 
 

@@ -47,6 +47,7 @@ class Rule:
     code: str = "SlowDown"
     after: bool = False  # status: forward first, then lose the answer
     seconds: float = 0.0  # burst: how long; latency: the delay
+    key: str | None = None  # only requests whose path holds this text
     limit: int | None = None  # at most this many faults from this rule
     fired: int = 0
     started: float | None = None  # burst: when its first request came
@@ -58,6 +59,7 @@ class Stats:
     faults: dict = field(default_factory=dict)
     busy_seconds: float = 0.0  # summed over requests: time from read to answered
     by_op: dict = field(default_factory=dict)
+    log: list = field(default_factory=list)  # (start, end, op, path) of every request
 
 
 def s3_error(status: int, code: str, pad: int = 0) -> bytes:
@@ -112,13 +114,15 @@ class FaultProxy:
         with self._lock:
             self.stats = Stats()
 
-    def _decide(self, op: str, ranged: int | None) -> Rule | None:
+    def _decide(self, op: str, ranged: int | None, path: str) -> Rule | None:
         with self._lock:
             self.stats.requests += 1
             self.stats.by_op[op] = self.stats.by_op.get(op, 0) + 1
             now = time.monotonic()
             for rule in self.rules:
                 if op not in rule.ops or (rule.limit is not None and rule.fired >= rule.limit):
+                    continue
+                if rule.key is not None and rule.key not in path:
                     continue
                 if rule.kind == "latency":
                     continue  # applied to every request, below
@@ -202,7 +206,7 @@ class _Handler(BaseHTTPRequestHandler):
         delay = owner._latency(op)
         if delay:
             time.sleep(delay)
-        rule = owner._decide(op, _range_length(self.headers) if method == "GET" else None)
+        rule = owner._decide(op, _range_length(self.headers) if method == "GET" else None, self.path)
         try:
             if rule is not None and rule.kind in ("status", "burst", "short_range") and not rule.after:
                 pad = 0
@@ -222,7 +226,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(status, headers, data, method)
         finally:
             with owner._lock:
-                owner.stats.busy_seconds += time.monotonic() - started
+                ended = time.monotonic()
+                owner.stats.busy_seconds += ended - started
+                owner.stats.log.append((started, ended, op, self.path))
 
     def _forward(self, method: str, body: bytes):
         conn = getattr(self, "_upstream", None)

@@ -85,6 +85,13 @@ def test_the_settings_table_states_the_defaults(row, check):
     assert check(DEFAULTS, table_row(row)), table_row(row)
 
 
+def test_the_retry_budget_is_the_readmes():
+    from reassembler.storage import retry
+
+    cells = table_row("S3 retry budget of a request (throttling; other faults a third)")
+    assert cells[1] == f"{retry.DEFAULT_BUDGET:g} s" and retry.TRANSIENT_SHARE == 1 / 3
+
+
 def test_the_exit_code_table_is_the_codes():
     from reassembler import errors
 

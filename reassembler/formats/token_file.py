@@ -110,6 +110,7 @@ class TokenFile:
         self.bound = bound
         source = storage.open_parquet(path)
         self.remote = storage.is_remote(path)
+        self.size = source.size() if self.remote else None
         self.metadata = pq.read_metadata(source)
         self._open: queue.SimpleQueue = queue.SimpleQueue()  # open objects, one per thread reading at once
         self._open.put(source)
@@ -131,7 +132,7 @@ class TokenFile:
             try:
                 source = self._open.get_nowait()
             except queue.Empty:
-                source = storage.open_parquet(self.path)
+                source = storage.open_parquet(self.path, self.size)
             t = pq.ParquetFile(source, metadata=self.metadata).read_row_group(
                 group, columns=list(dict.fromkeys(self.sources.values()))
             )

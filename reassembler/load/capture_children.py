@@ -101,7 +101,7 @@ class CaptureChildren:
         """The local-mode rollouts of `files` (in the ledger partition `folder`), in order:
         the first run read here, with its token rows; the children's without theirs, which
         are in `token_files` once all are read."""
-        from .local_capture import LocalRollout, read_capture
+        from .local_capture import LocalRollout, read_captures
 
         weights = [1.0] + [CHILD_SHARE] * len(self._children)
         ends = [round(len(files) * w) for w in itertools.accumulate(w / sum(weights) for w in weights)][:-1]
@@ -110,8 +110,7 @@ class CaptureChildren:
         for child, share in zip(self._children, shares[1:]):
             if share:
                 child.give(folder, share, scratch)
-        for files_ in shares[0]:
-            yield read_capture(folder, files_)
+        yield from read_captures(folder, shares[0])
         for child, share in zip(self._children, shares[1:]):
             if not share:
                 continue
@@ -148,12 +147,11 @@ def start(night: NightFiles) -> CaptureChildren | None:
 def _read(records: Records, work: dict) -> None:
     """The child's work: `read_capture` over its share, outcomes as records."""
     from .derived_tokens import DerivedTokens
-    from .local_capture import CaptureFiles, read_capture
+    from .local_capture import CaptureFiles, read_captures
 
     tokens = DerivedTokens(work["scratch"], work["name"])
     chunk: list[LocalRollout] = []
-    for fields in work["files"]:
-        local = read_capture(work["folder"], CaptureFiles(*fields))
+    for local in read_captures(work["folder"], [CaptureFiles(*fields) for fields in work["files"]]):
         for row in local.tokens:
             tokens.add(row)
         local.tokens, local.walk = [], []  # the walk is `reassembler explain`'s

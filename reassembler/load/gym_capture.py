@@ -39,7 +39,7 @@ from .capture_children import CaptureChildren
 from .derived_tokens import DerivedTokens
 from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter
 from .json_lines import DECODER, json_lines, reject
-from .local_capture import CaptureFiles, LocalRollout, TokenRow, read_capture
+from .local_capture import CaptureFiles, LocalRollout, TokenRow, read_capture, read_captures
 from .token_keys import insert_token_keys
 
 CAPTURE_SEQ_BASE = 1 << 40  # calls derived here come after every ledger line
@@ -213,8 +213,8 @@ class GymCapture:
                 self._local(files, outcome)
             token_files = self._readers.token_files
         else:
-            for files in local:
-                self._local(files, read_capture(folder, files))
+            for files, outcome in zip(local, read_captures(folder, local), strict=True):
+                self._local(files, outcome)
         self.calls.flush()
         if self.columns:
             self.con.register("captures", pa.Table.from_pylist(self.columns, schema=CAPTURE_COLUMNS))

@@ -110,7 +110,7 @@ def load_night(
     con.execute("BEGIN TRANSACTION")
     try:
         run_script(con, "clear_night", {"ds": ds})
-        insert_token_keys(con, ds, files.locations, files.skip)  # the files' keys, read once
+        insert_token_keys(con, ds, files.locations, files.skip, files.footers)  # the files' keys, read once
         if files.too_big:
             _reject_too_big(con, night, files)
         tokens = sql("night_token_rows")
@@ -286,6 +286,7 @@ class TokenFiles:
 
     locations: list[str]
     too_big: list[tuple[str, int, int, int, str]]
+    footers: dict = field(default_factory=dict)  # location -> (its size on object storage, or None; metadata)
 
     @property
     def n_too_big(self) -> int:
@@ -296,23 +297,30 @@ class TokenFiles:
         return {(loc, group) for loc, group, *_ in self.too_big}
 
 
+def _footer(night: NightFiles, rel: str):
+    """A token file's Parquet metadata; InputError naming the file when it has none."""
+    loc = night.path("tokens", rel)
+    try:
+        source = storage.open_parquet(loc)
+        return (None if isinstance(source, str) else source.size()), pq.read_metadata(source)
+    except StoreError:
+        raise
+    except Exception as e:  # pyarrow raises several types for a broken footer
+        found = storage.store_error(loc, e)
+        if found is not None:
+            raise found from None
+        raise InputError(f"{rel}: unreadable Parquet file ({str(e).splitlines()[0]})") from e
+
+
 def token_files(night: NightFiles, bound: int = DEFAULTS.max_row_group_bytes) -> TokenFiles:
     """Check every token file's schema (InputError naming the file), and find the row
     groups that would decode to more than `bound` bytes (formats/token_file.py)."""
-    locations, too_big = [], []
-    for rel in night.tokens:
+    locations, too_big, footers = [], [], {}
+    read = storage.map_ahead(lambda rel: _footer(night, rel), night.tokens, storage.is_remote(night.root))
+    for rel, (size, metadata) in zip(night.tokens, read):
         loc = night.path("tokens", rel)
-        try:
-            source = storage.open_parquet(loc)
-            metadata = pq.read_metadata(source)
-            schema = metadata.schema.to_arrow_schema()
-        except StoreError:
-            raise
-        except Exception as e:  # pyarrow raises several types for a broken footer
-            found = storage.store_error(loc, e)
-            if found is not None:
-                raise found from None
-            raise InputError(f"{rel}: unreadable Parquet file ({str(e).splitlines()[0]})") from e
+        footers[loc] = (size, metadata)
+        schema = metadata.schema.to_arrow_schema()
         token_file.check_schema(schema, rel)
         locations.append(loc)
         first = 0
@@ -322,4 +330,4 @@ def token_files(night: NightFiles, bound: int = DEFAULTS.max_row_group_bytes) ->
             if why is not None and n:
                 too_big.append((loc, group, first, first + n - 1, why))
             first += n
-    return TokenFiles(locations, too_big)
+    return TokenFiles(locations, too_big, footers)

@@ -72,7 +72,8 @@ def parse_rollouts(
 def split(night: NightFiles, parts: int) -> list[Part]:
     """The night's rollout lines in `parts` runs of about equal bytes, cut between lines
     (fewer when a file has too few lines to cut). Reads the files once."""
-    sizes = [storage.size(night.path("rollouts", rel)) for rel in night.rollouts]
+    paths = [night.path("rollouts", rel) for rel in night.rollouts]
+    sizes = list(storage.map_ahead(storage.size, paths, storage.is_remote(night.root)))
     targets = [sum(sizes) * k // parts for k in range(1, parts)]
     out: list[Part] = [[] for _ in range(parts)]
     offset = 0

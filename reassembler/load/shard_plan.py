@@ -82,9 +82,11 @@ class _TokenGroups:
         codes = files.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         rows = pa.chunked_array(self.rows, pa.int64()).fill_null(0).to_numpy()
         groups = np.zeros(len(rows), dtype=np.int64)
-        for code, name in enumerate(files.dictionary.to_pylist()):
-            if name not in self.starts:
-                self.starts[name] = TokenFile(name).starts
+        names = files.dictionary.to_pylist()
+        new = [n for n in names if n not in self.starts]
+        remote = any(storage.is_remote(n) for n in new)
+        self.starts.update(zip(new, storage.map_ahead(lambda n: TokenFile(n).starts, new, remote)))
+        for code, name in enumerate(names):
             idx = np.flatnonzero(present & (codes == code))
             groups[idx] = np.searchsorted(self.starts[name], rows[idx], side="right") - 1
         keys = (codes << 32) + groups
@@ -155,6 +157,17 @@ def read_rollouts(staging, shard: int) -> list[dict]:
             f"{loc}: this run's plan is gone: the night was loaded again by another run since (the later "
             "load wins), or the run's folder was removed; run the night again"
         ) from None
+
+
+def read_token_groups(staging, shard: int) -> list[tuple[str, int]]:
+    """The token row groups the shard reads (file, row group), in the order it first needs
+    them; none for a plan that does not list them."""
+    loc = storage.join(plan_dir(staging, shard), "token_groups.parquet")
+    try:
+        table = pq.read_table(storage.open_parquet(loc), columns=["file", "row_group"])
+    except FileNotFoundError:
+        return []
+    return list(zip(table.column("file").to_pylist(), table.column("row_group").to_pylist()))
 
 
 class PlannedCalls:

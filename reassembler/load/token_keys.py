@@ -8,7 +8,7 @@ location, row number in the file), so a shard reads exactly the rows a batch nee
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Set
+from collections.abc import Iterator, Set
 
 import numpy as np
 import pyarrow as pa
@@ -29,22 +29,47 @@ KEYS = pa.schema(
 )
 
 
-def key_batches(locations: Iterable[str], skip: Set[tuple[str, int]] = frozenset()) -> Iterator[pa.RecordBatch]:
-    """A batch of keys per row group of every file, but the row groups in `skip` (file, group)."""
-    for loc in locations:
-        source = storage.open_parquet(loc)
-        try:
-            file = pq.ParquetFile(source)
-            names = file.schema_arrow.names
-            first = 0
-            for group in range(file.metadata.num_row_groups):
-                n = file.metadata.row_group(group).num_rows
-                if n and (loc, group) not in skip:
-                    yield group_keys(file, names, loc, group, first)
-                first += n
-        finally:
-            if not isinstance(source, str):
-                source.close()
+def key_batches(
+    locations: list[str], skip: Set[tuple[str, int]] = frozenset(), footers: dict | None = None
+) -> Iterator[pa.RecordBatch]:
+    """A batch of keys per row group of every file, but the row groups in `skip` (file, group);
+    on object storage several files read at once (keys are small: a file's are held whole).
+    `footers`: the files' (size, metadata) where known (read.token_files): not read again."""
+    footers = footers or {}
+    remote = any(storage.is_remote(loc) for loc in locations)
+    if not remote:
+        for loc in locations:
+            yield from _file_keys(loc, skip, footers.get(loc))
+        return
+    each = storage.map_ahead(lambda loc: list(_file_keys(loc, skip, footers.get(loc))), locations, remote, threads=8)
+    for batches in each:
+        yield from batches
+
+
+def _file_keys(loc: str, skip: Set[tuple[str, int]], footer=None) -> Iterator[pa.RecordBatch]:
+    """The keys of a file's row groups; on object storage the row groups read at once."""
+    size, metadata = footer if footer is not None else (None, None)
+    source = storage.open_parquet(loc, size)
+    try:
+        file = pq.ParquetFile(source, metadata=metadata)
+        names = file.schema_arrow.names
+        sizes = [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)]
+        firsts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        groups = [g for g, n in enumerate(sizes) if n and (loc, g) not in skip]
+        if isinstance(source, str) or len(groups) < 2:
+            for g in groups:
+                yield group_keys(file, names, loc, g, int(firsts[g]))
+            return
+        size = source.size() if size is None else size
+
+        def one(g: int) -> pa.RecordBatch:
+            own = pq.ParquetFile(storage.open_parquet(loc, size), metadata=file.metadata)
+            return group_keys(own, names, loc, g, int(firsts[g]))
+
+        yield from storage.map_ahead(one, groups, True, threads=8)
+    finally:
+        if not isinstance(source, str):
+            source.close()
 
 
 def group_keys(file: pq.ParquetFile, names: list[str], loc: str, group: int, first: int) -> pa.RecordBatch:
@@ -59,9 +84,11 @@ def group_keys(file: pq.ParquetFile, names: list[str], loc: str, group: int, fir
     )
 
 
-def insert_token_keys(con, ds: str, locations: list[str], skip: Set[tuple[str, int]] = frozenset()) -> None:
+def insert_token_keys(
+    con, ds: str, locations: list[str], skip: Set[tuple[str, int]] = frozenset(), footers: dict | None = None
+) -> None:
     """Insert the keys of the files' rows into the warehouse's token_rows (streamed)."""
-    reader = pa.RecordBatchReader.from_batches(KEYS, key_batches(locations, skip))
+    reader = pa.RecordBatchReader.from_batches(KEYS, key_batches(locations, skip, footers))
     con.register("token_keys", reader)
     try:
         con.execute(sql("insert_token_rows"), {"ds": ds})

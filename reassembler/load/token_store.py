@@ -11,16 +11,18 @@ again).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
 
-from ..formats.token_file import CANONICAL, TokenFile
+from .. import storage
+from ..formats.token_file import CANONICAL, TokenFile, decoded_bytes
 from ..settings import DEFAULTS
 
-PREFETCH_THREADS = 4  # row groups fetched at once from object storage
+PREFETCH_THREADS = 4  # a batch's missing row groups fetched at once from object storage
+AHEAD_THREADS = 8  # row groups read ahead of the shard at once (bounded in bytes as well)
 
 
 class TokenStore:
@@ -32,12 +34,63 @@ class TokenStore:
         self._files: dict[str, TokenFile] = {}
         self._cache: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
         self._cached = 0
+        # read-ahead (object storage): the row groups still to come, those being fetched
+        # with their decoded size from the metadata, and those already handed over
+        self._plan: deque[tuple[str, int]] = deque()
+        self._ahead: dict[tuple[str, int], tuple[Future, int]] = {}
+        self._taken: set[tuple[str, int]] = set()
+        self._ahead_bytes = 0
+        self._pool: ThreadPoolExecutor | None = None
 
-    def _file(self, path: str) -> TokenFile:
-        file = self._files.get(path)
-        if file is None:
-            file = self._files[path] = TokenFile(path, self.max_row_group_bytes)
-        return file
+    def __enter__(self) -> TokenStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._ahead.clear()
+        self._plan.clear()
+
+    def read_ahead(self, groups: list[tuple[str, int]], ahead_bytes: int) -> None:
+        """On object storage, fetch these row groups in this order (the shard plan's
+        token_groups: the order the shard first needs them) on AHEAD_THREADS threads, at
+        most `ahead_bytes` decoded ahead of what the shard has taken: each row group would
+        otherwise cost the shard a round trip when it gets there. Locally nothing."""
+        remote = [(path, group) for path, group in groups if storage.is_remote(path)]
+        if not remote:
+            return
+        self._open([path for path, _ in remote])  # every footer at once
+        self._plan.extend(remote)
+        self._ahead_bytes = ahead_bytes
+        self._pool = ThreadPoolExecutor(max_workers=AHEAD_THREADS, thread_name_prefix="token-ahead")
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._pool is None:
+            return
+        held = sum(size for _, size in self._ahead.values())
+        while self._plan and (held < self._ahead_bytes or not self._ahead):
+            key = self._plan.popleft()
+            if key in self._ahead or key in self._taken or key in self._cache:
+                continue
+            file = self._files[key[0]]
+            if file.too_big(key[1]) is not None:
+                continue  # the load made its rows reject rows: no call asks for them
+            size = decoded_bytes(file.metadata, key[1])
+            self._ahead[key] = (self._pool.submit(file.read, key[1]), size)
+            held += size
+
+    def _open(self, paths: list[str]) -> list[TokenFile]:
+        """The files, those not open yet opened at once (on object storage a footer read each)."""
+        new = [p for p in dict.fromkeys(paths) if p not in self._files]
+        remote = any(storage.is_remote(p) for p in new)
+        for path, file in zip(new, storage.map_ahead(lambda p: TokenFile(p, self.max_row_group_bytes), new, remote)):
+            self._files[path] = file
+        return [self._files[p] for p in paths]
 
     def _group(self, file: TokenFile, group: int) -> pa.Table:
         key = (file.path, group)
@@ -45,7 +98,11 @@ class TokenStore:
         if table is not None:
             self._cache.move_to_end(key)
             return table
-        table = file.read(group)
+        fetched = self._ahead.pop(key, None)
+        table = fetched[0].result() if fetched is not None else file.read(group)
+        if self._pool is not None:
+            self._taken.add(key)
+            self._schedule()
         self._cache[key] = table
         self._cached += table.nbytes
         while self._cached > self.cache_bytes and len(self._cache) > 1:
@@ -56,6 +113,8 @@ class TokenStore:
     def _prefetch(self, wanted: list[tuple[TokenFile, int]]) -> None:
         """On object storage, read the row groups a fetch needs and the cache lacks at once,
         on PREFETCH_THREADS threads (each one a round trip otherwise); locally nothing."""
+        if self._pool is not None:
+            return  # read ahead already
         missing = list(dict.fromkeys((f, g) for f, g in wanted if f.remote and (f.path, g) not in self._cache))
         if len(missing) < 2:
             return
@@ -80,7 +139,7 @@ class TokenStore:
         present = ~encoded.is_null().to_numpy(zero_copy_only=False)
         codes = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         rows_np = rows.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        opened = [self._file(p) for p in encoded.dictionary.to_pylist()]
+        opened = self._open(encoded.dictionary.to_pylist())
         groups = np.zeros(n, dtype=np.int64)
         for code, file in enumerate(opened):
             idx = np.flatnonzero(present & (codes == code))

@@ -104,7 +104,7 @@ class OutputLock:
             return
         del self._held[self.path]
         if self._lease is not None:
-            self._lease.release()
+            self._lease.release(quiet=exc[0] is not None)
             self._lease = None
         elif self._fd is not None:
             os.ftruncate(self._fd, 0)
@@ -171,11 +171,13 @@ class _Lease:
                 except Exception as e:  # noqa: BLE001 - retried at the next renewal
                     log.warning("%s: renewing the output lease failed (%s)", self.lock.path, e)
 
-    def release(self) -> None:
+    def release(self, quiet: bool = False) -> None:
         """Delete the lease if it is still this holder's (a conditional delete: a lease taken
         over by another process is left alone). Never raises: a lease that cannot be
-        deleted is expired in place or left to expire, and logged; the build's own outcome,
-        or the error that ended it, stands."""
+        deleted is expired in place or left to expire, and logged (`quiet`: at INFO, when
+        an error already ends the build: its one line is what the operator reads); the
+        build's own outcome, or the error that ended it, stands."""
+        level = logging.INFO if quiet else logging.WARNING
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -184,27 +186,19 @@ class _Lease:
             try:
                 if self.version is None or storage.delete_if(path, self.version):
                     return
-                log.warning("%s: the output lease was taken over by another process; left to it", path)
+                log.log(level, "%s: the output lease was taken over by another process; left to it", path)
+                return
             except Exception as e:  # noqa: BLE001 - never replaces the build's outcome
-                log.warning(
-                    "%s: the output lease could not be deleted (%s); expiring it", path, storage.retry.describe(e)
-                )
-                self._expire(path)
-
-    def _expire(self, path: str) -> None:
-        """Overwrite this holder's lease with an expired one (a PUT may pass where a DELETE
-        failed), so that the next build need not wait; else it expires by itself."""
-        info = self.lock._info()
-        info.update(token=self.token, until=0, released=True)
-        try:
-            storage.put_if(path, json.dumps(info).encode(), self.version)
-        except Exception as e:  # noqa: BLE001
-            log.warning(
-                "%s: the output lease is left to expire (within %g s): %s",
-                path,
-                LEASE_SECONDS,
-                storage.retry.describe(e),
-            )
+                log.log(level, "%s: the output lease could not be deleted (%s)", path, storage.retry.describe(e))
+            # a PUT may pass where the DELETE failed: an expired lease does not make the next
+            # build wait; else the lease expires by itself
+            info = self.lock._info()
+            info.update(token=self.token, until=0, released=True)
+            try:
+                storage.put_if(path, json.dumps(info).encode(), self.version)
+                log.log(level, "%s: the output lease was expired in place instead", path)
+            except Exception as e:  # noqa: BLE001
+                log.log(level, "%s: left to expire within %g s (%s)", path, LEASE_SECONDS, storage.retry.describe(e))
 
 
 def _parse(data: bytes | None) -> dict:

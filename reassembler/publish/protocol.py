@@ -98,22 +98,49 @@ def manifest_path(output, ds: str) -> str:
     return storage.join(output, "_published", f"ds={ds}.json")
 
 
-def _staged_files(staging: str, kind: str) -> list[str]:
-    return [storage.join(staging, kind, rel) for rel in storage.list_files(storage.join(staging, kind), ".parquet")]
+def _staged_files(staging: str) -> dict[str, list[str]]:
+    """The run's files of each kind (both folders listed at once)."""
+    folders = [storage.join(staging, kind) for kind in KINDS]
+    listed = storage.map_ahead(lambda f: storage.list_files(f, ".parquet"), folders, storage.is_remote(staging))
+    return {kind: [storage.join(f, rel) for rel in rels] for kind, f, rels in zip(KINDS, folders, listed)}
 
 
 def _read_columns(locations: list[str], columns: list[str], schema: pa.Schema) -> pa.Table:
-    tables = [pq.read_table(storage.open_parquet(loc), columns=columns) for loc in locations]
+    remote = any(storage.is_remote(loc) for loc in locations)
+    tables = list(storage.map_ahead(lambda loc: storage.read_parquet(loc, columns), locations, remote))
     return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+# the staged audit rows read by verify_staged, for the publish that follows it in the same
+# process (a run's files never change once written)
+_last_audit: tuple[tuple[str, ...], pa.Table] | None = None
+
+
+def _staged_audit(locations: list[str], keep: bool) -> pa.Table:
+    """The audit rows of `locations`, read (and kept, when `keep`: verify_staged), or the
+    rows verify_staged kept when they are of the same files (apply, right after it within
+    publish_step, under the output lock)."""
+    global _last_audit
+    from ..verify.rows import AUDIT_SCHEMA
+
+    kept, _last_audit = _last_audit, None
+    if not keep and kept is not None and kept[0] == tuple(locations):
+        return kept[1]
+    table = _read_columns(locations, AUDIT_SCHEMA.names, AUDIT_SCHEMA)
+    if keep:
+        _last_audit = (tuple(locations), table)
+    return table
 
 
 def _register_staged(con, audit_files: list[str], rows_files: list[str]) -> None:
     """The run's audit rows (whole: a row per rollout) and its rows' rollout ids, for the
-    checks: DuckDB reads them from Arrow, wherever the files are."""
-    from ..verify.rows import AUDIT_SCHEMA
-
-    con.register("staged_audit", _read_columns(audit_files, AUDIT_SCHEMA.names, AUDIT_SCHEMA))
-    con.register("staged_rows", _read_columns(rows_files, ["rollout_id"], pa.schema([("rollout_id", pa.string())])))
+    checks, both read at once: DuckDB reads them from Arrow, wherever the files are."""
+    remote = any(storage.is_remote(loc) for loc in audit_files + rows_files)
+    ids = pa.schema([("rollout_id", pa.string())])
+    jobs = [lambda: _staged_audit(audit_files, keep=True), lambda: _read_columns(rows_files, ["rollout_id"], ids)]
+    audit, rows = storage.map_ahead(lambda job: job(), jobs, remote)
+    con.register("staged_audit", audit)
+    con.register("staged_rows", rows)
 
 
 def _unregister_staged(con) -> None:
@@ -139,7 +166,8 @@ def verify_staged(
         raise AuditCheckFailed(
             f"night {ds} not published: run {loaded_by} loaded it again after run {run_id} did; that run publishes it"
         )
-    audit_files, rows_files = _staged_files(staging, "audit"), _staged_files(staging, "rows")
+    staged = _staged_files(staging)
+    audit_files, rows_files = staged["audit"], staged["rows"]
     if not audit_files:
         raise AuditCheckFailed(f"{staging}: no staged audit files (did every shard run?)")
     _register_staged(con, audit_files, rows_files)
@@ -202,7 +230,7 @@ def publish_staged(con, output, staging, ds: str, run_id: str, numbers: NightNum
     previous, version = read_manifest(output, ds)
     tag = path_safe(run_id)
     now = _now()
-    files = {kind: [storage.relative(output, loc) for loc in _staged_files(staging, kind)] for kind in KINDS}
+    files = {kind: [storage.relative(output, loc) for loc in locs] for kind, locs in _staged_files(staging).items()}
     manifest = {
         "version": MANIFEST_VERSION,
         "ds": ds,
@@ -244,10 +272,8 @@ def apply(con, output: str, manifest: dict) -> None:
     if not storage.is_remote(output):
         _clear_replaced(output)
     audit_files = [storage.join(output, key) for key in manifest["files"]["audit"]]
-    from ..verify.rows import AUDIT_SCHEMA
-
     con.execute("BEGIN TRANSACTION")
-    con.register("staged_audit", _read_columns(audit_files, AUDIT_SCHEMA.names, AUDIT_SCHEMA))
+    con.register("staged_audit", _staged_audit(audit_files, keep=False))
     try:
         run_script(con, "publish_audit", {"ds": ds})
         run_script(
@@ -262,29 +288,42 @@ def apply(con, output: str, manifest: dict) -> None:
     finally:
         con.unregister("staged_audit")
     checkpoint("warehouse")
-    for kind in KINDS:
-        _fill_partition(output, ds, kind, manifest["files"][kind], manifest["partitions"][kind])
-        checkpoint(f"{kind}_in")
+    if storage.is_remote(output):
+        _fill_objects(output, ds, manifest)
+    else:
+        for kind in KINDS:
+            _fill_partition(output, ds, kind, manifest["files"][kind], manifest["partitions"][kind])
+            checkpoint(f"{kind}_in")
     export_tables(con, output)
     collect_runs(output, ds, manifest)
 
 
+def _fill_objects(output: str, ds: str, manifest: dict) -> None:
+    """On object storage, make both partitions hold exactly the manifest's `partitions`:
+    both listed at once, every missing file copied at once (server-side), then every other
+    object deleted in one batch."""
+    targets = [partition_dir(output, kind, ds) for kind in KINDS]
+    listed = storage.map_ahead(lambda target: storage.list_files(target, ""), targets, True)
+    present = {f"{kind}/ds={ds}/{rel}" for kind, rels in zip(KINDS, listed) for rel in rels}
+    wanted = {k: source for kind in KINDS for k, source in zip(manifest["partitions"][kind], manifest["files"][kind])}
+    storage.copy_many(
+        [
+            (storage.join(output, source), storage.join(output, key))
+            for key, source in wanted.items()
+            if key not in present
+        ]
+    )
+    checkpoint("rows_copied")
+    storage.delete_many([storage.join(output, key) for key in sorted(present - wanted.keys())])
+    for kind in KINDS:
+        checkpoint(f"{kind}_in")
+
+
 def _fill_partition(output: str, ds: str, kind: str, sources: list[str], names: list[str]) -> None:
-    """Make `<kind>/ds=<ds>/` hold exactly `names` (keys), copies of `sources` (keys)."""
+    """Make the local `<kind>/ds=<ds>/` hold exactly `names` (keys), copies of `sources`
+    (keys): a folder of hard links swapped in at once."""
     target = partition_dir(output, kind, ds)
     wanted = dict(zip(names, sources))
-    if storage.is_remote(output):
-        present = {f"{kind}/ds={ds}/{rel}" for rel in storage.list_files(target, "")}
-        storage.copy_many(
-            [
-                (storage.join(output, source), storage.join(output, key))
-                for key, source in wanted.items()
-                if key not in present
-            ]
-        )
-        checkpoint(f"{kind}_copied")
-        storage.delete_many([storage.join(output, key) for key in sorted(present - wanted.keys())])
-        return
     present = set(os.listdir(target)) if os.path.isdir(target) else set()
     if present == {storage.name(k) for k in wanted}:
         return  # applied before (a recovery, or a retry)
@@ -401,9 +440,10 @@ def _applied(con, output: str, manifest: dict) -> bool:
     ).fetchall()
     if not rows or rows[0][0] != manifest["run_id"]:
         return False
-    for kind in KINDS:
-        present = {f"{kind}/ds={ds}/{rel}" for rel in storage.list_files(partition_dir(output, kind, ds), ".parquet")}
-        if present != set(manifest["partitions"][kind]):
+    folders = [partition_dir(output, kind, ds) for kind in KINDS]
+    listed = storage.map_ahead(lambda f: storage.list_files(f, ".parquet"), folders, storage.is_remote(output))
+    for kind, rels in zip(KINDS, listed):
+        if {f"{kind}/ds={ds}/{rel}" for rel in rels} != set(manifest["partitions"][kind]):
             return False
     return True
 

@@ -33,6 +33,7 @@ __all__ = [
     "Conflict",
     "check_bucket",
     "copy",
+    "close_outputs",
     "copy_many",
     "delete",
     "delete_if",
@@ -52,11 +53,14 @@ __all__ = [
     "parent",
     "put_if",
     "read_bytes",
+    "map_ahead",
     "read_many",
+    "read_parquet",
     "read_text",
     "read_versioned",
     "relative",
     "retry",
+    "select",
     "size",
     "split",
     "store_error",
@@ -66,24 +70,49 @@ __all__ = [
 
 # ---------------------------------------------------------------- reading
 
+STREAM_CHUNK, STREAM_AHEAD = 4 << 20, 3  # a stream read from object storage: 16 MiB in flight at most
+
 
 def open_input(loc: str, buffer_size: int = 1 << 20):
     """A binary file object to read `loc` from (seek, tell, read, readline). Local files are
     Python's own files; an object is read by ranges as it is consumed (never downloaded
-    whole first), each range a retried request."""
+    whole first), each range a retried request, the next ones fetched ahead."""
     if not is_remote(loc):
         return open(loc, "rb")
-    return io.BufferedReader(s3.RangeReader(loc), buffer_size=buffer_size)
+    return io.BufferedReader(s3.RangeReader(loc, STREAM_CHUNK, STREAM_AHEAD), buffer_size=buffer_size)
 
 
-def open_parquet(loc: str):
+def open_parquet(loc: str, size: int | None = None):
     """What pyarrow.parquet reads `loc` from: a local path, or an object read by retried
-    ranges (an open object is for one thread at a time)."""
+    ranges (an open object is for one thread at a time; `size`, when known, saves a HEAD)."""
     if not is_remote(loc):
         return loc
     import pyarrow as pa
 
-    return pa.PythonFile(s3.RangeReader(loc), mode="r")
+    return pa.PythonFile(s3.RangeReader(loc, size=size), mode="r")
+
+
+def read_parquet(loc: str, columns: list[str] | None = None):
+    """A Parquet file's columns as one Arrow table. On object storage its row groups are read
+    at once, each its own ranged requests (pyarrow would read them one after the other
+    through one retried stream)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not is_remote(loc):
+        return pq.read_table(loc, columns=columns)
+    first = s3.RangeReader(loc)
+    size = first.size()
+    file = pq.ParquetFile(pa.PythonFile(first, mode="r"))
+    groups = list(range(file.metadata.num_row_groups))
+    if len(groups) < 2:
+        return file.read(columns=columns)
+
+    def group(k: int):
+        one = pq.ParquetFile(open_parquet(loc, size), metadata=file.metadata)
+        return one.read_row_group(k, columns=columns)
+
+    return pa.concat_tables(list(map_ahead(group, groups, True, threads=8)))
 
 
 def read_bytes(loc: str) -> bytes:
@@ -94,7 +123,7 @@ def read_bytes(loc: str) -> bytes:
     return s3.get(loc)
 
 
-def read_many(locations: list[str], window_bytes: int = 64 << 20, threads: int = 16):
+def read_many(locations: list[str], window_bytes: int = 64 << 20, threads: int = 32):
     """(location, bytes or the OSError) of each file, in order. On object storage the next
     files are fetched on `threads` threads while the caller works, at most `window_bytes`
     (or `threads` files) ahead: a night of thousands of small capture files would otherwise
@@ -129,6 +158,35 @@ def read_many(locations: list[str], window_bytes: int = 64 << 20, threads: int =
             # what the threads fetched and the caller has not taken yet
             held = sum(len(r) for _, f in ahead if f.done() and isinstance(r := f.result(), bytes))
             yield loc, data
+
+
+def map_ahead(fn, items: list, remote: bool, threads: int = 16):
+    """`fn(item)` of each item, in order; when `remote` (the items are on object storage),
+    computed up to `threads` items ahead on threads: what a loop over objects would
+    otherwise wait in round trips one after the other. Locally the plain loop. A failure is
+    raised when its item is reached."""
+    if len(items) < 2 or not remote:
+        yield from map(fn, items)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-map") as pool:
+        ahead: deque = deque()
+        pending = iter(items)
+        try:
+            while True:
+                while len(ahead) < threads and (item := next(pending, _END)) is not _END:
+                    ahead.append(pool.submit(fn, item))
+                if not ahead:
+                    return
+                yield ahead.popleft().result()
+        finally:
+            for future in ahead:
+                future.cancel()
+
+
+_END = object()
 
 
 def read_text(loc: str) -> str:
@@ -190,14 +248,17 @@ def list_files(
         return local.list_files(folder, suffix, recursive, exclude)
     from pyarrow import fs
 
-    path = folder[len(S3) :]
+    path = folder[len(S3) :].rstrip("/")
+    rels = [info.path[len(path) + 1 :] for info in s3.listing(folder, recursive) if info.type == fs.FileType.File]
+    return select(rels, suffix, recursive, exclude)
+
+
+def select(rels: list[str], suffix: str | tuple[str, ...], recursive: bool, exclude: str | None = None) -> list[str]:
+    """Of the relative paths of an object listing (recursive), those `list_files` would give."""
     found = []
-    for info in s3.listing(folder, recursive):
-        if info.type != fs.FileType.File:
-            continue
-        rel = info.path[len(path.rstrip("/")) + 1 :]
+    for rel in rels:
         base = rel.rsplit("/", 1)[-1]
-        if base.endswith(suffix) and not (exclude and base.endswith(exclude)):
+        if (recursive or "/" not in rel) and base.endswith(suffix) and not (exclude and base.endswith(exclude)):
             found.append(rel)
     return sorted(found)
 
@@ -218,6 +279,19 @@ def open_output(loc: str):
         os.makedirs(os.path.dirname(loc), exist_ok=True)
         return open(loc, "wb")
     return s3.Upload(loc)
+
+
+def close_outputs(streams: list, ok: bool = True) -> None:
+    """Close streams of `open_output`: objects uploaded at once; with `ok` False (the writer
+    failed) no object is uploaded."""
+    remote = [s for s in streams if isinstance(s, s3.Upload)]
+    for stream in streams:
+        if not isinstance(stream, s3.Upload):
+            stream.close()
+        elif not ok:
+            stream.discard()
+    if ok:
+        s3.each(lambda stream: stream.close(), remote, len(remote))
 
 
 def write_bytes(loc: str, data: bytes) -> None:

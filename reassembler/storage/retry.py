@@ -40,6 +40,7 @@ THROTTLE, TRANSIENT = "throttling", "transient"
 BACKOFF = {THROTTLE: (0.2, 10.0), TRANSIENT: (0.05, 2.0)}
 TRANSIENT_SHARE = 1 / 3  # of the budget, for failures that are not throttling
 CLEANUP_SECONDS = 5.0
+DEFAULT_BUDGET = 60.0  # seconds, REASSEMBLER_S3_RETRY_SECONDS
 
 THROTTLE_CODES = frozenset(
     {
@@ -96,9 +97,9 @@ def budget_seconds() -> float:
     if override is not None:
         return override
     try:
-        return max(0.0, float(os.environ.get("REASSEMBLER_S3_RETRY_SECONDS", 60)))
+        return max(0.0, float(os.environ.get("REASSEMBLER_S3_RETRY_SECONDS", DEFAULT_BUDGET)))
     except ValueError:
-        return 60.0
+        return DEFAULT_BUDGET
 
 
 @contextmanager
@@ -158,6 +159,15 @@ def _botocore_transport(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
+    """An error in a few words: S3's code, the operation and its message for botocore's
+    ClientError (whose own text says "reached max retries: 0", our retries being here)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and "Error" in response:
+        error = response["Error"]
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        operation = getattr(exc, "operation_name", None)
+        said = f"{error.get('Code') or status}{f' ({status})' if status and error.get('Code') else ''}"
+        return f"{said}{f' on {operation}' if operation else ''}: {error.get('Message') or 'no message'}"[:300]
     text = " ".join(str(exc).split()) or type(exc).__name__
     return f"{type(exc).__name__}: {text[:300]}"
 
@@ -178,7 +188,7 @@ def call(loc: str, what: str, fn: Callable[[], T]) -> T:
             base, cap = BACKOFF[kind]
             limit = budget_seconds() * (1.0 if kind == THROTTLE else TRANSIENT_SHARE)
             delay = _random.uniform(0, min(cap, base * 2 ** (attempt - 1)))
-            if elapsed + delay > limit:
+            if elapsed + delay >= limit:
                 with _counts_lock:
                     counts["gave_up"] += 1
                 raise gave_up(loc, what, e, kind, attempt, elapsed) from None

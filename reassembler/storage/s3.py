@@ -26,7 +26,8 @@ from .locations import S3, split
 _CONNECT_TIMEOUT = 5.0
 _REQUEST_TIMEOUT = 60.0
 POOL_CONNECTIONS = 64  # botocore's default of 10 would make the read-ahead threads wait their turn
-PART_BYTES = 16 << 20  # an upload above this goes in parts, each retried alone
+SINGLE_PUT_BYTES = 64 << 20  # an upload above this goes in parts, each retried alone
+PART_BYTES = 16 << 20
 UPLOAD_THREADS = 4
 
 
@@ -105,6 +106,8 @@ def store_error(loc: str, exc: BaseException) -> StoreError | None:
     denied = ("invalidaccesskeyid", "signaturedoesnotmatch", "access denied", "accessdenied", "access_denied")
     if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") or any(s in low for s in denied):
         return denied_error(loc)
+    if "unable to locate credentials" in low or type(exc).__name__ == "NoCredentialsError":
+        return StoreError(f"{loc}: no AWS credentials found (set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")
     unreachable = (
         "couldn't connect",
         "could not connect",
@@ -285,14 +288,22 @@ def each(fn, items: list, threads: int) -> None:
 
 
 class RangeReader(io.RawIOBase):
-    """An object read by byte ranges, each range read one retried request."""
+    """An object read by byte ranges, each range read one retried request. With `ahead`,
+    a stream read from start to end: the next `ahead` chunks of `chunk` bytes are fetched
+    on threads while the caller works on this one (memory: that many chunks)."""
 
-    def __init__(self, loc: str):
+    def __init__(self, loc: str, chunk: int = 0, ahead: int = 0, size: int | None = None):
         self._loc = loc
         path = loc[len(S3) :]
-        self._native = request(loc, "HEAD", lambda: filesystem().open_input_file(path))
-        self._size = self._native.size()
+        if size is None:  # pyarrow's native file: a HEAD for the size, then ranged GETs in C++
+            self._native = request(loc, "HEAD", lambda: filesystem().open_input_file(path))
+            self._size = self._native.size()
+        else:  # the size known (the object was opened before): ranged GETs through botocore, no HEAD
+            self._native, self._size = None, size
         self._pos = 0
+        self._chunk, self._ahead = chunk, ahead if chunk > 0 else 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._chunks: dict = {}  # chunk number -> Future of its bytes
 
     def readable(self) -> bool:
         return True
@@ -307,12 +318,42 @@ class RangeReader(io.RawIOBase):
         n = max(0, min(n, self._size - offset))
         if n == 0:
             return b""
-        return request(self._loc, "GET", lambda: self._native.read_at(n, offset))
+        if self._native is None:
+            bucket, key = split(self._loc)
+            span = f"bytes={offset}-{offset + n - 1}"
+            return request(
+                self._loc, "GET", lambda: client().get_object(Bucket=bucket, Key=key, Range=span)["Body"].read()
+            )
+        native = self._native
+        return request(self._loc, "GET", lambda: native.read_at(n, offset))
 
     def read(self, n: int = -1) -> bytes:
-        data = self.read_at(self._size - self._pos if n is None or n < 0 else n, self._pos)
+        n = self._size - self._pos if n is None or n < 0 else n
+        data = self._read_ahead(n, self._pos) if self._ahead else self.read_at(n, self._pos)
         self._pos += len(data)
         return data
+
+    def _read_ahead(self, n: int, offset: int) -> bytes:
+        size, step = self._size, self._chunk
+        end = min(size, offset + n)
+        first, last = offset // step, (size - 1) // step
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self._ahead, thread_name_prefix="store-ahead")
+        for k in [k for k in self._chunks if k < first or k > first + self._ahead]:
+            self._chunks.pop(k).cancel()  # behind the reader (or far ahead of a seek back)
+        for k in range(first, min(first + self._ahead, last) + 1):
+            if k not in self._chunks:
+                self._chunks[k] = self._pool.submit(self.read_at, step, k * step)
+        out, at = [], offset
+        while at < end:
+            k = at // step
+            if k not in self._chunks:
+                self._chunks[k] = self._pool.submit(self.read_at, step, k * step)
+            data = self._chunks[k].result()
+            piece = data[at - k * step : end - k * step]
+            out.append(piece)
+            at += len(piece)
+        return b"".join(out)
 
     def readall(self) -> bytes:
         return self.read(-1)
@@ -331,14 +372,18 @@ class RangeReader(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self._native.close()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+            self._chunks.clear()
+            if self._native is not None:
+                self._native.close()
         super().close()
 
 
 class Upload:
     """A writable stream whose object appears whole when it is closed: what is written is
-    held in a spooled temporary file, then PUT in one request or, above PART_BYTES, in
-    parts on UPLOAD_THREADS threads (each part retried alone). Leaving a `with` block on an
+    held in a spooled temporary file, then PUT in one request or, above SINGLE_PUT_BYTES, in
+    parts of PART_BYTES on UPLOAD_THREADS threads (each part retried alone). Leaving a `with` block on an
     exception, or `discard()`, uploads nothing."""
 
     def __init__(self, loc: str):
@@ -390,7 +435,7 @@ class Upload:
 
     def _upload(self) -> None:
         self._buffer.seek(0)
-        if self._size <= PART_BYTES:
+        if self._size <= SINGLE_PUT_BYTES:
             put(self.loc, self._buffer.read())
             return
         bucket, key = split(self.loc)

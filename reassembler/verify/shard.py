@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import storage
-from ..load.shard_plan import PlannedCalls, read_rollouts
+from ..load.shard_plan import PlannedCalls, read_rollouts, read_token_groups
 from ..load.token_store import TokenStore
 from ..settings import Settings
 from .batch import verify_batch
@@ -122,8 +122,11 @@ def run_shard(
     rollouts = read_rollouts(plans, shard)
     units = _units(PlannedCalls(plans, shard), iter(rollouts), settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
-    with _Pipeline(staging, shard, run_id, ds) as pipeline:
-        store = TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes)
+    with (  # the pipeline's threads stop before the store's read-ahead does
+        TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes) as store,
+        _Pipeline(staging, shard, run_id, ds) as pipeline,
+    ):
+        store.read_ahead(read_token_groups(plans, shard), settings.token_cache_bytes)
         for rollouts_, table, checks in _prepared(units, store, pipeline):
             outcomes, batch = verify_batch(rollouts_, table, checks.tokens, settings.options, checks=checks)
             batch.drop_hash_buffers()  # the rows need the token arrays only
@@ -190,8 +193,7 @@ class _Pipeline:
                 pool.shutdown(wait=True, cancel_futures=True)
             self.rows_out.close()
             self.audit_out.close()
-            for sink in self.sinks:
-                sink.close()
+            storage.close_outputs(self.sinks, ok=exc[0] is None)  # objects uploaded only when the shard succeeded
 
 
 BATCHES_AHEAD = 2  # batches read and checked ahead of the main thread
