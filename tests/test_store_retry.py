@@ -4,6 +4,8 @@ exit 6 with one line, never exit 70; batched deletes; conditional writes."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from botocore import exceptions as be
 from urllib3 import exceptions as ue
@@ -198,13 +200,41 @@ def test_no_store_error_type_ends_in_exit_70(s3, tmp_path, monkeypatch, capsys, 
 
 def test_deleting_a_tree_of_more_than_1000_objects(s3):
     root = f"s3://{s3.bucket()}/tree"
-    client = s3.client()
-    for k in range(2345):
-        client.put_object(Bucket=root[5:].split("/")[0], Key=f"tree/{k // 100}/{k}", Body=b"x")
-    client.put_object(Bucket=root[5:].split("/")[0], Key="tree-sibling", Body=b"kept")
+    client, bucket = s3.client(), root[5:].split("/")[0]
+    with ThreadPoolExecutor(8) as pool:  # past one DeleteObjects request (1,000 keys)
+        list(pool.map(lambda k: client.put_object(Bucket=bucket, Key=f"tree/{k // 100}/{k}", Body=b"x"), range(1234)))
+    client.put_object(Bucket=bucket, Key="tree-sibling", Body=b"kept")
     storage.delete_tree(root)
     assert storage.list_files(root, "", recursive=True) == []
     assert storage.read_bytes(f"s3://{root[5:].split('/')[0]}/tree-sibling") == b"kept"
+
+
+def test_keys_a_batch_delete_could_not_delete_are_deleted_again(s3, monkeypatch):
+    """S3 answers a DeleteObjects 200 and lists the keys it did not delete (InternalError,
+    SlowDown per key): those are sent again; none is left behind."""
+    root = f"s3://{s3.bucket()}/tree"
+    for k in range(30):
+        storage.write_bytes(f"{root}/{k}", b"x")
+    real = storage.s3.client()
+    refused = []
+
+    class Flaky:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def delete_objects(self, Bucket, Delete):
+            keys = [o["Key"] for o in Delete["Objects"]]
+            if not refused:  # the first answer: a third of the keys not deleted
+                refused.extend(keys[::3])
+                real.delete_objects(Bucket=Bucket, Delete={"Objects": [{"Key": k} for k in keys if k not in refused]})
+                return {"Errors": [{"Key": k, "Code": "InternalError", "Message": "retry"} for k in refused]}
+            return real.delete_objects(Bucket=Bucket, Delete=Delete)
+
+    monkeypatch.setattr(storage.s3, "client", lambda: Flaky())
+    monkeypatch.setattr(retry, "_sleep", lambda s: None)
+    storage.delete_tree(root)
+    assert len(refused) == 10
+    assert storage.list_files(root, "", recursive=True) == []
 
 
 @pytest.mark.parametrize("store", ["s3", "local"])

@@ -1,0 +1,75 @@
+"""The output lease on object storage (publish/lock.py), as an operator sees it: a build
+that outlives a lease period still holds its output; a holder whose lease was taken over
+leaves the new holder's lease alone; a lease that cannot be deleted is expired in place,
+never an error of the build. Time is the lease's own `until`, not a guess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from reassembler import storage
+from reassembler.publish import lock
+
+TAKE = """
+import sys
+from reassembler.errors import OutputBusy
+from reassembler.publish.lock import OutputLock
+try:
+    with OutputLock(sys.argv[1], "2026-11-28", "build"):
+        sys.exit(0)
+except OutputBusy as e:
+    print(e)
+    sys.exit(3)
+"""
+
+
+def _lease(out: str) -> dict:
+    data, _ = storage.read_versioned(f"{out}/_lock")
+    return json.loads(data) if data is not None else {}
+
+
+def test_a_build_that_outlives_its_lease_period_still_holds_the_output(s3, monkeypatch):
+    monkeypatch.setattr(lock, "LEASE_SECONDS", 0.9)
+    out = f"s3://{s3.bucket('rows')}/nightly"
+    with lock.OutputLock(out, "2026-11-28", "build"):
+        first = _lease(out)["until"]
+        while time.time() < first + 0.5:  # past the first lease's end
+            time.sleep(0.05)
+        assert _lease(out)["until"] > time.time()  # renewed
+        other = subprocess.run(  # another process (within one, the lock is re-entrant)
+            [sys.executable, "-c", TAKE, out], capture_output=True, text=True, timeout=60
+        )
+        assert other.returncode == 3 and "output is busy, held by pid" in other.stdout, other.stderr
+    assert storage.read_versioned(f"{out}/_lock") == (None, None)
+
+
+def test_a_holder_whose_lease_was_taken_over_leaves_the_new_lease_alone(s3, monkeypatch):
+    out = f"s3://{s3.bucket('rows')}/nightly"
+    held = lock.OutputLock(out, "2026-11-28", "build")
+    held.__enter__()
+    lease = held._lease
+    assert lease is not None
+    lease._stop.set()  # the holder stalls: no renewal; another build takes the output over
+    data, version = storage.read_versioned(f"{out}/_lock")
+    taker = json.dumps({"pid": 1, "host": "other", "token": "new", "until": time.time() + 120}).encode()
+    storage.put_if(f"{out}/_lock", taker, version)
+    held.__exit__(None, None, None)  # the stalled holder ends
+    assert json.loads(storage.read_versioned(f"{out}/_lock")[0])["token"] == "new"
+
+
+def test_a_lease_that_cannot_be_deleted_is_expired_in_place(s3, monkeypatch, caplog):
+    out = f"s3://{s3.bucket('rows')}/nightly"
+
+    def refuse(*_):
+        raise storage.s3.store_error(f"{out}/_lock", OSError("AWS Error INTERNAL_FAILURE during DeleteObject"))
+
+    with lock.OutputLock(out, "2026-11-28", "build"):
+        monkeypatch.setattr(storage, "delete_if", refuse)
+    info = _lease(out)
+    assert info["until"] < time.time() and info["released"] is True
+    assert "could not be deleted" in caplog.text
+    with lock.OutputLock(out, "2026-11-28", "build"):  # the next build takes it at once
+        pass
