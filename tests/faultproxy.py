@@ -19,7 +19,9 @@ Faults, as object storage at scale produces them:
 Requests are classed as S3 operations: GET, HEAD, PUT, COPY (a PUT with
 x-amz-copy-source), DELETE (one object, or POST ?delete: a batch), LIST, POST (multipart).
 `stats` counts requests, faults, and the time requests spent in the proxy (for the mean
-number in flight).
+number in flight). With `normalize`, the proxy forwards each path with its `.` and `..`
+segments resolved, as many HTTP front ends of an S3-compatible store do: a key holding
+`..` then names another key.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class FaultProxy:
         self.random = random.Random(seed)
         self.rules: list[Rule] = []
         self.stats = Stats()
+        self.normalize = False
         self._lock = threading.Lock()
         proxy = self
 
@@ -166,6 +169,19 @@ def _operation(method: str, path: str, headers) -> str:
     return method
 
 
+def _normalized(path: str) -> str:
+    """`path` with its dot segments removed (RFC 3986 5.2.4), the query kept."""
+    parts = urlsplit(path)
+    out: list[str] = []
+    for segment in parts.path.split("/"):
+        if segment == "..":
+            if len(out) > 1:
+                out.pop()
+        elif segment != ".":
+            out.append(segment)
+    return "/".join(out) + (f"?{parts.query}" if parts.query else "")
+
+
 def _range_length(headers) -> int | None:
     value = headers.get("Range")
     if not value or not value.startswith("bytes="):
@@ -238,7 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers["Content-Length"] = str(len(body))
         for attempt in range(2):  # the kept connection may have been closed by the server
             try:
-                conn.request(method, self.path, body=body, headers=headers)
+                conn.request(method, _normalized(self.path) if self.owner.normalize else self.path, body, headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 break

@@ -115,8 +115,31 @@ def test_the_quality_ui_serves_reports_from_object_storage(s3, nights, tmp_path)
     page = client.get("/")
     assert page.status_code == 200 and "all nights" in page.text
     assert page.headers["content-type"].startswith("text/html")
-    assert client.get("/../_published/x.json").status_code == 404
     assert client.get("/ds=2026-01-01/index.html").status_code == 404
+
+
+def test_dot_dot_in_a_report_path_on_object_storage_is_404(s3, monkeypatch):
+    """No link resolves a key on object storage, so the path's own `..` is all that guards
+    it: behind a front end that resolves dot segments (as many do), `reports/../x` is `x`."""
+    from fastapi.testclient import TestClient
+
+    from faultproxy import FaultProxy
+    from reassembler_airflow.quality_ui import create_app
+
+    out = f"s3://{s3.bucket('rows')}/nightly"
+    storage.write_bytes(f"{out}/_published/ds={DS}.json", b'{"secret": 1}')
+    storage.write_bytes(f"{out}/reports/index.html", b"<!doctype html><title>all nights</title>")
+    proxy = FaultProxy(s3.port)
+    proxy.normalize = True
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        client = TestClient(create_app(output=out, access=lambda: None))
+        assert "all nights" in client.get("/").text  # through the front end
+        for path in (f"/%2e%2e/_published/ds={DS}.json", f"/ds={DS}/%2e%2e/%2e%2e/_published/ds={DS}.json"):
+            res = client.get(path)
+            assert res.status_code == 404 and "secret" not in res.text, path
+    finally:
+        proxy.close()
 
 
 def _manifest_view(s3, out: str) -> dict[str, int] | None:

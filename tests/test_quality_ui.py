@@ -158,6 +158,25 @@ def test_malformed_and_outside_paths_are_404(client, path):
     assert res.status_code == 404 and "secret" not in res.text
 
 
+def test_a_link_inside_the_reports_that_points_outside_is_404(client, out):
+    """The request's path is clean (no `..`): only where the link leads says it is outside."""
+    (out / "reports" / "leak.html").symlink_to(out / "warehouse.duckdb")
+    (out / "reports" / "ds=2026-11-28" / "up").symlink_to(out)
+    for path in ("/leak.html", "/ds=2026-11-28/up/warehouse.duckdb"):
+        res = client.get(path)
+        assert res.status_code == 404 and "secret" not in res.text, path
+    (out / "reports" / "latest").symlink_to(out / "reports" / "ds=2026-11-28")  # a link that stays inside
+    assert client.get("/latest/index.html").content == PAGE
+
+
+def test_a_link_loop_inside_the_reports_is_404(client, out):
+    (out / "reports" / "self").symlink_to(out / "reports" / "self")
+    (out / "reports" / "a").symlink_to(out / "reports" / "b")
+    (out / "reports" / "b").symlink_to(out / "reports" / "a")
+    for path in ("/self", "/a", "/b/index.html", "/self/x/y"):
+        assert client.get(path).status_code == 404, path
+
+
 def test_every_response_carries_a_policy_that_allows_only_the_pages_own_scripts(client):
     page = client.get("/ds=2026-11-28/index.html")
     digest = base64.b64encode(hashlib.sha256(b"draw(1)").digest()).decode()

@@ -80,7 +80,8 @@ def read_report(output, relative: str) -> bytes | None:
             if not (target.is_relative_to(Path(base).resolve()) and target.is_file()):
                 return None
         return storage.read_bytes(loc)
-    except (OSError, ValueError, ReassemblerError):  # a name too long, a loop, an unreachable store
+    except (OSError, ValueError, RuntimeError, ReassemblerError):
+        # a name too long, a link loop (Path.resolve raises RuntimeError), an unreachable store
         return None
 
 
