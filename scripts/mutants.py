@@ -5,6 +5,7 @@ Run by hand (it takes a few minutes; not part of `make test`):
 
     .venv/bin/python scripts/mutants.py            # every mutation
     .venv/bin/python scripts/mutants.py -k select  # those whose name contains "select"
+    .venv/bin/python scripts/mutants.py -k lease -k grace  # either
 
 Each mutation names a file of the repository, a line as it is (it must occur exactly once),
 the line that replaces it, and the test files to run. The copy is made once (the working
@@ -42,6 +43,7 @@ class Mutant:
 REASONS = "tests/test_reason_codes.py"
 GYM = "tests/test_gym_local.py"
 CHILDREN = "tests/test_capture_children.py"
+UI = "plugins/reassembler_airflow/quality_ui.py"
 MUTANTS = [
     # versions and defaults (the four survivors of the independent mutation run)
     Mutant(
@@ -484,8 +486,8 @@ MUTANTS = [
     Mutant(
         "this process's share read out of key order",
         "reassembler/load/capture_children.py",
-        "        for files_ in shares[0]:",
-        "        for files_ in shares[0][::-1]:",
+        "        yield from read_captures(folder, shares[0])",
+        "        yield from read_captures(folder, shares[0][::-1])",
         (CHILDREN,),
     ),
     Mutant(
@@ -531,6 +533,98 @@ MUTANTS = [
         (GYM,),
     ),
     Mutant(
+        "schema_version true read as 1",
+        "reassembler/formats/gym_local.py",
+        "if version != SCHEMA_VERSION or not _is_int(version):",
+        "if version != SCHEMA_VERSION:",
+        (GYM,),
+    ),
+    Mutant(
+        "token_item_index one past the end accepted",
+        "reassembler/formats/gym_local.py",
+        "not 0 <= index < len(items)",
+        "not 0 <= index <= len(items)",
+        (GYM,),
+    ),
+    Mutant(
+        "a negative token_item_index accepted",
+        "reassembler/formats/gym_local.py",
+        "not 0 <= index < len(items)",
+        "not index < len(items)",
+        (GYM,),
+    ),
+    Mutant(
+        "entry digests over the padded line",
+        "reassembler/formats/gym_local.py",
+        'return hashlib.sha256(line.rstrip(b"\\n").strip()).hexdigest()',
+        'return hashlib.sha256(line.rstrip(b"\\n")).hexdigest()',
+        (GYM,),
+    ),
+    Mutant(
+        "delta prompts that loop never stop",
+        "reassembler/load/local_capture.py",
+        "if any(c is parent for c in chain):",
+        "if False:",
+        (GYM,),
+    ),
+    Mutant(
+        "a rebuilt line's prompt ids not checked",
+        "reassembler/formats/gym_rebuilt.py",
+        "if (p.size and (p.min() < 0 or p.max() >= TOKEN_LIMIT)) or g.min() < 0 or g.max() >= TOKEN_LIMIT:",
+        "if g.min() < 0 or g.max() >= TOKEN_LIMIT:",
+        (GYM,),
+    ),
+    Mutant(
+        "a rebuilt prompt equal to the sequence before refused",
+        "reassembler/formats/gym_rebuilt.py",
+        "if len(p) < seen or not np.array_equal(p[:seen], sequence):",
+        "if len(p) <= seen or not np.array_equal(p[:seen], sequence):",
+        (GYM,),
+    ),
+    Mutant(
+        "only a sample's first failure may be terminal",
+        "reassembler/load/gym_capture.py",
+        'if not (any(r["terminal"] for _, _, r in rows) or len(rows) >= GIVE_UP_ATTEMPTS):',
+        'if not (rows[0][2]["terminal"] or len(rows) >= GIVE_UP_ATTEMPTS):',
+        (GYM,),
+    ),
+    Mutant(
+        "a given-up sample named after its first attempt",
+        "reassembler/load/gym_capture.py",
+        "rel, line, last = rows[-1]",
+        "rel, line, last = rows[0]",
+        (GYM,),
+    ),
+    Mutant(
+        "select: a span skips an unfingerprintable item",
+        "reassembler/verify/select.py",
+        "if field is None:  # this span and every longer one match nothing",
+        "if field is None and False:",
+        ("tests/test_gym_evidence.py",),
+    ),
+    # the report server's path guards, each alone (plugins/reassembler_airflow/quality_ui.py)
+    Mutant(
+        "a link loop under reports/ is a 500",
+        UI,
+        "except (OSError, ValueError, RuntimeError, ReassemblerError):",
+        "except (OSError, ValueError, ReassemblerError):",
+        ("tests/test_quality_ui.py",),
+    ),
+    Mutant(
+        "a link out of reports/ is served",
+        UI,
+        "if not (target.is_relative_to(Path(base).resolve()) and target.is_file()):",
+        "if not target.is_file():",
+        ("tests/test_quality_ui.py",),
+    ),
+    Mutant(
+        "`..` in a path on object storage passes",
+        UI,
+        'any(p in ("", ".", "..") for p in parts)',
+        'any(p in ("", ".") for p in parts)',
+        ("tests/test_object_storage.py::test_dot_dot_in_a_report_path_on_object_storage_is_404",),
+    ),
+    Mutant(
         "mixed capture read as staged",
         "reassembler/load/gym_capture.py",
         "                if files.entries is not None:",
@@ -571,9 +665,9 @@ def run_tests(tree: Path, tests: tuple[str, ...]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-k", default="", help="only the mutations whose name contains this")
+    p.add_argument("-k", action="append", default=[], help="only the mutations whose name contains this (repeatable)")
     args = p.parse_args(argv)
-    chosen = [m for m in MUTANTS if args.k in m.name]
+    chosen = [m for m in MUTANTS if not args.k or any(k in m.name for k in args.k)]
     with tempfile.TemporaryDirectory(prefix="reassembler-mutants-") as tmp:
         tree = Path(tmp)
         copy_tree(tree)

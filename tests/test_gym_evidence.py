@@ -164,6 +164,22 @@ def test_an_output_that_no_span_matches_is_unmatched_output(night, build):
     assert audit["detail"].startswith("model-authored item 1 (output item 2)")
 
 
+def test_an_unfingerprintable_item_stops_every_span_through_it(night, build):
+    """c2's tool call holds an integer past 2**64 in its arguments: no fingerprint holds it
+    (Gym records c2's as null). At its place nothing matches, even though the item after it
+    is exactly c3's output: unmatched_output there, not a span that skips it."""
+    huge = dict(TEST, arguments='{"k": 99999999999999999999999}')
+    calls = chain_calls()
+    calls[1] = call("c2", "c1", [201], [21, 22], [reasoning("look at the tests"), huge])
+    ledger, _ = night.add(
+        "gym_g0", calls, [READ, fco(READ, "code"), huge, fco(huge, "ok"), answer("done")], evidence=GYM
+    )
+    assert ledger[1]["output_fingerprint"] is None and ledger[2]["output_fingerprint"] == afp([answer("done")])
+    audit = build(night).audit["gym_g0"]
+    assert (audit["reason"], audit["failed_call_id"]) == ("unmatched_output", None)
+    assert audit["detail"].startswith("model-authored item 1 (output item 2)")
+
+
 def test_a_fingerprint_in_upper_case_hex_matches_nothing(night, build):
     ledger, _ = night.add("gym_g0", chain_calls(), CHAIN_OUTPUT, evidence=GYM)
     ledger[1]["output_fingerprint"] = ledger[1]["output_fingerprint"].upper()  # the hash is lowercase hex

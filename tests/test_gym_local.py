@@ -212,6 +212,66 @@ def test_a_line_gyms_validator_refuses_masks_the_rollout(night, build, change, r
         assert got[2] == detail
 
 
+@pytest.mark.parametrize("version, shown", [(True, "true"), (1.0, "1.0"), (False, "false"), ("1", '"1"')])
+def test_a_schema_version_that_is_not_the_integer_1_is_unsupported(night, build, version, shown):
+    """JSON `true` and `1.0` equal 1 in Python, not in the contract: only the integer 1 is read."""
+    entries = _one_bad(night)
+    entries[2]["schema_version"] = version
+    assert _masked(build(night)) == ("unsupported_version", "c3", f"line 3: schema_version {shown}, only 1 is read")
+
+
+def test_token_item_index_is_an_index_of_the_output_items(night, build):
+    """c2 served two items: 0 and 1 are indexes of them, 2 (one past the end) and -1 are not."""
+    for index, status in ((0, "ok"), (1, "ok"), (2, "masked"), (-1, "masked")):
+        n = Night(night.root / f"index{index}")
+        entries = _one_bad(n)
+        assert len(entry(entries, "c2")["output_items"]) == 2
+        entry(entries, "c2")["token_item_index"] = index
+        built = build(n)
+        assert built.audit["grp_g1"]["status"] == status, index
+        if status == "masked":
+            assert _masked(built)[:2] == ("invalid_record", "c2")
+            assert f"token_item_index {index} is not an index of output_items" in _masked(built)[2]
+
+
+def test_entry_digests_hash_each_line_without_its_surrounding_whitespace(night, build):
+    """Gym's index holds sha256 of each line stripped of whitespace (9.4 item 5): lines written
+    with blanks around them check against the digests of the bare lines, not of the padded."""
+    import hashlib
+
+    entries = _one_bad(night)
+    bare = [entry_line(e) for e in entries]
+    night.local["grp_g1"] = [b"  " + line + b" \t" for line in bare]
+    size = sum(len(line) + 5 for line in bare)  # two blanks before, a blank and a tab after, the newline
+    index = {e["model_call_id"]: hashlib.sha256(line).hexdigest() for e, line in zip(entries, bare)}
+    night.local_files["grp_g1"] = {"state": {"entry_digests": index, "indexed_size": size}}
+    built = build(night)
+    assert built.audit["grp_g1"]["status"] == "ok"
+    assert [r["input_ids"] for r in built.rows_of("grp_g1")] == COMPACTED_IDS
+    padded = Night(night.root / "padded-digests")
+    entries = _one_bad(padded)
+    padded.local["grp_g1"] = [b"  " + entry_line(e) + b" \t" for e in entries]
+    c2 = hashlib.sha256(b"  " + entry_line(entry(entries, "c2")) + b" \t").hexdigest()
+    padded.local_files["grp_g1"] = {"state": {"entry_digests": {"c2": c2}, "indexed_size": size}}
+    reason, failed, detail = _masked(build(padded))
+    assert (reason, failed) == ("digest_mismatch", "c2") and detail.endswith(f"!= {c2}")
+
+
+@pytest.mark.timeout(30)
+def test_two_delta_entries_that_name_each_other_as_parents_are_a_lineage_cycle(night, build):
+    """c2 and c5, delta prompts, each the other's parent: neither full sequence can be
+    rebuilt. The load finishes; the walk from the terminal masks lineage_cycle, selection
+    broken_chain (c2 follows c1 in the output, but names c5); the other rollout is built."""
+    entries = _one_bad(night, delta=True)
+    entry(entries, "c2")["parent_call_id"] = "c5"
+    entry(entries, "c5")["parent_call_id"] = "c2"
+    assert entry(entries, "c2")["prompt_is_delta"] and entry(entries, "c5")["prompt_is_delta"]
+    terminal = build(night, TERMINAL)
+    assert _masked(terminal)[:2] == ("lineage_cycle", "c5")
+    selected = build(night)
+    assert _masked(selected)[0] == "broken_chain" and selected.audit["grp_g0"]["status"] == "ok"
+
+
 def test_a_corrupt_line_before_others_is_invalid_record_not_torn(night, build):
     entries = _one_bad(night)
     lines = [entry_line(e) for e in entries]
@@ -411,6 +471,29 @@ def test_each_check_of_a_rebuilt_line(night, build, change, reason, detail):
         assert got_detail == detail or got_detail.startswith(detail + ":"), got_detail
 
 
+@pytest.mark.parametrize("bad", [2**31, -1])
+def test_a_prompt_id_out_of_range_in_a_rebuilt_line_is_invalid_token(night, build, bad):
+    """The prompt's ids are checked as the generated ones are, in every token item."""
+    for k in range(3):
+        n = Night(night.root / f"item{k}-{bad}")
+        _rebuilt_fault(n, lambda line, items, k=k: items[k]["prompt_token_ids"].__setitem__(-1, bad))
+        reason, failed, detail = _masked(build(n))
+        assert (reason, failed) == ("invalid_token", None) and detail.startswith(f"item {2 * k + 1}:"), (k, detail)
+
+
+def test_a_rebuilt_prompt_equal_to_the_sequence_before_carries_no_token(night, build):
+    """A call whose prompt is exactly the previous call's prompt and generation (no
+    observation between): it adds only its generation."""
+    worked_example_local(night, "grp_g0", reward=1.0)
+    calls = _chain()
+    calls[1] = call("c2", "c1", [], [21, 22], [reasoning("r2"), answer("a2")])
+    night.add_rebuilt("grp_g1", calls, reward=0.0)
+    [row] = build(night).rows_of("grp_g1")
+    assert row["input_ids"] == [101, 102, 103, 11, 12, 21, 22, 301, 302, 31]
+    assert row["loss_mask"] == [0, 0, 0, 1, 1, 1, 1, 0, 0, 1]
+    assert row["logprobs"] == [0, 0, 0, -0.5, -0.5, -0.5, -0.5, 0, 0, -0.25]
+
+
 def test_token_items_without_marks_are_rebuilt_only_when_gym_retired_the_capture(night, build):
     """An unmarked line with token items: Gym-rebuilt if its state file says retired; else
     an ordinary line, read from its capture."""
@@ -483,6 +566,34 @@ def test_samples_gym_gave_up_on_get_one_masked_audit_row(night, build, tmp_path)
     assert gave_up == {"5-0-a2": ("5", 0, "rollout_failed", "oom"), "6-1": ("6", 1, "rollout_failed", "env")}
     assert summary.load.gym.given_up == 2 and summary.load.n_rollouts == 3 and summary.load.n_rejects == 1
     assert [r["row_id"] for r in built.rows] == ["grp_g0_s0", "grp_g0_s1"]
+
+
+def test_a_sample_that_fails_first_non_terminally_then_terminally_is_given_up(night, build, tmp_path):
+    """Gym retries a non-terminal failure and gives up at a terminal one: the sample is one
+    masked audit row, named after its last attempt, whatever came before; a sample whose
+    failures are all non-terminal (fewer than 3) is not given up."""
+    worked_example(night, "grp_g0", reward=1.0)
+    night.write()
+    _failures(
+        night,
+        [
+            {"_ng_task_index": 9, "_ng_rollout_index": 0, "_ng_failure_class": "timeout"},
+            {"_ng_task_index": 9, "_ng_rollout_index": 1, "_ng_failure_class": "timeout"},
+            {
+                "_ng_task_index": 9,
+                "_ng_rollout_index": 0,
+                "_ng_attempt_index": 1,
+                "_ng_failure_class": "env",
+                "_ng_failure_terminal": True,
+            },
+            {"_ng_task_index": 9, "_ng_rollout_index": 1, "_ng_attempt_index": 1, "_ng_failure_class": "timeout"},
+        ],
+    )
+    summary = build_night(night.root / "input", tmp_path / "out", DS)
+    built = Built(tmp_path / "out", summary)
+    gave_up = {k: (a["group_id"], a["slot"], a["reason"], a["detail"]) for k, a in built.audit.items() if k != "grp_g0"}
+    assert gave_up == {"9-0-a1": ("9", 0, "rollout_failed", "env")}
+    assert summary.load.gym.given_up == 1
 
 
 def test_a_night_of_all_three_captures_in_one_group(night, build):

@@ -122,8 +122,8 @@ def test_dot_dot_in_a_report_path_on_object_storage_is_404(s3, monkeypatch):
     """No link resolves a key on object storage, so the path's own `..` is all that guards
     it: behind a front end that resolves dot segments (as many do), `reports/../x` is `x`."""
     from fastapi.testclient import TestClient
-
     from faultproxy import FaultProxy
+
     from reassembler_airflow.quality_ui import create_app
 
     out = f"s3://{s3.bucket('rows')}/nightly"
@@ -169,7 +169,9 @@ def test_a_kill_at_every_publish_step_on_s3(s3, nights, tmp_path, step):
     assert killed.returncode == -signal.SIGKILL
     after = _manifest_view(s3, out)
     assert after == before if step == "commit" else after != before  # one whole run, old or new
-    time.sleep(2.5)  # the dead holder's lease (2 s) expires
+    lease = json.loads(storage.read_bytes(f"{out}/_lock"))  # the dead holder's, left behind
+    while time.time() <= lease["until"]:  # then it expires: its own `until`, not a guess
+        time.sleep(0.05)
     rerun = build(inp_big, out, warehouse)  # and is taken over
     assert rerun.returncode == 0, rerun.stderr
     final = _manifest_view(s3, out)
@@ -179,6 +181,47 @@ def test_a_kill_at_every_publish_step_on_s3(s3, nights, tmp_path, step):
         assert [k for k in keys if k.startswith(f"{kind}/")] == sorted(manifest["partitions"][kind])
     rows = pq.read_table(storage.open_parquet(f"{out}/{manifest['partitions']['rows'][0]}"))
     assert rows.num_rows == final["rows"]
+
+
+@pytest.mark.parametrize("step", ["manifest", "warehouse", "rows_copied"])
+def test_recover_alone_finishes_a_night_killed_after_its_commit_on_s3(s3, nights, tmp_path, monkeypatch, step):
+    """A publish killed after the commit, before or while the partitions are copied, and no
+    build of the night afterwards: `recover` (what every load and publish runs first) makes
+    the warehouse, both partitions and the reader snapshots follow the committed manifest."""
+    from reassembler.publish import protocol
+    from reassembler.warehouse import connect
+
+    inp_small, inp_big = (f"s3://{s3.bucket('capture')}/{n}" for n in ("small", "big"))
+    s3.upload(nights / "small", inp_small)
+    s3.upload(nights / "big", inp_big)
+    out, warehouse = f"s3://{s3.bucket('rows')}/nightly", tmp_path / "warehouse.duckdb"
+    assert build(inp_small, out, warehouse).returncode == 0
+    killed = build(inp_big, out, warehouse, env={"REASSEMBLER_TEST_KILL_AT": step})
+    assert killed.returncode == -signal.SIGKILL
+    manifest = json.loads(storage.read_bytes(f"{out}/_published/ds={DS}.json"))
+    monkeypatch.setenv("REASSEMBLER_WAREHOUSE", str(warehouse))
+    with connect(out) as con:
+        assert protocol.pending(con, out) == [DS]
+        assert protocol.recover(con, out) == [DS]
+        assert protocol.recover(con, out) == [] and protocol.pending(con, out) == []
+        [(run_id, n_rows)] = con.execute(
+            "SELECT run_id, n_rows FROM runs WHERE ds = CAST($ds AS DATE) ORDER BY published_at DESC LIMIT 1",
+            {"ds": DS},
+        ).fetchall()
+        audit_runs = {
+            r
+            for (r,) in con.execute(
+                "SELECT DISTINCT run_id FROM audit WHERE ds = CAST($ds AS DATE)", {"ds": DS}
+            ).fetchall()
+        }
+    assert run_id == manifest["run_id"] and n_rows == manifest["numbers"]["n_rows"] and audit_runs == {run_id}
+    keys = s3.keys(out)
+    for kind in KINDS:
+        assert [k for k in keys if k.startswith(f"{kind}/")] == sorted(manifest["partitions"][kind])
+    rows = [pq.read_table(storage.open_parquet(f"{out}/{k}")) for k in manifest["partitions"]["rows"]]
+    assert sum(t.num_rows for t in rows) == manifest["numbers"]["n_rows"]
+    snapshot = pq.read_table(storage.open_parquet(f"{out}/tables/runs.parquet")).to_pylist()
+    assert manifest["run_id"] in {r["run_id"] for r in snapshot}
 
 
 @pytest.mark.parametrize("store", ["s3", "local"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -72,16 +74,96 @@ def first_key(run_id: str) -> str:
     return f"_runs/ds={DS}/{run_id}/rows/part-00000.parquet"
 
 
-def test_runs_beyond_the_grace_period_are_deleted(tmp_path, two_groups, monkeypatch):
+class Clock:
+    """The publish protocol's clock, moved on by the test (publish/protocol.py `_clock`)."""
+
+    def __init__(self):
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(publish_module, "_clock", clock)
+    return clock
+
+
+GRACE = publish_module.GRACE_SECONDS
+
+
+def _runs(out) -> set[str]:
+    return {p.name for p in (out / "_runs" / f"ds={DS}").iterdir()}
+
+
+def test_a_superseded_runs_files_stay_for_the_grace_period_from_the_commit_that_replaced_it(
+    tmp_path, two_groups, clock
+):
+    """The grace period starts when a run is superseded, not when it was committed, and ends
+    GRACE_SECONDS later: the first build after that deletes its folder."""
     out = tmp_path / "out"
     first = build_night(two_groups, out, DS)
-    second = build_night(two_groups, out, DS)
-    assert (out / first_key(first.run_id)).exists()
-    monkeypatch.setattr(publish_module, "GRACE_SECONDS", 0.0)  # the grace periods are over
+    clock.now += GRACE - 60  # the first run has been the night for almost a grace period
+    second = build_night(two_groups, out, DS)  # supersedes it now
+    clock.now += GRACE - 60  # superseded a minute less than the grace period ago
     third = build_night(two_groups, out, DS)
-    assert [p.name for p in (out / "_runs" / f"ds={DS}").iterdir()] == [third.run_id]
-    # the manifest lists the run it just replaced, not the first one, whose grace is over
-    assert [r["run_id"] for r in _manifest(out)["superseded"]] == [second.run_id]
+    assert _runs(out) == {first.run_id, second.run_id, third.run_id}
+    assert [r["run_id"] for r in _manifest(out)["superseded"]] == [second.run_id, first.run_id]
+    clock.now += 120  # the first's grace is over, the second's (superseded 2 minutes ago) is not
+    fourth = build_night(two_groups, out, DS)
+    assert _runs(out) == {second.run_id, third.run_id, fourth.run_id}
+    assert [r["run_id"] for r in _manifest(out)["superseded"]] == [third.run_id, second.run_id]
+    for key in _manifest(out)["files"]["rows"]:
+        assert (out / key).exists()
+
+
+def _replaced(out) -> dict[str, set[str]]:
+    """What `_tmp/publish/` holds: each replaced partition folder's run (from its files)."""
+    folder = out / "_tmp" / "publish"
+    return {p.name: {n.rsplit("-", 1)[0][len("part-") :] for n in os.listdir(p)} for p in folder.iterdir()}
+
+
+def test_a_replaced_local_partition_folder_is_removed_once_its_grace_period_is_over(tmp_path, two_groups, clock):
+    """A local partition is swapped whole; the folder it replaced stays under _tmp/publish/
+    for the grace period from the swap (a reader that opened it keeps its files), however old
+    its files are, and the first build after that removes it."""
+    out = tmp_path / "out"
+    first = build_night(two_groups, out, DS)
+    clock.now += GRACE - 60
+    build_night(two_groups, out, DS)  # rows/ and audit/ of the first run are replaced now
+    assert sorted(_replaced(out).values(), key=str) == [{first.run_id}, {first.run_id}]
+    clock.now += GRACE - 60  # replaced a minute less than the grace period ago
+    build_night(two_groups, out, DS)
+    assert sum(runs == {first.run_id} for runs in _replaced(out).values()) == 2
+    clock.now += 120
+    build_night(two_groups, out, DS)
+    assert not any(runs == {first.run_id} for runs in _replaced(out).values())
+    assert len(_replaced(out)) == 4  # the second's and the third's, replaced within the grace period
+
+
+def test_airflow_run_ids_name_path_safe_folders_for_every_key_of_the_manifest(tmp_path, two_groups, clock):
+    """Airflow's run ids hold ':' and '+': every key the manifest names is path-safe, every
+    one is there, and the run's folder is kept (and collected) under that name."""
+    out = tmp_path / "out"
+    ids = ["manual__2026-11-28T00:00:00+00:00", "scheduled__2026-11-29T02:00:00+00:00", "asset__2026-11-29T03:00:00"]
+    safe = [publish_module.path_safe(r) for r in ids]
+    assert safe[0] == "manual__2026-11-28T00_00_00_00_00"
+    for k, run_id in enumerate(ids):
+        build_night(two_groups, out, DS, run_id=run_id)
+        manifest = _manifest(out)
+        assert manifest["run_id"] == run_id  # the run id itself is recorded as it is
+        keys = [k for kind in ("rows", "audit") for k in manifest["files"][kind] + manifest["partitions"][kind]]
+        assert keys and all(re.fullmatch(r"[A-Za-z0-9_./=-]+", key) for key in keys), keys
+        assert all((out / key).is_file() for key in keys)
+        assert all(f"/{safe[k]}/" in key for key in manifest["files"]["rows"])
+        assert all(f"part-{safe[k]}-" in key for key in manifest["partitions"]["rows"])
+        assert _runs(out) == set(safe[: k + 1])  # superseded ones kept within the grace period
+        clock.now += 60
+    clock.now += GRACE
+    build_night(two_groups, out, DS, run_id=ids[2])  # the night again under the same run: a rerun
+    assert _runs(out) == {safe[2]}
 
 
 def test_a_crash_in_a_shard_leaves_the_previous_partition(tmp_path, two_groups, monkeypatch):

@@ -218,8 +218,13 @@ def read_manifest(output, ds: str) -> tuple[dict | None, str | None]:
     return manifest, version
 
 
+def _clock() -> float:
+    """Seconds since the epoch: every time the protocol compares (a test replaces it)."""
+    return time.time()
+
+
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
+    return datetime.fromtimestamp(_clock(), UTC).isoformat(timespec="microseconds")
 
 
 def publish_staged(con, output, staging, ds: str, run_id: str, numbers: NightNumbers, run_info: dict) -> dict[str, str]:
@@ -334,7 +339,8 @@ def _fill_partition(output: str, ds: str, kind: str, sources: list[str], names: 
     os.makedirs(os.path.dirname(target), exist_ok=True)
     if os.path.isdir(target):
         _exchange(fresh, target)  # now `fresh` holds the previous files
-        os.utime(fresh)  # replaced now: kept for the grace period, for readers that opened it
+        replaced = _clock()
+        os.utime(fresh, (replaced, replaced))  # replaced now: kept for the grace period, for readers that opened it
     else:
         os.rename(fresh, target)
 
@@ -347,7 +353,7 @@ def _clear_replaced(output: str) -> None:
     if not os.path.isdir(folder):
         return
     for entry in os.scandir(folder):
-        if time.time() - entry.stat().st_mtime > GRACE_SECONDS:
+        if _clock() - entry.stat().st_mtime > GRACE_SECONDS:
             storage.delete_tree(entry.path)
 
 
@@ -378,7 +384,7 @@ def _superseded(previous: dict | None, now: str) -> list[dict]:
 
 
 def _age(when: str) -> float:
-    return time.time() - datetime.fromisoformat(when).timestamp()
+    return _clock() - datetime.fromisoformat(when).timestamp()
 
 
 def collect_runs(output: str, ds: str, manifest: dict | None) -> None:
