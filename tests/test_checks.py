@@ -8,7 +8,7 @@ import gc
 import math
 
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from inmemory import SCHEMA, tables
@@ -92,15 +92,73 @@ def call(draw, k: int) -> tuple[dict, list[dict]]:
     return ledger, tokens
 
 
-@st.composite
-def batch(draw):
-    calls = [draw(call(k)) for k in range(draw(st.integers(1, 8)))]
+def _tables(calls: list[tuple[dict, list[dict]]]) -> tuple[pa.Table, pa.Table]:
+    """A batch's call rows (one per token row, or one without) and its token rows."""
     rows, tokens = [], []
     for ledger, token_rows in calls:
         for j, token in enumerate(token_rows or [None]):
             rows.append({**{n: None for n in SCHEMA.names}, **ledger, "t_file": "f" if token else None, "t_row": j})
             tokens.append({n: None for n in CANONICAL.names} | (token or {}))
     return pa.Table.from_pylist(rows, schema=SCHEMA), pa.Table.from_pylist(tokens, schema=CANONICAL)
+
+
+@st.composite
+def batch(draw):
+    return _tables([draw(call(k)) for k in range(draw(st.integers(1, 8)))])
+
+
+def _good(k: int, mask: list[float], lp: list[float] | None = None, ids: list[int] | None = None) -> tuple:
+    """A root call whose ledger row and token row agree; its tokens as given."""
+    n = len(mask)
+    ledger = {
+        "group_id": "g",
+        "rollout_id": "r",
+        "capture_seq": k,
+        "model_call_id": f"c{k}",
+        "parent_call_id": None,
+        "mode": "text",
+        "prev_len": 0,
+        "delta_len": n,
+        "cum_len": n,
+        "weight_version": 1,
+        "schema_version": 2,
+        "digest_version": 2,
+        "extras_digest_version": 1,
+        "digest": HEX,
+        "extras_digest": HEX,
+        "chain_hash": HEX,
+        "cumulative_hash": HEX,
+        "staging_key": f"r/c{k}",
+        "failure_reason": None,
+    }
+    token = {name: ledger[name] for name in SHARED_FIELDS}
+    default_lp = [0.0 if m == 0.0 else -0.5 for m in mask]
+    token.update(ids=ids or list(range(10, 10 + n)), mask=mask, logprobs=default_lp if lp is None else lp)
+    return ledger, [token]
+
+
+# The cases that matter, drawn in every run (a fresh clone has no .hypothesis/ to remember them)
+PINNED = {
+    "a logprob under mask 0 beside a call of unequal lengths": [
+        _good(0, [0.0, 1.0, 1.0], lp=[0.0, -0.5]),
+        _good(1, [0.0, 1.0, 1.0], lp=[-1.0, -0.5, -0.5]),
+    ],
+    "an id past 2**31 beside a mask that steps down": [
+        _good(0, [0.0, 1.0], ids=[10, 2**31]),
+        _good(1, [1.0, 0.0, 1.0]),
+    ],
+    "a last mask 0": [_good(0, [0.0, 1.0, 0.0])],
+    "a mask value of 0.5 and a NaN logprob": [
+        _good(0, [0.5, 1.0]),
+        _good(1, [0.0, 1.0], lp=[0.0, float("nan")]),
+    ],
+    "no generated token beside a good call": [_good(0, [0.0, 0.0]), _good(1, [0.0, 1.0])],
+    "two token rows of one call": [(_good(0, [0.0, 1.0])[0], _good(0, [0.0, 1.0])[1] * 2), _good(1, [1.0])],
+    "a token row's version null": [
+        (_good(0, [1.0])[0], [dict(_good(0, [1.0])[1][0], schema_version=None)]),
+        _good(1, [0.0, 1.0]),
+    ],
+}
 
 
 def token_reason(ids: list[int], mask: list[float], lp: list[float]) -> str | None:
@@ -121,8 +179,15 @@ def token_reason(ids: list[int], mask: list[float], lp: list[float]) -> str | No
     return None
 
 
+def _pinned(test):
+    for calls in PINNED.values():
+        test = example(_tables(calls))(test)
+    return test
+
+
 @settings(max_examples=300, deadline=None)
 @given(batch())
+@_pinned
 def test_columns_and_per_call_checks_agree(tables):
     table, tokens = tables
     checks = BatchChecks(table, tokens)

@@ -99,10 +99,12 @@ def _check_rows(episode, evidence: str):
         assert [c.model_call_id for c in seg.calls] == [c.call_id for c in chain]
         expected_ids = np.concatenate([np.asarray(c.ids, dtype=np.int64) for c in chain])
         expected_mask = np.concatenate([np.asarray(c.mask, dtype=np.float32) for c in chain])
+        expected_lp = np.concatenate([np.asarray(c.logprobs, dtype=np.float32) for c in chain])
         rows = np.asarray(seg.token_rows)
         offsets, ids, mask, lp = batch.gather(rows, np.array([len(rows)]))
         assert ids.tolist() == expected_ids.tolist()
         assert mask.tolist() == expected_mask.astype(np.int8).tolist()
+        assert lp.dtype == np.float32 and lp.tolist() == expected_lp.tolist()
         assert int(batch.zeros[rows[0]]) == int((np.asarray(chain[0].mask) == 0).sum())
 
 

@@ -295,40 +295,46 @@ def test_the_mask_rate_limit_is_exclusive(tmp_path, two_groups):
         _verify(out, staging, max_mask_rate=0.33)
 
 
-def test_a_local_partition_is_one_whole_run_at_every_instant(tmp_path, two_groups):
-    """A reader listing rows/ds=<ds>/ over and over while the night is published again and
-    again: the folder is always there, and always holds all the files of exactly one run."""
-    import threading
-
+def test_a_local_partition_is_one_whole_run_at_every_instant(tmp_path, two_groups, monkeypatch):
+    """The night published again and again: after every change a publish makes to the file
+    system (each rename, link, unlink, removal and swap), rows/ds=<ds>/ is there and holds
+    all the files of exactly one run. Looked at after each change, not by a racing reader."""
     out = tmp_path / "out"
     build_night(two_groups, out, DS)
     part = out / "rows" / f"ds={DS}"
-    stop, seen, problems = threading.Event(), {}, []
+    seen, problems, changes = {}, [], []
 
-    def watch():
-        while not stop.is_set():
+    def look(what: str) -> None:
+        changes.append(what)
+        try:
+            names = os.listdir(part)
+        except FileNotFoundError:
+            problems.append(f"the partition was absent after {what}")
+            return
+        runs = {n.rsplit("-", 1)[0] for n in names}
+        if len(runs) != 1:
+            problems.append(f"files of {len(runs)} runs after {what}: {names}")
+            return
+        seen.setdefault(runs.pop(), set()).add(len(names))
+
+    def watched(what: str, fn):
+        def change(*args, **kwargs):
             try:
-                names = os.listdir(part)
-            except FileNotFoundError:
-                problems.append("the partition was absent")
-                continue
-            runs = {n.rsplit("-", 1)[0] for n in names}
-            if len(runs) != 1:
-                problems.append(f"files of {len(runs)} runs: {names}")
-                continue
-            seen.setdefault(runs.pop(), set()).add(len(names))
+                return fn(*args, **kwargs)
+            finally:
+                look(what)
 
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        for shards in (2, 3, 2, 3, 2, 3):
-            build_night(two_groups, out, DS, Settings(shards=shards))
-    finally:
-        stop.set()
-        watcher.join()
+        return change
+
+    for name in ("rename", "replace", "link", "unlink", "remove", "rmdir", "makedirs", "symlink"):
+        monkeypatch.setattr(os, name, watched(name, getattr(os, name)))
+    monkeypatch.setattr(publish_module, "_exchange", watched("exchange", publish_module._exchange))
+    for shards in (2, 3, 2, 3):
+        build_night(two_groups, out, DS, Settings(shards=shards))
+    monkeypatch.undo()
     assert not problems, problems[:3]
-    assert len(seen) >= 2  # it saw the night replaced
-    assert all(len(counts) == 1 for counts in seen.values()), seen  # each run's files all there, or none
+    assert changes.count("exchange") == 8  # two partitions, four publishes: each looked at
+    assert len(seen) == 5 and all(len(counts) == 1 for counts in seen.values()), seen
 
 
 def test_an_output_of_the_release_before_is_built_over(tmp_path, two_groups):

@@ -216,3 +216,38 @@ def test_nemo_gym_result_lines_get_their_ids_derived(tmp_path):
     assert errors[3].startswith("_ng_rollout_id must match")
     assert errors[4].startswith("group_id is missing")
     assert errors[5].startswith("rollout_id is missing")
+
+
+def test_a_shards_plan_lists_the_token_row_groups_in_the_order_it_first_needs_them(tmp_path, night):
+    """Three rollouts whose token rows are written last rollout first, four rows a row group
+    (5 calls each: groups of rows 0-3, 4-7, 8-11, 12-14), and a second file holding the
+    middle rollout's last call. The shard reads g_g0, g_g1, g_g2 in order, so it needs
+    tokens.parquet's row groups 2 and 3, then 1, the other file, then 0: each listed once,
+    where it is first needed, with all the rows it takes from it."""
+    from reassembler.load.shard_plan import plan_dir
+    from reassembler.publish.protocol import staging_dir
+    from steps import load
+
+    for k in range(3):
+        worked_example(night, f"g_g{k}", reward=float(k))
+    inp = night.write()
+    rows = night.tokens
+    by_rollout = [[r for r in rows if r["rollout_id"] == f"g_g{k}"] for k in range(3)]
+    moved = by_rollout[1].pop()  # g_g1's c5, alone in another file
+    folder = inp / "tokens" / f"ds={DS}"
+    (folder / "tokens.parquet").unlink()
+    write_token_file(folder / "tokens.parquet", by_rollout[2] + by_rollout[1] + by_rollout[0], row_group_size=4)
+    write_token_file(folder / "tokens-more.parquet", [moved])
+    out = tmp_path / "out"
+    load(inp, out, DS, run_id="r")
+    plan = plan_dir(staging_dir(out, DS, "r"), 0)
+    groups = pq.read_table(f"{plan}/token_groups.parquet").to_pylist()
+    main, more = str(folder / "tokens.parquet"), str(folder / "tokens-more.parquet")
+    # tokens.parquet: g_g2's rows 0-4, g_g1's 5-8, g_g0's 9-13; row groups 0-3, 4-7, 8-11, 12-13
+    assert [(g["file"], g["row_group"], g["rows"]) for g in groups] == [
+        (main, 2, 4),  # g_g0's rows 9-11, later g_g1's row 8
+        (main, 3, 2),  # g_g0's rows 12-13
+        (main, 1, 4),  # g_g1's rows 5-7, later g_g2's row 4
+        (more, 0, 1),  # g_g1's c5
+        (main, 0, 4),  # g_g2's rows 0-3
+    ]
