@@ -339,6 +339,35 @@ MUTANTS = [
         "_join(self.mask, self.lp_starts[rows], lens, np.float32),",
         ("tests/test_properties.py",),
     ),
+    # a token row group's pages held to its footer (formats/parquet_pages.py, token_file.py)
+    Mutant(
+        "a footer that understates its pages decoded all the same",
+        "reassembler/formats/token_file.py",
+        "        if why is not None:",
+        "        if False:",
+        ("tests/test_token_file_pages.py",),
+    ),
+    Mutant(
+        "pages holding more values than declared pass",
+        "reassembler/formats/parquet_pages.py",
+        "if values != chunk.values:",
+        "if values < chunk.values:",
+        ("tests/test_token_file_pages.py",),
+    ),
+    Mutant(
+        "a v2 data page's values not counted",
+        "reassembler/formats/parquet_pages.py",
+        "if kind in (_DATA_PAGE, _DATA_PAGE_V2):",
+        "if kind == _DATA_PAGE:",
+        ("tests/test_token_file_pages.py",),
+    ),
+    Mutant(
+        "a chunk cut short by the end of the file passes",
+        "reassembler/formats/parquet_pages.py",
+        "if len(data) != chunk.length:",
+        "if False:",
+        ("tests/test_token_file_pages.py",),
+    ),
     # digests (CONTRACT.md 4)
     Mutant(
         "chain prefix",

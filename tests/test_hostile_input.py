@@ -277,6 +277,69 @@ def test_a_tiny_token_file_that_decodes_to_a_huge_row_is_not_decoded(tmp_path):
     assert (a["a_g0"]["status"], a["a_g1"]["reason"], a["a_g1"]["failed_call_id"]) == ("ok", "missing_tokens", "c2")
 
 
+def understate(path: str, group: int, claimed: int) -> None:
+    """Rewrite the footer of `path` so that row group `group`'s list columns declare
+    `claimed` values where their pages hold what they hold (a damaged or crafted file): each
+    of those counts, a Thrift varint in the footer, replaced by one of the same length."""
+
+    def varint(v: int) -> bytes:
+        v, out = (v << 1) ^ (v >> 63), b""
+        while True:
+            out += bytes([(v & 0x7F) | (0x80 if v > 0x7F else 0)])
+            v >>= 7
+            if not v:
+                return out
+
+    data = bytearray(Path(path).read_bytes())
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = bytes(data[-8 - length : -8])
+    held = _ids_column(path, group).num_values
+    old, new = varint(held), varint(claimed)
+    assert len(old) == len(new) and footer.count(old) >= 3
+    data[-8 - length : -8] = footer.replace(old, new)
+    Path(path).write_bytes(bytes(data))
+
+
+def _ids_column(path, group: int):
+    rg = pq.read_metadata(path).row_group(group)
+    return next(rg.column(i) for i in range(rg.num_columns) if rg.column(i).path_in_schema.startswith("token_ids"))
+
+
+def peak_of(argv: list[str]) -> tuple[subprocess.CompletedProcess, int]:
+    """Run `argv` under a fresh Python whose only child it is: (its result, its peak RSS in KiB)."""
+    probe = (
+        "import resource, subprocess, sys, json; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+        "print(json.dumps([r.returncode, r.stdout, r.stderr, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=300, check=True)
+    code, stdout, stderr, peak = json.loads(out.stdout)
+    return subprocess.CompletedProcess(argv, code, stdout, stderr), peak
+
+
+def test_a_footer_that_understates_its_pages_is_refused_before_anything_is_decoded(tmp_path):
+    """The 30-million-token row group again, its footer rewritten to declare 1.1 million
+    values (17.6 MB decoded: under the bound). The pages say otherwise, and are read before
+    anything is decoded: the night stops naming the file, the row group and the column, and
+    the build never comes near the 1 GiB decoding it would take."""
+    n, inp = two_rollouts(tmp_path / "n")
+    path = partition(inp, "tokens") / "tokens.parquet"
+    script = f"from test_hostile_input import write_bomb; write_bomb({str(path)!r})"
+    subprocess.run(
+        [sys.executable, "-c", script], check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    )
+    understate(str(path), 1, 1_100_000)
+    assert path.stat().st_size < 64 << 10 and _ids_column(path, 1).num_values == 1_100_000
+    cli = [sys.executable, "-m", "reassembler.cli", "build", "--input", str(inp), "--output", str(tmp_path / "out")]
+    res, peak_kib = peak_of([*cli, "--ds", DS])
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == (
+        f"reassembler: error: {path}: row group 1: column token_ids_delta.list.element: its pages hold "
+        "30,000,000 values, its footer declares 1,100,000; not read (a damaged or crafted token file)"
+    )
+    assert peak_kib < 400 << 10, peak_kib  # decoding it takes ~1.6 GB
+    assert not (tmp_path / "out" / "rows").exists()
+
+
 # ---------------------------------------------------------------- files that are not files
 
 

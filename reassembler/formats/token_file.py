@@ -14,12 +14,11 @@ names it accepts, what a row group takes once decoded, and its rows in canonical
 
 Extra columns are ignored. A row group whose token values would decode past a bound (the
 job's max_row_group_bytes) is not decoded (`too_big`): a file of a few KB can hold millions
-of identical tokens.
+of identical tokens. The footer that says so is held to the pages it describes before any
+of them is decoded (`read_row_group`, parquet_pages.py).
 """
 
 from __future__ import annotations
-
-import queue
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +28,7 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..errors import InputError
 from ..settings import DEFAULTS
+from . import parquet_pages
 from .fields import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS
 
 LOGPROB_NAMES = ("generation_logprobs_delta", "generation_log_probs_delta")  # the contract's, then Gym's
@@ -90,6 +90,26 @@ def decoded_bytes(metadata: pq.FileMetaData, group: int) -> int:
     return total
 
 
+def read_row_group(
+    loc: str, metadata: pq.FileMetaData, group: int, columns: list[str], size: int | None = None
+) -> pa.Table:
+    """Row group `group`'s `columns`, decoded once the pages of each of its column chunks
+    were found to hold what the footer declares (parquet_pages.py): else InputError naming
+    the file, the row group and the column, and nothing is decoded. The chunks' bytes are
+    read once, checked, and decoded from memory."""
+    found = parquet_pages.chunks(metadata, group, columns)
+    datas = storage.read_ranges(loc, [(c.start, c.length) for c in found], size)
+    for chunk, data in zip(found, datas):
+        why = parquet_pages.refusal(chunk, data)
+        if why is not None:
+            raise InputError(f"{loc}: row group {group}: {why}; not read (a damaged or crafted token file)")
+    source = storage.served(loc, [(c.start, d) for c, d in zip(found, datas)], size)
+    try:
+        return pq.ParquetFile(source, metadata=metadata).read_row_group(group, columns=columns)
+    finally:
+        source.close()
+
+
 def too_big(path: str, metadata: pq.FileMetaData, group: int, bound: int) -> str | None:
     """Why row group `group` is not decoded (it would take more than `bound` bytes), or None."""
     size = decoded_bytes(metadata, group)
@@ -111,9 +131,11 @@ class TokenFile:
         source = storage.open_parquet(path)
         self.remote = storage.is_remote(path)
         self.size = source.size() if self.remote else None
-        self.metadata = pq.read_metadata(source)
-        self._open: queue.SimpleQueue = queue.SimpleQueue()  # open objects, one per thread reading at once
-        self._open.put(source)
+        try:
+            self.metadata = pq.read_metadata(source)
+        finally:
+            if not isinstance(source, str):
+                source.close()
         names = self.metadata.schema.to_arrow_schema().names
         lp = next(n for n in LOGPROB_NAMES if n in names)  # the contract's name wins
         self.sources = {n: n for n in STRINGS + INTS + DIGESTS if n in names}
@@ -129,14 +151,7 @@ class TokenFile:
         if refused is not None:  # the load made its rows reject rows: no call asks for them
             raise InputError(f"{self.path}: {refused}")
         try:
-            try:
-                source = self._open.get_nowait()
-            except queue.Empty:
-                source = storage.open_parquet(self.path, self.size)
-            t = pq.ParquetFile(source, metadata=self.metadata).read_row_group(
-                group, columns=list(dict.fromkeys(self.sources.values()))
-            )
-            self._open.put(source)
+            t = read_row_group(self.path, self.metadata, group, list(dict.fromkeys(self.sources.values())), self.size)
         except (pa.ArrowException, OSError) as e:
             raise InputError(f"{self.path}: unreadable row group {group} ({str(e).splitlines()[0]})") from e
         columns = []

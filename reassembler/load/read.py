@@ -249,12 +249,11 @@ def _reject_too_big(con, night: NightFiles, files: TokenFiles) -> None:
     why = {(loc, group): reason for loc, group, _, _, reason in files.too_big}
     batches = []
     for loc in sorted({loc for loc, *_ in files.too_big}):
-        source = storage.open_parquet(loc)
-        file = pq.ParquetFile(source)
+        size, metadata = files.footers[loc]
         for (at, group), reason in why.items():
             if at == loc:
-                first = int(sum(file.metadata.row_group(g).num_rows for g in range(group)))
-                keys = group_keys(file, file.schema_arrow.names, loc, group, first)
+                first = int(sum(metadata.row_group(g).num_rows for g in range(group)))
+                keys = group_keys(metadata, loc, group, first, size)
                 batches.append(keys.append_column("why", pa.array([reason] * keys.num_rows, pa.string())))
     con.register("too_big_keys", pa.Table.from_batches(batches))
     con.execute(sql("too_big_token_rejects"), {"ds": night.ds, "token_dir": _token_dir(night)})

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import storage
+from ..formats.token_file import read_row_group
 from ..warehouse import sql
 
 KEY_COLUMNS = ("staging_key", "rollout_id", "model_call_id")
@@ -49,33 +50,30 @@ def key_batches(
 def _file_keys(loc: str, skip: Set[tuple[str, int]], footer=None) -> Iterator[pa.RecordBatch]:
     """The keys of a file's row groups; on object storage the row groups read at once."""
     size, metadata = footer if footer is not None else (None, None)
-    source = storage.open_parquet(loc, size)
-    try:
-        file = pq.ParquetFile(source, metadata=metadata)
-        names = file.schema_arrow.names
-        sizes = [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)]
-        firsts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        groups = [g for g, n in enumerate(sizes) if n and (loc, g) not in skip]
-        if isinstance(source, str) or len(groups) < 2:
-            for g in groups:
-                yield group_keys(file, names, loc, g, int(firsts[g]))
-            return
-        size = source.size() if size is None else size
-
-        def one(g: int) -> pa.RecordBatch:
-            own = pq.ParquetFile(storage.open_parquet(loc, size), metadata=file.metadata)
-            return group_keys(own, names, loc, g, int(firsts[g]))
-
-        yield from storage.map_ahead(one, groups, True, threads=8)
-    finally:
-        if not isinstance(source, str):
-            source.close()
+    if metadata is None:
+        source = storage.open_parquet(loc, size)
+        try:
+            metadata = pq.read_metadata(source)
+            size = source.size() if not isinstance(source, str) else None
+        finally:
+            if not isinstance(source, str):
+                source.close()
+    sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+    firsts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    groups = [g for g, n in enumerate(sizes) if n and (loc, g) not in skip]
+    one = lambda g: group_keys(metadata, loc, g, int(firsts[g]), size)  # noqa: E731
+    if not storage.is_remote(loc) or len(groups) < 2:
+        yield from map(one, groups)
+        return
+    yield from storage.map_ahead(one, groups, True, threads=8)
 
 
-def group_keys(file: pq.ParquetFile, names: list[str], loc: str, group: int, first: int) -> pa.RecordBatch:
-    """The keys of one row group (`first`: the number of its first row in the file)."""
+def group_keys(metadata: pq.FileMetaData, loc: str, group: int, first: int, size: int | None = None) -> pa.RecordBatch:
+    """The keys of one row group (`first`: the number of its first row in the file), its key
+    columns' pages checked against the footer before they are decoded (token_file.py)."""
+    names = metadata.schema.to_arrow_schema().names
     present = [c for c in KEY_COLUMNS if c in names]
-    table = file.read_row_group(group, columns=present)
+    table = read_row_group(loc, metadata, group, present, size)
     n = table.num_rows
     columns = [table.column(c).cast(pa.string()) if c in present else pa.nulls(n, pa.string()) for c in KEY_COLUMNS]
     columns += [pa.array(np.full(n, loc, dtype=object), pa.string()), pa.array(np.arange(first, first + n))]

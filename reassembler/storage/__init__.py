@@ -56,11 +56,13 @@ __all__ = [
     "map_ahead",
     "read_many",
     "read_parquet",
+    "read_ranges",
     "read_text",
     "read_versioned",
     "relative",
     "retry",
     "select",
+    "served",
     "size",
     "split",
     "store_error",
@@ -90,6 +92,73 @@ def open_parquet(loc: str, size: int | None = None):
     import pyarrow as pa
 
     return pa.PythonFile(s3.RangeReader(loc, size=size), mode="r")
+
+
+def read_ranges(loc: str, ranges: list[tuple[int, int]], size: int | None = None) -> list[bytes]:
+    """The bytes of each (offset, length) of `loc` (shorter where the file ends first)."""
+    if not is_remote(loc):
+        with open(loc, "rb") as f:
+            return [os.pread(f.fileno(), length, offset) for offset, length in ranges]
+    reader = s3.RangeReader(loc, size=size)
+    return [reader.read_at(length, offset) for offset, length in ranges]
+
+
+class _Served(io.RawIOBase):
+    """A file read from pieces already in memory ((offset, bytes), sorted), the rest from
+    the file itself: what pyarrow decodes once the pieces were checked (parquet_pages)."""
+
+    def __init__(self, loc: str, pieces: list[tuple[int, bytes]], size: int | None):
+        self._loc, self._pieces, self._pos = loc, pieces, 0
+        self._size = size if size is not None else os.path.getsize(loc)
+        self._file: io.BufferedReader | None = None  # the rest, locally
+        self._object: s3.RangeReader | None = None  # the rest, on object storage
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = {0: 0, 1: self._pos, 2: self._size}[whence] + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._size - self._pos if n is None or n < 0 else min(n, self._size - self._pos)
+        at = self._pos
+        for start, data in self._pieces:
+            if start <= at and at + n <= start + len(data):
+                self._pos += n
+                return data[at - start : at - start + n]
+        if is_remote(self._loc):
+            if self._object is None:
+                self._object = s3.RangeReader(self._loc, size=self._size)
+            out = self._object.read_at(n, at)
+        else:
+            if self._file is None:
+                self._file = open(self._loc, "rb")
+            out = os.pread(self._file.fileno(), n, at)
+        self._pos += len(out)
+        return out
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def close(self) -> None:
+        for rest in (self._file, self._object):
+            if rest is not None:
+                rest.close()
+        super().close()
+
+
+def served(loc: str, pieces: list[tuple[int, bytes]], size: int | None = None):
+    """What pyarrow.parquet reads `loc` from when `pieces` of it are in memory already."""
+    import pyarrow as pa
+
+    return pa.PythonFile(_Served(loc, sorted(pieces), size), mode="r")
 
 
 def read_parquet(loc: str, columns: list[str] | None = None):

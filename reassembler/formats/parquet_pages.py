@@ -1,0 +1,193 @@
+"""What a Parquet row group's pages declare, from their headers, before any of it is decoded.
+
+A token file's footer says how many values each column chunk holds, and the job bounds what
+it decodes by that (token_file.too_big). Parquet's reader, though, allocates what each
+page's own header says. A footer that declares fewer values than the pages hold (a damaged
+or crafted file: 8 KB can hold one run-length-encoded page of 30M tokens under a footer that
+declares one) would slip past that bound. So before a row group's columns are decoded, the
+bytes of their column chunks are read (what the decode reads anyway) and each page's header
+is parsed (`PageHeader` of parquet.thrift, Thrift's compact protocol):
+
+    invariant: for each column chunk read, the data pages' `num_values` sum to the footer's
+               `num_values`, and the pages' `uncompressed_page_size` sum to no more than the
+               footer's `total_uncompressed_size` (which counts the headers too)
+
+A chunk that breaks it, or whose headers do not parse, is refused; a chunk that keeps it is
+bounded by its footer, which too_big checks. Only headers are parsed here (a few dozen bytes
+a page, pages of about 1 MiB): no value is looked at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow.parquet as pq
+
+# PageHeader's fields (parquet.thrift) this module reads
+_TYPE, _UNCOMPRESSED, _COMPRESSED = 1, 2, 3
+_DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 5, 7, 8  # the nested headers: field 1 is num_values
+_PAGE_KIND = {0: _DATA_PAGE, 2: _DICTIONARY_PAGE, 3: _DATA_PAGE_V2}  # PageType -> its header's field
+# Thrift compact protocol types
+_TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(1, 13)
+_MAX_DEPTH = 16
+
+
+class Malformed(ValueError):
+    """Bytes that are not a page header."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One column chunk of a row group, as its footer declares it."""
+
+    column: str  # the column's top-level name
+    path: str  # its leaf's path in the schema
+    start: int
+    length: int
+    values: int
+    uncompressed: int
+
+
+def chunks(metadata: pq.FileMetaData, group: int, columns: list[str]) -> list[Chunk]:
+    """The column chunks of `group` that reading `columns` decodes, in file order."""
+    rg = metadata.row_group(group)
+    out = []
+    for i in range(rg.num_columns):
+        c = rg.column(i)
+        name = c.path_in_schema.split(".")[0]
+        if name not in columns:
+            continue
+        offsets = [o for o in (c.dictionary_page_offset if c.has_dictionary_page else None, c.data_page_offset) if o]
+        start = min(offsets) if offsets else 0
+        out.append(
+            Chunk(name, c.path_in_schema, start, c.total_compressed_size, c.num_values, c.total_uncompressed_size)
+        )
+    return sorted(out, key=lambda c: c.start)
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise Malformed("a header ends inside a number")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 70:
+            raise Malformed("a number longer than 10 bytes")
+
+
+def _int(buf: bytes, pos: int) -> tuple[int, int]:
+    raw, pos = _varint(buf, pos)
+    return (raw >> 1) ^ -(raw & 1), pos  # zigzag
+
+
+def _skip(buf: bytes, pos: int, kind: int, depth: int) -> int:
+    if depth > _MAX_DEPTH:
+        raise Malformed("headers nested too deep")
+    if kind in (_TRUE, _FALSE):
+        return pos
+    if kind == _BYTE:
+        return pos + 1
+    if kind in (_I16, _I32, _I64):
+        return _varint(buf, pos)[1]
+    if kind == _DOUBLE:
+        return pos + 8
+    if kind == _BINARY:
+        n, pos = _varint(buf, pos)
+        return pos + n
+    if kind in (_LIST, _SET):
+        if pos >= len(buf):
+            raise Malformed("a header ends inside a list")
+        head = buf[pos]
+        pos += 1
+        n, element = head >> 4, head & 0x0F
+        if n == 15:
+            n, pos = _varint(buf, pos)
+        for _ in range(n):
+            pos = pos + 1 if element in (_TRUE, _FALSE) else _skip(buf, pos, element, depth + 1)
+        return pos
+    if kind == _MAP:
+        n, pos = _varint(buf, pos)
+        if n:
+            if pos >= len(buf):
+                raise Malformed("a header ends inside a map")
+            key, value = buf[pos] >> 4, buf[pos] & 0x0F
+            pos += 1
+            for _ in range(n):
+                pos = _skip(buf, _skip(buf, pos, key, depth + 1), value, depth + 1)
+        return pos
+    if kind == _STRUCT:
+        return _struct(buf, pos, (), depth + 1)[1]
+    raise Malformed(f"unknown field type {kind}")
+
+
+def _struct(buf: bytes, pos: int, wanted: tuple[int, ...], depth: int = 0) -> tuple[dict[int, object], int]:
+    """A struct's integer fields and its nested structs in `wanted` ({id: value}, each nested
+    struct's own integer fields), the others skipped; and where it ends."""
+    fields: dict[int, object] = {}
+    last = 0
+    while True:
+        if pos >= len(buf):
+            raise Malformed("a header ends before its end")
+        head = buf[pos]
+        pos += 1
+        kind = head & 0x0F
+        if kind == 0:
+            return fields, pos
+        delta = head >> 4
+        if delta:
+            last += delta
+        else:
+            last, pos = _int(buf, pos)
+        if kind in (_I16, _I32, _I64):
+            fields[last], pos = _int(buf, pos)
+        elif kind == _STRUCT and last in wanted:
+            fields[last], pos = _struct(buf, pos, (), depth + 1)
+        else:
+            pos = _skip(buf, pos, kind, depth)
+
+
+def pages(data: bytes) -> tuple[int, int]:
+    """(values of the data pages, uncompressed bytes of every page) of a column chunk's bytes."""
+    values = uncompressed = 0
+    pos = 0
+    while pos < len(data):
+        header, pos = _struct(data, pos, (_DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2))
+        size, stored = header.get(_UNCOMPRESSED), header.get(_COMPRESSED)
+        if not isinstance(size, int) or not isinstance(stored, int) or size < 0 or stored < 0:
+            raise Malformed("a page header without its sizes")
+        page_type = header.get(_TYPE)
+        kind = _PAGE_KIND.get(page_type) if isinstance(page_type, int) else None
+        if kind in (_DATA_PAGE, _DATA_PAGE_V2):
+            nested = header.get(kind)
+            n = nested.get(1) if isinstance(nested, dict) else None
+            if not isinstance(n, int) or n < 0:
+                raise Malformed("a data page header without its number of values")
+            values += n
+        uncompressed += size
+        pos += stored
+    if pos != len(data):
+        raise Malformed("the last page runs past its column chunk")
+    return values, uncompressed
+
+
+def refusal(chunk: Chunk, data: bytes) -> str | None:
+    """Why `chunk` (its bytes `data`) is not decoded: its pages break the invariant; or None."""
+    if len(data) != chunk.length:
+        return f"column {chunk.path}'s chunk lies past the end of the file"
+    try:
+        values, uncompressed = pages(data)
+    except Malformed as e:
+        return f"column {chunk.path}: unreadable page headers ({e})"
+    if values != chunk.values:
+        return f"column {chunk.path}: its pages hold {values:,} values, its footer declares {chunk.values:,}"
+    if uncompressed > chunk.uncompressed:
+        return (
+            f"column {chunk.path}: its pages inflate to {uncompressed:,} bytes, "
+            f"its footer declares {chunk.uncompressed:,}"
+        )
+    return None

@@ -1,0 +1,86 @@
+"""A token row group is decoded only once its pages agree with its footer
+(formats/parquet_pages.py): honest files of every page layout read exactly as pyarrow reads
+them; a footer that understates its pages, page headers that do not parse and a chunk past
+the end of the file are refused, naming the file, the row group and the column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_hostile_input import understate
+
+from reassembler.errors import InputError
+from reassembler.formats.token_file import read_row_group
+
+COLUMNS = ["staging_key", "token_ids_delta", "token_mask_delta"]
+
+
+def _table(rows: int = 50, tokens: int = 40) -> pa.Table:
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 50_000, rows * tokens)
+    offsets = pa.array(np.arange(0, rows * tokens + 1, tokens, dtype=np.int32))
+    return pa.table(
+        {
+            "staging_key": [f"r{k // 5}/c{k}" for k in range(rows)],
+            "token_ids_delta": pa.ListArray.from_arrays(offsets, pa.array(ids)),
+            "token_mask_delta": pa.ListArray.from_arrays(offsets, pa.array(np.ones(rows * tokens, np.float32))),
+        }
+    )
+
+
+LAYOUTS = {
+    "v1 pages, dictionary, zstd": dict(compression="zstd"),
+    "v2 pages, no dictionary, snappy": dict(data_page_version="2.0", use_dictionary=False, compression="snappy"),
+    "many small pages, uncompressed": dict(data_page_size=512, compression="none", use_dictionary=False),
+    "v2 pages, dictionary, page index and statistics": dict(data_page_version="2.0", write_page_index=True),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_an_honest_file_of_any_page_layout_reads_as_pyarrow_reads_it(tmp_path, layout):
+    path = tmp_path / "t.parquet"
+    table = _table()
+    pq.write_table(table, path, row_group_size=20, **LAYOUTS[layout])
+    metadata = pq.read_metadata(path)
+    assert metadata.num_row_groups == 3
+    for group in range(3):
+        got = read_row_group(str(path), metadata, group, COLUMNS)
+        assert got.equals(pq.ParquetFile(path).read_row_group(group, columns=COLUMNS))
+
+
+def test_a_footer_that_understates_a_columns_values_is_refused(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(_table(rows=1, tokens=2_000_000), path, compression="zstd")
+    understate(str(path), 0, 1_100_000)
+    with pytest.raises(InputError) as e:
+        read_row_group(str(path), pq.read_metadata(path), 0, COLUMNS)
+    assert str(e.value) == (
+        f"{path}: row group 0: column token_ids_delta.list.element: its pages hold 2,000,000 values, its footer "
+        "declares 1,100,000; not read (a damaged or crafted token file)"
+    )
+
+
+def test_page_headers_that_do_not_parse_are_refused(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(_table(), path, compression="none", use_dictionary=False)
+    metadata = pq.read_metadata(path)
+    column = metadata.row_group(0).column(1)
+    data = bytearray(Path(path).read_bytes())
+    data[column.data_page_offset] = 0xFF  # the first page header's first field: not Thrift
+    Path(path).write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"row group 0: column token_ids_delta.list.element: unreadable page headers"):
+        read_row_group(str(path), metadata, 0, COLUMNS)
+
+
+def test_a_column_chunk_past_the_end_of_the_file_is_refused(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(_table(), path, row_group_size=25)
+    metadata = pq.read_metadata(path)  # the footer of the whole file, then the file cut short
+    Path(path).write_bytes(Path(path).read_bytes()[: metadata.row_group(1).column(0).data_page_offset + 10])
+    assert read_row_group(str(path), metadata, 0, COLUMNS).num_rows == 25
+    with pytest.raises(InputError, match=r"row group 1: column staging_key's chunk lies past the end of the file"):
+        read_row_group(str(path), metadata, 1, COLUMNS)
