@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
 
-from . import storage
+from . import progress, storage
 from .errors import InputError
 from .load.night_load import NightLoad
 from .load.read import LoadSummary
@@ -185,8 +185,11 @@ def _run_shards_in_workers(warehouse: Warehouse, ds: str, run_id: str, settings:
     output = warehouse.output_dir
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(
-        max_workers=min(settings.workers, settings.shards), mp_context=get_context("fork")
+    with ProcessPoolExecutor(  # bars from several processes would garble the terminal: they log
+        max_workers=min(settings.workers, settings.shards),
+        mp_context=get_context("fork"),
+        initializer=progress.show_bars,
+        initargs=(False,),
     ) as pool:
         for done in [pool.submit(shard_step, output, ds, k, run_id, settings, plans) for k in range(settings.shards)]:
             done.result()  # re-raises a worker's error

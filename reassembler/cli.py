@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-from . import storage
+from . import progress, storage
 from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
 from .producer.config import SynthConfig
 from .settings import (
@@ -316,9 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     logger.addHandler(handler)
     logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG))
+    progress.show_bars(args.command == "build" and sys.stderr.isatty())  # a bar only on a terminal
     try:
         return _main(args)
     finally:
+        progress.show_bars(False)
         logger.removeHandler(handler)
 
 

@@ -373,6 +373,28 @@ MUTANTS = [
         "if False:",
         ("tests/test_token_file_pages.py",),
     ),
+    # progress (progress.py and the load's and shards' totals)
+    Mutant(
+        "a progress line only after more than 10 s",
+        "reassembler/progress.py",
+        "elif now - self._reported >= REPORT_SECONDS:",
+        "elif now - self._reported > REPORT_SECONDS:",
+        ("tests/test_progress.py",),
+    ),
+    Mutant(
+        "the ledger files never counted as done",
+        "reassembler/load/read.py",
+        'done(*(night.path("ledger", rel) for rel, _ in chunk.files))',
+        "pass",
+        ("tests/test_progress.py",),
+    ),
+    Mutant(
+        "a shard's planned tokens not recorded",
+        "reassembler/load/shard_plan.py",
+        'self.tokens += max(0, pc.sum(batch.column("delta_len")).as_py() or 0)',
+        "pass",
+        ("tests/test_progress.py",),
+    ),
     # digests (CONTRACT.md 4)
     Mutant(
         "chain prefix",

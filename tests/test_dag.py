@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -185,6 +186,9 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     relaxed = {"gate_max_mask_rate": None, "gate_max_reason_rate": None, "gate_max_mask_rate_rise": None}
     log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-30", "-c", json.dumps({"ds": DS, **relaxed}))
     assert "state=success" in log
+    # each task's log says how far it got: the load in bytes, each shard in tokens
+    assert re.search(r"load: [\d.]+ [KMG]?B of [\d.]+ [KMG]?B \(100%\), .*/s \(done in", log), log[-3000:]
+    assert re.search(r"shard 0: [\d.]+[kMG]? of [\d.]+[kMG]? tokens \(100%\)", log)
     assert partition_parts(rows_dir) == first
 
     # the same deployment pointed at NeMo Gym 0.7.0's own capture folder, as it is (another night)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -92,8 +93,10 @@ class GymCapture:
         scratch: str | None,
         max_line_bytes: int,
         readers: CaptureChildren | None = None,
+        done: Callable[..., None] | None = None,
     ):
         self.con, self.night, self.rejects, self.max_line_bytes = con, night, rejects, max_line_bytes
+        self._done = done or (lambda *locations: None)  # the load's progress: these files are read
         self.summary = GymSummary()
         self.captures: dict[str, CaptureFiles] = {}
         for rel in night.captures:
@@ -183,6 +186,7 @@ class GymCapture:
         """Failures files, given-up samples, local-mode captures, the rollouts' capture
         columns, and the derived token rows' keys."""
         failed = self.failed = self._failures(rollout_count)
+        self._done(*(self.night.path("rollouts", rel) for rel in self.night.failures))
         staged = {r for (r,) in self.con.execute(sql("staged_rollouts"), {"ds": self.night.ds}).fetchall()}
         local: list[CaptureFiles] = []
         for key in sorted(self.captures):
@@ -215,6 +219,7 @@ class GymCapture:
         else:
             for files, outcome in zip(local, read_captures(folder, local), strict=True):
                 self._local(files, outcome)
+        self._done(*(self.night.path("ledger", rel) for rel in self.night.captures))  # those read or not
         self.calls.flush()
         if self.columns:
             self.con.register("captures", pa.Table.from_pylist(self.columns, schema=CAPTURE_COLUMNS))
@@ -228,6 +233,13 @@ class GymCapture:
             insert_token_keys(self.con, self.night.ds, token_files)
 
     def _local(self, files: CaptureFiles, local: LocalRollout) -> None:
+        self._done(
+            *(
+                self.night.path("ledger", rel)
+                for rel in (files.entries, files.intents, files.incomplete, files.state)
+                if rel
+            )
+        )
         self.summary.local_rollouts += 1
         self.summary.local_entries += local.n_lines
         column: dict[str, str | None] = {"rollout_id": files.key, "capture": "local"}

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import duckdb
@@ -24,6 +25,7 @@ from ..errors import InputError, StoreError
 from ..formats import token_file
 from ..formats.night import NightFiles
 from ..formats.records import parse_ledger_row
+from ..progress import Progress
 from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script, sql
 from . import capture_children, rollout_lines
@@ -107,22 +109,25 @@ def load_night(
     (load.NightLoad started them), else they are read here."""
     ds, max_line_bytes = night.ds, settings.max_line_bytes
     files = token_files(night, settings.max_row_group_bytes)  # unusable token files: refused before anything
+    progress = _progress(night)
     con.execute("BEGIN TRANSACTION")
     try:
         run_script(con, "clear_night", {"ds": ds})
-        insert_token_keys(con, ds, files.locations, files.skip, files.footers)  # the files' keys, read once
+        insert_token_keys(con, ds, files.locations, files.skip, files.footers, progress.read)  # read once
         if files.too_big:
             _reject_too_big(con, night, files)
         tokens = sql("night_token_rows")
         rejects = Inserter(con, "insert_rejects", REJECT_BATCH, ds)
-        gym = GymCapture(con, night, rejects, scratch, max_line_bytes, readers)
+        gym = GymCapture(con, night, rejects, scratch, max_line_bytes, readers, progress.read)
         # the ledger while the rollout children (if any) parse; the rollouts first if they are done
         rollouts_first = background is None or background.done()
         if rollouts_first:
             rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background, gym)
-        ledger_lines, ledger_loaded = _load_ledger(con, night, rejects, max_line_bytes)
+            progress.read(*(night.path("rollouts", rel) for rel in night.rollouts))
+        ledger_lines, ledger_loaded = _load_ledger(con, night, rejects, max_line_bytes, progress.read)
         if not rollouts_first:
             rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background, gym)
+            progress.read(*(night.path("rollouts", rel) for rel in night.rollouts))
         gym.finish(rollouts_loaded)
         rejects.flush()
         if rollouts_loaded == 0 and not settings.allow_empty:
@@ -141,7 +146,9 @@ def load_night(
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
+        progress.close(ok=False)
         raise
+    progress.close()
     token_rows += files.n_too_big  # read, and rejected
     summary = LoadSummary(
         rollouts=SourceCount(rollout_count, rollouts_loaded, counts.get("rollouts", 0)),
@@ -184,7 +191,28 @@ def _load_rollouts(
     return lines, rollouts.count
 
 
-def _load_ledger(con, night: NightFiles, rejects: Inserter, max_line_bytes: int) -> tuple[int, int]:
+class _InputProgress(Progress):
+    """The load's progress: the bytes of the night's input files dealt with (a file counts
+    once its lines or keys are all in the warehouse)."""
+
+    def __init__(self, sizes: dict[str, int]):
+        super().__init__("load", sum(sizes.values()))
+        self.sizes = sizes
+
+    def read(self, *locations: str) -> None:
+        self.advance(sum(self.sizes.pop(loc, 0) for loc in locations))
+
+
+def _progress(night: NightFiles) -> _InputProgress:
+    locations = [night.path("rollouts", rel) for rel in night.rollouts + night.failures]
+    locations += [night.path("ledger", rel) for rel in night.ledger + night.captures]
+    locations += [night.path("tokens", rel) for rel in night.tokens]
+    return _InputProgress(dict(zip(locations, storage.sizes(locations))))
+
+
+def _load_ledger(
+    con, night: NightFiles, rejects: Inserter, max_line_bytes: int, done: Callable[..., None] | None = None
+) -> tuple[int, int]:
     """Every ledger line, in capture order (files by path, then lines): a ledger row, or a
     reject row. The files are parsed in columns a chunk at a time (ledger_columns.py); the
     ones (and the lines) it cannot take are read here line by line. Returns (lines read,
@@ -208,6 +236,8 @@ def _load_ledger(con, night: NightFiles, rejects: Inserter, max_line_bytes: int)
                 number = read_file_lines(night, "ledger", rel, number, parse_ledger_row, add, rejects, max_line_bytes)
         if chunk.columnar:
             loaded += _insert_columns(con, night, chunk, bases, add, rejects)
+        if done is not None:
+            done(*(night.path("ledger", rel) for rel, _ in chunk.files))
     ledger.flush()
     return number, ledger.count + loaded
 

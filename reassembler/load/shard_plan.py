@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import storage
@@ -54,10 +55,12 @@ def write_plans(con, staging, ds: str, shards: int) -> None:
         groups = _TokenGroups(starts)
         calls = (groups.add(batch) for batch in _call_slices(con, params, _slices(con, ds, shard)))
         _write(storage.join(folder, "calls.parquet"), None, calls)
-        _write(storage.join(folder, "token_groups.parquet"), TOKEN_GROUPS, [groups.table()])
+        table = groups.table()
+        _write(storage.join(folder, "token_groups.parquet"), table.schema, [table])
 
 
 TOKEN_GROUPS = pa.schema([("file", pa.string()), ("row_group", pa.int32()), ("rows", pa.int64())])
+TOKENS_KEY = b"reassembler.tokens"  # token_groups.parquet's metadata: the shard's tokens
 
 
 class _TokenGroups:
@@ -68,13 +71,18 @@ class _TokenGroups:
         self.starts = starts
         self.files: list[pa.Array] = []
         self.rows: list[pa.Array] = []
+        self.tokens = 0  # the calls' new tokens (delta_len), the shard's progress total
 
     def add(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         self.files.append(batch.column("t_file"))
         self.rows.append(batch.column("t_row"))
+        self.tokens += max(0, pc.sum(batch.column("delta_len")).as_py() or 0)
         return batch
 
     def table(self) -> pa.Table:
+        return self._table().replace_schema_metadata({TOKENS_KEY: str(self.tokens)})
+
+    def _table(self) -> pa.Table:
         if not self.files:
             return TOKEN_GROUPS.empty_table()
         files = pa.chunked_array(self.files, pa.string()).combine_chunks().dictionary_encode()
@@ -159,15 +167,16 @@ def read_rollouts(staging, shard: int) -> list[dict]:
         ) from None
 
 
-def read_token_groups(staging, shard: int) -> list[tuple[str, int]]:
+def read_token_groups(staging, shard: int) -> tuple[list[tuple[str, int]], int]:
     """The token row groups the shard reads (file, row group), in the order it first needs
-    them; none for a plan that does not list them."""
+    them, and the tokens of its calls; none (and 0) for a plan that does not list them."""
     loc = storage.join(plan_dir(staging, shard), "token_groups.parquet")
     try:
         table = pq.read_table(storage.open_parquet(loc), columns=["file", "row_group"])
     except FileNotFoundError:
-        return []
-    return list(zip(table.column("file").to_pylist(), table.column("row_group").to_pylist()))
+        return [], 0
+    tokens = int((table.schema.metadata or {}).get(TOKENS_KEY, b"0"))
+    return list(zip(table.column("file").to_pylist(), table.column("row_group").to_pylist())), tokens
 
 
 class PlannedCalls:

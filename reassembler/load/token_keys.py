@@ -8,7 +8,7 @@ location, row number in the file), so a shard reads exactly the rows a batch nee
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Set
+from collections.abc import Callable, Iterator, Set
 
 import numpy as np
 import pyarrow as pa
@@ -31,20 +31,29 @@ KEYS = pa.schema(
 
 
 def key_batches(
-    locations: list[str], skip: Set[tuple[str, int]] = frozenset(), footers: dict | None = None
+    locations: list[str],
+    skip: Set[tuple[str, int]] = frozenset(),
+    footers: dict | None = None,
+    done: Callable[[str], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """A batch of keys per row group of every file, but the row groups in `skip` (file, group);
     on object storage several files read at once (keys are small: a file's are held whole).
-    `footers`: the files' (size, metadata) where known (read.token_files): not read again."""
+    `footers`: the files' (size, metadata) where known (read.token_files): not read again.
+    `done(location)` once a file's keys are all given."""
     footers = footers or {}
     remote = any(storage.is_remote(loc) for loc in locations)
     if not remote:
-        for loc in locations:
-            yield from _file_keys(loc, skip, footers.get(loc))
-        return
-    each = storage.map_ahead(lambda loc: list(_file_keys(loc, skip, footers.get(loc))), locations, remote, threads=8)
-    for batches in each:
+        each: Iterator[list[pa.RecordBatch]] | Iterator[Iterator[pa.RecordBatch]] = (
+            _file_keys(loc, skip, footers.get(loc)) for loc in locations
+        )
+    else:
+        each = storage.map_ahead(
+            lambda loc: list(_file_keys(loc, skip, footers.get(loc))), locations, remote, threads=8
+        )
+    for loc, batches in zip(locations, each):
         yield from batches
+        if done is not None:
+            done(loc)
 
 
 def _file_keys(loc: str, skip: Set[tuple[str, int]], footer=None) -> Iterator[pa.RecordBatch]:
@@ -83,10 +92,15 @@ def group_keys(metadata: pq.FileMetaData, loc: str, group: int, first: int, size
 
 
 def insert_token_keys(
-    con, ds: str, locations: list[str], skip: Set[tuple[str, int]] = frozenset(), footers: dict | None = None
+    con,
+    ds: str,
+    locations: list[str],
+    skip: Set[tuple[str, int]] = frozenset(),
+    footers: dict | None = None,
+    done: Callable[[str], None] | None = None,
 ) -> None:
     """Insert the keys of the files' rows into the warehouse's token_rows (streamed)."""
-    reader = pa.RecordBatchReader.from_batches(KEYS, key_batches(locations, skip, footers))
+    reader = pa.RecordBatchReader.from_batches(KEYS, key_batches(locations, skip, footers, done))
     con.register("token_keys", reader)
     try:
         con.execute(sql("insert_token_rows"), {"ds": ds})

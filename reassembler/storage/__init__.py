@@ -64,6 +64,7 @@ __all__ = [
     "select",
     "served",
     "size",
+    "sizes",
     "split",
     "store_error",
     "write_bytes",
@@ -318,8 +319,19 @@ def list_files(
     from pyarrow import fs
 
     path = folder[len(S3) :].rstrip("/")
-    rels = [info.path[len(path) + 1 :] for info in s3.listing(folder, recursive) if info.type == fs.FileType.File]
-    return select(rels, suffix, recursive, exclude)
+    files = [info for info in s3.listing(folder, recursive) if info.type == fs.FileType.File]
+    _listed_sizes.update((S3 + info.path, info.size) for info in files)
+    return select([info.path[len(path) + 1 :] for info in files], suffix, recursive, exclude)
+
+
+_listed_sizes: dict[str, int] = {}  # the sizes object listings gave, by location
+
+
+def sizes(locations: list[str]) -> list[int]:
+    """Each file's size: locally a stat, on object storage what its listing said (a HEAD
+    for one not listed), at once."""
+    remote = any(is_remote(loc) for loc in locations)
+    return list(map_ahead(lambda loc: _listed_sizes[loc] if loc in _listed_sizes else size(loc), locations, remote))
 
 
 def select(rels: list[str], suffix: str | tuple[str, ...], recursive: bool, exclude: str | None = None) -> list[str]:

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..load.shard_plan import PlannedCalls, read_rollouts, read_token_groups
 from ..load.token_store import TokenStore
+from ..progress import TOKENS, Progress
 from ..settings import Settings
 from .batch import verify_batch
 from .checks import BatchChecks
@@ -126,13 +127,16 @@ def run_shard(
         TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes) as store,
         _Pipeline(staging, shard, run_id, ds) as pipeline,
     ):
-        store.read_ahead(read_token_groups(plans, shard), settings.token_cache_bytes)
-        for rollouts_, table, checks in _prepared(units, store, pipeline):
-            outcomes, batch = verify_batch(rollouts_, table, checks.tokens, settings.options, checks=checks)
-            batch.drop_hash_buffers()  # the rows need the token arrays only
-            pipeline.write(outcomes, batch)
-            result.add(outcomes)
-            log.debug("shard %d: %d rollouts, %d ok", shard, result.n_rollouts, result.n_ok)
+        groups, tokens = read_token_groups(plans, shard)
+        store.read_ahead(groups, settings.token_cache_bytes)
+        with Progress(f"shard {shard}", tokens, TOKENS) as progress:
+            for rollouts_, table, checks in _prepared(units, store, pipeline):
+                outcomes, batch = verify_batch(rollouts_, table, checks.tokens, settings.options, checks=checks)
+                batch.drop_hash_buffers()  # the rows need the token arrays only
+                pipeline.write(outcomes, batch)
+                result.add(outcomes)
+                progress.advance(pc.sum(table.column("delta_len")).as_py() or 0)
+                log.debug("shard %d: %d rollouts, %d ok", shard, result.n_rollouts, result.n_ok)
     result.n_rows, result.n_tokens = pipeline.n_rows, pipeline.n_tokens
     for line in result.summary().splitlines():
         log.info("%s", line)
