@@ -207,7 +207,8 @@ def _progress(night: NightFiles) -> _InputProgress:
     locations = [night.path("rollouts", rel) for rel in night.rollouts + night.failures]
     locations += [night.path("ledger", rel) for rel in night.ledger + night.captures]
     locations += [night.path("tokens", rel) for rel in night.tokens]
-    return _InputProgress(dict(zip(locations, storage.sizes(locations))))
+    # a file gone since the listing counts 0 here: reading it is what fails, naming it
+    return _InputProgress(dict(zip(locations, storage.sizes(locations, missing=0))))
 
 
 def _load_ledger(

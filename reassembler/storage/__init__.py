@@ -327,11 +327,23 @@ def list_files(
 _listed_sizes: dict[str, int] = {}  # the sizes object listings gave, by location
 
 
-def sizes(locations: list[str]) -> list[int]:
+def sizes(locations: list[str], missing: int | None = None) -> list[int]:
     """Each file's size: locally a stat, on object storage what its listing said (a HEAD
-    for one not listed), at once."""
+    for one not listed), at once. `missing`: the size of a file that cannot be looked at
+    (gone since it was listed, unreadable), instead of its OSError."""
     remote = any(is_remote(loc) for loc in locations)
-    return list(map_ahead(lambda loc: _listed_sizes[loc] if loc in _listed_sizes else size(loc), locations, remote))
+
+    def one(loc: str) -> int:
+        if loc in _listed_sizes:
+            return _listed_sizes[loc]
+        try:
+            return size(loc)
+        except OSError:
+            if missing is None:
+                raise
+            return missing
+
+    return list(map_ahead(one, locations, remote))
 
 
 def select(rels: list[str], suffix: str | tuple[str, ...], recursive: bool, exclude: str | None = None) -> list[str]:
