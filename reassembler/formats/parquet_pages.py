@@ -65,6 +65,18 @@ def chunks(metadata: pq.FileMetaData, group: int, columns: list[str]) -> list[Ch
     return sorted(out, key=lambda c: c.start)
 
 
+def spans(found: list[Chunk], gap: int) -> list[tuple[int, int]]:
+    """(offset, length) ranges covering the chunks (in file order), neighbours less than
+    `gap` bytes apart joined into one."""
+    out: list[list[int]] = []
+    for c in found:
+        if out and c.start - (out[-1][0] + out[-1][1]) < gap:
+            out[-1][1] = max(out[-1][1], c.start + c.length - out[-1][0])
+        else:
+            out.append([c.start, c.length])
+    return [(start, length) for start, length in out]
+
+
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
