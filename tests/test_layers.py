@@ -9,7 +9,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "reassembler"
 # floors, lowest first: a module may import its own floor and the floors below it
 FLOORS = [
-    {"errors", "memory", "reasons", "settings", "storage"},  # beneath everything
+    {"errors", "memory", "progress", "reasons", "settings", "storage"},  # beneath everything
     {"formats"},
     {"warehouse"},
     {"load"},
