@@ -34,10 +34,11 @@ _clock = time.monotonic  # a test moves it
 class Unit:
     name: str  # after the numbers ("" for bytes)
     scale: tuple[tuple[float, str], ...]
+    spaced: bool  # a space between number and suffix: 1.2 MB, 1.2M
 
 
-BYTES = Unit("", ((1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1, "B")))
-TOKENS = Unit("tokens", ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")))
+BYTES = Unit("", ((1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1, "B")), spaced=True)
+TOKENS = Unit("tokens", ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")), spaced=False)
 
 
 def show_bars(on: bool) -> None:
@@ -47,11 +48,9 @@ def show_bars(on: bool) -> None:
 
 
 def _amount(value: float, unit: Unit) -> str:
-    for size, suffix in unit.scale:
-        if abs(value) >= size or size == 1:
-            number = f"{value / size:.1f}" if size > 1 else f"{value:.0f}"
-            return f"{number} {suffix}".rstrip() if unit is BYTES else f"{number}{suffix}"
-    raise AssertionError("unreachable")
+    size, suffix = next((s for s in unit.scale if abs(value) >= s[0]), unit.scale[-1])
+    number = f"{value / size:.1f}" if size > 1 else f"{value:.0f}"
+    return f"{number} {suffix}".rstrip() if unit.spaced else f"{number}{suffix}"
 
 
 class Progress:
@@ -87,8 +86,8 @@ class Progress:
         self.close(ok=exc[0] is None)
 
     def _rate_text(self, elapsed: float) -> str:
-        rate = self.done / elapsed if elapsed > 0 else 0.0
-        return f"{_amount(rate, self.unit)}/s" if self.unit is BYTES else f"{_amount(rate, self.unit)} tokens/s"
+        rate = _amount(self.done / elapsed if elapsed > 0 else 0.0, self.unit)
+        return f"{rate} {self.unit.name}/s" if self.unit.name else f"{rate}/s"
 
     def line(self) -> str:
         """`what: done of total (percent), rate`."""

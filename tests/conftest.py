@@ -24,6 +24,16 @@ class Built:
         return [r for r in self.rows if r["rollout_id"] == rollout_id]
 
 
+class Clock:
+    """A clock a test moves (`clock.now += 60`), to stand in for a module's `_clock`."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
 def night(tmp_path) -> Night:
     return Night(tmp_path)

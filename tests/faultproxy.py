@@ -82,12 +82,12 @@ _MESSAGES = {
 
 
 class FaultProxy:
-    def __init__(self, target_port: int, seed: int = 0):
+    def __init__(self, target_port: int, seed: int = 0, normalize: bool = False):
         self.target_port = target_port
         self.random = random.Random(seed)
         self.rules: list[Rule] = []
         self.stats = Stats()
-        self.normalize = False
+        self.normalize = normalize
         self._lock = threading.Lock()
         proxy = self
 

@@ -129,8 +129,7 @@ def test_dot_dot_in_a_report_path_on_object_storage_is_404(s3, monkeypatch):
     out = f"s3://{s3.bucket('rows')}/nightly"
     storage.write_bytes(f"{out}/_published/ds={DS}.json", b'{"secret": 1}')
     storage.write_bytes(f"{out}/reports/index.html", b"<!doctype html><title>all nights</title>")
-    proxy = FaultProxy(s3.port)
-    proxy.normalize = True
+    proxy = FaultProxy(s3.port, normalize=True)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     try:
         client = TestClient(create_app(output=out, access=lambda: None))

@@ -16,21 +16,14 @@ from pathlib import Path
 import pytest
 
 from commands import cli
+from conftest import Clock
 from nights import DS
 from reassembler import progress
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    clock = Clock()
+    clock = Clock(1000.0)
     monkeypatch.setattr(progress, "_clock", clock)
     monkeypatch.setattr(progress, "_bars", False)
     return clock

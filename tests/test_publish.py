@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import Clock
 from nights import DS, partition_parts, worked_example
 from reassembler.build import build_night
 from reassembler.publish import protocol as publish_module
@@ -74,19 +75,10 @@ def first_key(run_id: str) -> str:
     return f"_runs/ds={DS}/{run_id}/rows/part-00000.parquet"
 
 
-class Clock:
-    """The publish protocol's clock, moved on by the test (publish/protocol.py `_clock`)."""
-
-    def __init__(self):
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    clock = Clock()
+    """The publish protocol's clock (publish/protocol.py `_clock`), from now on moved by the test."""
+    clock = Clock(time.time())
     monkeypatch.setattr(publish_module, "_clock", clock)
     return clock
 

@@ -8,14 +8,14 @@ location, row number in the file), so a shard reads exactly the rows a batch nee
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Set
+from collections.abc import Callable, Iterable, Iterator, Set
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import storage
-from ..formats.token_file import read_row_group
+from ..formats.token_file import TokenFile, read_row_group
 from ..warehouse import sql
 
 KEY_COLUMNS = ("staging_key", "rollout_id", "model_call_id")
@@ -42,15 +42,12 @@ def key_batches(
     `done(location)` once a file's keys are all given."""
     footers = footers or {}
     remote = any(storage.is_remote(loc) for loc in locations)
-    if not remote:
-        each: Iterator[list[pa.RecordBatch]] | Iterator[Iterator[pa.RecordBatch]] = (
-            _file_keys(loc, skip, footers.get(loc)) for loc in locations
-        )
-    else:
-        each = storage.map_ahead(
-            lambda loc: list(_file_keys(loc, skip, footers.get(loc))), locations, remote, threads=8
-        )
-    for loc, batches in zip(locations, each):
+
+    def keys(loc: str) -> Iterable[pa.RecordBatch]:  # on object storage a file's keys fetched whole, ahead
+        batches = _file_keys(loc, skip, footers.get(loc))
+        return list(batches) if remote else batches
+
+    for loc, batches in zip(locations, storage.map_ahead(keys, locations, remote, threads=8)):
         yield from batches
         if done is not None:
             done(loc)
@@ -58,15 +55,10 @@ def key_batches(
 
 def _file_keys(loc: str, skip: Set[tuple[str, int]], footer=None) -> Iterator[pa.RecordBatch]:
     """The keys of a file's row groups; on object storage the row groups read at once."""
-    size, metadata = footer if footer is not None else (None, None)
-    if metadata is None:
-        source = storage.open_parquet(loc, size)
-        try:
-            metadata = pq.read_metadata(source)
-            size = source.size() if not isinstance(source, str) else None
-        finally:
-            if not isinstance(source, str):
-                source.close()
+    if footer is None:
+        file = TokenFile(loc)
+        footer = file.size, file.metadata
+    size, metadata = footer
     sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
     firsts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     groups = [g for g, n in enumerate(sizes) if n and (loc, g) not in skip]
