@@ -3,15 +3,19 @@
 Runs every day at 02:00 UTC for the previous day's partition (ds = logical date - 1 day;
 the `ds` param overrides it for manual runs and backfills).
 
-    check_input -> wait_for_input -> load_ledger -> reassemble[shard 0..K-1] -> audit_checks
-        -> publish -> quality_report -> quality_gate
+    check_input -> wait_for_input -> plan_load -> load_part[part 0..P-1] -> load_ledger
+        -> reassemble[shard 0..K-1] -> audit_checks -> publish -> quality_report -> quality_gate
 
 - check_input:    resolve ds and the input and output roots.
 - wait_for_input: a rescheduling sensor: waits (holding no worker slot) until the night's
                   input partitions, and the completion marker if one is configured, exist;
                   fails after `input_wait_hours`.
-- load_ledger:    export the night's ledger and rollouts into the DuckDB warehouse (sql/,
-                  idempotent: a rerun replaces the night) and plan K shards.
+- plan_load:      cut the night's input files into P load parts (the `load_parts` param,
+                  else one per 256 MiB) and write the cut into the run's folder.
+- load_part:      mapped over the parts, on any worker: parse and check a part's files into
+                  Parquet in the run's folder (no warehouse); a retried part is rewritten whole.
+- load_ledger:    merge the parts into the DuckDB warehouse (sql/, idempotent: a rerun
+                  replaces the night), check what needs the whole night, and plan K shards.
 - reassemble:     ReassembleOperator, mapped over the shards; each streams its rollouts'
                   calls joined with the token Parquet and stages rows and audit files.
 - audit_checks:   SQL checks on the staged night (rollouts in = audit rows, ok rollouts =
@@ -28,8 +32,8 @@ The warehouse has one writer: the tasks that open it take slots of the pool name
 `REASSEMBLER_WAREHOUSE_POOL` when the deployment made one, else wait for the warehouse's
 locks, and run on the Celery queue `REASSEMBLER_WAREHOUSE_QUEUE` (default: `default`), which
 one worker, the one holding the DuckDB file, serves (plugins/reassembler_airflow/warehouse.py).
-The shards open no warehouse: they read their plans and the token files from the output
-store and run on any worker. A night waiting for its input blocks nobody either way.
+The load parts and the shards open no warehouse: they read the input and the output store
+and run on any worker. A night waiting for its input blocks nobody either way.
 """
 
 from __future__ import annotations
@@ -171,19 +175,54 @@ def capture_rows_nightly():
         print(f"waiting for the input of ds={night_ds} ({waited:.1f} h so far): {missing}")
         return PokeReturnValue(is_done=False)
 
+    @task
+    def plan_load(input_dir: str, output_dir: str, night_ds: str, params=None, run_id=None) -> list[int]:
+        """Cut the night's input into load parts, written into the run's folder. Returns the
+        part numbers, which load_part is mapped over."""
+        from reassembler.formats.night import find_night
+        from reassembler.load.parts import plan_parts, write_plan
+        from reassembler.publish.protocol import staging_dir
+
+        settings = task_settings(params, POOL)
+        with task_errors():
+            plan = plan_parts(find_night(input_dir, night_ds), settings.load_parts)
+            write_plan(staging_dir(output_dir, night_ds, run_id), plan)
+        print(f"ds={night_ds}: {plan.input_bytes:,} bytes of input in {len(plan.parts)} load parts")
+        return list(range(len(plan.parts)))
+
+    @task(map_index_template="{{ part_label }}")
+    def load_part(output_dir: str, night_ds: str, part: int, params=None, run_id=None) -> dict:
+        """Parse and check one load part into Parquet in the run's folder (no warehouse)."""
+        from airflow.sdk import get_current_context
+
+        from reassembler.load.part_load import load_part as parse_part
+        from reassembler.load.parts import read_plan
+        from reassembler.memory import step_memory
+        from reassembler.publish.protocol import staging_dir
+
+        get_current_context()["part_label"] = f"part {part}"  # the map index the UI shows
+        settings = task_settings(params, POOL)
+        staging = staging_dir(output_dir, night_ds, run_id)
+        with task_errors(), step_memory():
+            marker = parse_part(read_plan(staging), part, staging, settings)
+        print(f"load part {part}: {marker['rollout_lines']} rollout lines, {marker['ledger_lines']} ledger lines")
+        return {k: marker[k] for k in ("part", "rollout_lines", "ledger_lines")}
+
     @task(**WRITER)
-    def load_ledger(input_dir: str, output_dir: str, night_ds: str, params=None, run_id=None) -> list[int]:
-        """Export the night's ledger and rollouts into the warehouse; plan the shards.
-        Returns the shard numbers, which the reassemble task is mapped over."""
+    def load_ledger(output_dir: str, night_ds: str, parts: list, params=None, run_id=None) -> list[int]:
+        """Merge the load parts into the warehouse; plan the shards. Returns the shard
+        numbers, which the reassemble task is mapped over."""
         from reassembler.build import load_step
-        from reassembler.load.night_load import NightLoad
+        from reassembler.load.night_load import PartsLoaded
+        from reassembler.publish.protocol import staging_dir
         from reassembler.warehouse import Warehouse
 
         settings = task_settings(params, POOL)
-        with task_errors(), NightLoad(input_dir, night_ds, settings) as load:
+        with task_errors():
+            load = PartsLoaded(staging_dir(output_dir, night_ds, run_id), settings)
             warehouse = Warehouse(output_dir, settings.duckdb)
             summary = load_step(load, warehouse, run_id, lock_wait=settings.duckdb.lock_wait_seconds)
-        print(f"loaded ds={night_ds}:\n  " + "\n  ".join(summary.lines()))
+        print(f"loaded ds={night_ds} from {len(parts)} load parts:\n  " + "\n  ".join(summary.lines()))
         return list(range(settings.shards))
 
     @task(**READER)
@@ -292,8 +331,10 @@ def capture_rows_nightly():
 
     night = check_input()
     ready = wait_for_input(night["input_dir"], night["ds"])
-    loaded = load_ledger(night["input_dir"], night["output_dir"], night["ds"])
-    ready >> loaded
+    cut = plan_load(night["input_dir"], night["output_dir"], night["ds"])
+    ready >> cut
+    parts = load_part.partial(output_dir=night["output_dir"], night_ds=night["ds"]).expand(part=cut)
+    loaded = load_ledger(night["output_dir"], night["ds"], parts)
     shards = ReassembleOperator.partial(
         task_id="reassemble",
         output_dir=night["output_dir"],

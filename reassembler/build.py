@@ -21,7 +21,8 @@ from multiprocessing import get_context
 
 from . import progress, storage
 from .errors import InputError
-from .load.night_load import NightLoad
+from .load.night_load import NightLoad, PartsLoaded
+from .load.part_load import clear_parts
 from .load.read import LoadSummary
 from .load.shard_plan import write_plans
 from .memory import step_memory
@@ -50,10 +51,16 @@ def new_run_id(ds: str) -> str:
 
 
 def load_step(
-    load: NightLoad, warehouse: Warehouse, run_id: str | None = None, lock_wait: float = 0.0, plans: str | None = None
+    load: NightLoad | PartsLoaded,
+    warehouse: Warehouse,
+    run_id: str | None = None,
+    lock_wait: float = 0.0,
+    plans: str | None = None,
 ) -> LoadSummary:
     """Replace the night in the warehouse and split its groups into shards. Under the output
-    lock: first finish any interrupted publish, then clean up, then load, record the load
+    lock: first finish any interrupted publish, then clean up, then load (`load`: the
+    night's files, parsed in parts here; or `PartsLoaded`, parts that ran as tasks of their
+    own: merged), record the load
     (`run_id`: the run that will publish it) and plan the shards, drop the per-call rows
     outside the retention (never this night's), and write it all into the file; then write
     each shard's plan into the run's folder (or into `plans`: a one-process build's local
@@ -63,10 +70,11 @@ def load_step(
         finished = recover(con, output, ds)
         if finished:
             log.warning("finished the interrupted publish of %s", ", ".join(finished))
-        collect_runs(output, ds, read_manifest(output, ds)[0])  # earlier failed runs, superseded ones
+        run = run_id or new_run_id(ds)
+        collect_runs(output, ds, read_manifest(output, ds)[0], run)  # earlier failed runs, superseded ones
         clear_legacy(output, ds)
         clear_dead_spill_folders(output, settings.duckdb)
-        staging = staging_dir(output, ds, run_id or new_run_id(ds))
+        staging = staging_dir(output, ds, run)
         with step_memory():
             summary = load.into(con, staging)
         con.execute("BEGIN TRANSACTION")
@@ -78,6 +86,8 @@ def load_step(
         with step_memory():
             write_plans(con, plans or staging, ds, settings.shards)  # what each shard reads instead of the warehouse
         checkpoint("loaded")
+    if load.plan is not None:
+        clear_parts(load.plan, staging)  # merged: the warehouse holds them now
     log.info("loaded ds=%s: %s", ds, "; ".join(summary.lines()))
     return summary
 

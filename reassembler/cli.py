@@ -112,7 +112,16 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--leave-one-out", action="store_true", help="baseline: the mean of the group's other rollouts")
     b.add_argument("--shards", type=_positive, default=DEFAULTS.shards, help="group ranges built one after the other")
     b.add_argument(
-        "--workers", type=_positive, default=DEFAULTS.workers, help="shards to run at once, in worker processes"
+        "--workers",
+        type=_positive,
+        default=DEFAULTS.workers,
+        help="shards (and load parts) to run at once, in worker processes",
+    )
+    b.add_argument(
+        "--load-parts",
+        type=_positive,
+        default=DEFAULTS.load_parts,
+        help="parts the night's input is parsed in (default: one per 256 MiB of input)",
     )
     b.add_argument(
         "--max-mask-rate",

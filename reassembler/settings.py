@@ -13,6 +13,7 @@ imports nothing heavy: the DAG file reads it when it is parsed.
 | duckdb.temp_directory | <output>/_tmp/duckdb | DuckDB spill folder (one per process) |
 | duckdb.lock_wait_seconds | 60 | wait for another client of the warehouse file |
 | shards / workers | 1 / 1 (DAG: 4 shards, one task each) | parallelism |
+| load_parts | one per 256 MiB of input | parts the load parses the night in (DAG: one task each) |
 | max_mask_rate | 1.0 (DAG: 0.5) | refuse to publish above this mask rate |
 | max_line_bytes | 16 MiB | longest JSON line read |
 | batch_rows / batch_tokens | 16,384 calls / 1,000,000 tokens | one batch of a shard |
@@ -108,6 +109,7 @@ class Settings:
     duckdb: DuckDBSettings = field(default_factory=DuckDBSettings)
     shards: int = 1
     workers: int = 1
+    load_parts: int | None = None  # None: one per load/parts.PART_BYTES of input
     max_mask_rate: float = 1.0
     allow_empty: bool = False
     max_line_bytes: int = MAX_LINE_BYTES
@@ -126,6 +128,7 @@ class Settings:
             duckdb=DuckDBSettings(args.memory_limit, args.threads, args.temp_directory, args.lock_wait),
             shards=args.shards,
             workers=args.workers,
+            load_parts=args.load_parts,
             max_mask_rate=args.max_mask_rate,
             allow_empty=args.allow_empty,
             max_line_bytes=args.max_line_bytes,
@@ -159,6 +162,7 @@ class Settings:
                 get("duckdb_lock_wait_seconds", d.duckdb.lock_wait_seconds, float),
             ),
             shards=get("shards", d.shards, int),
+            load_parts=get("load_parts", d.load_parts, int),
             max_mask_rate=get("max_mask_rate", d.max_mask_rate, float),
             allow_empty=get("allow_empty", d.allow_empty, _bool),
             max_line_bytes=get("max_line_bytes", d.max_line_bytes, int),
@@ -194,6 +198,14 @@ def dag_params() -> dict[str, dict[str, Any]]:
             minimum=1,
             maximum=256,
             description="Group ranges reassembled as separate mapped tasks (in parallel).",
+        ),
+        "load_parts": dict(
+            default=d.load_parts,
+            type=["null", "integer"],
+            minimum=1,
+            maximum=4096,
+            description="Parts the night's input is parsed in, as separate mapped tasks (in parallel). Empty: one "
+            "per 256 MiB of input.",
         ),
         "mode": dict(
             default=d.options.mode,

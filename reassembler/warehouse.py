@@ -127,6 +127,19 @@ def run_script(con, name: str, params: dict | None = None, **fragments: str) -> 
             con.execute(body, used)
 
 
+def scratch_config(settings: DuckDBSettings) -> dict:
+    """The configuration of a DuckDB that is not the warehouse (a load part's, in memory):
+    the same bounds, its spill folder this process's in the system temp folder (or
+    `settings.temp_directory`)."""
+    root = Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler" / "duckdb")
+    return {
+        "memory_limit": settings.memory_limit,
+        "threads": settings.threads,
+        "temp_directory": str(_spill_folder(root)),
+        "preserve_insertion_order": False,
+    }
+
+
 def connect(
     output_dir,
     settings: DuckDBSettings = DuckDBSettings(),

@@ -197,11 +197,9 @@ def _command(tree: Path | None, *args: str) -> float:
     return time.perf_counter() - started
 
 
-def against(workdir: Path, rev: str, tokens: float, rounds: int, reuse: bool) -> dict | None:
-    """Builds of revision `rev` and of this checkout, interleaved, on a night written by
-    `rev`'s synth: their median wall seconds and the night's tokens; None when this clone's
-    history does not hold `rev`."""
-    workdir = workdir.resolve()  # the commands run in other folders
+def revision_tree(workdir: Path, rev: str) -> Path | None:
+    """Revision `rev`'s source, extracted from this clone's history into `workdir` (once);
+    None when the history does not hold it."""
     tree = workdir / f"rev-{rev}"
     if not (tree / "reassembler" / "cli.py").is_file():
         try:
@@ -216,6 +214,17 @@ def against(workdir: Path, rev: str, tokens: float, rounds: int, reuse: bool) ->
             tar.extractall(partial, filter="data")
         shutil.rmtree(tree, ignore_errors=True)
         partial.rename(tree)
+    return tree
+
+
+def against(workdir: Path, rev: str, tokens: float, rounds: int, reuse: bool) -> dict | None:
+    """Builds of revision `rev` and of this checkout, interleaved, on a night written by
+    `rev`'s synth: their median wall seconds and the night's tokens; None when this clone's
+    history does not hold `rev`."""
+    workdir = workdir.resolve()  # the commands run in other folders
+    tree = revision_tree(workdir, rev)
+    if tree is None:
+        return None
     root = workdir / f"rev-{rev}-night"
     rollouts = str(max(8, int(tokens / TOKENS_PER_ROLLOUT)))
     written = root / "rollouts.txt"  # the size of the night there, for --reuse
@@ -509,6 +518,196 @@ def celery_main(work: Path, tokens: float, reuse: bool) -> None:
     )
 
 
+# a load part alone: the whole night as one part, into the run's folder of `out`
+PART = """
+from reassembler.formats.night import find_night
+from reassembler.load.part_load import load_part
+from reassembler.load.parts import plan_parts, write_plan
+from reassembler.publish.protocol import staging_dir
+from reassembler.settings import DuckDBSettings, Settings
+inp, out, ds, run, memory = sys.argv[1:6]
+settings = Settings(duckdb=DuckDBSettings(memory_limit=memory))
+folder = staging_dir(out, ds, run)
+plan = plan_parts(find_night(inp, ds), 1)
+write_plan(folder, plan)
+load_part(plan, 0, folder, settings)
+"""
+# the merge alone (the warehouse task): the parts PART wrote, into the warehouse, the shard plans written
+MERGE = """
+import reassembler.build as build
+from reassembler.load.night_load import PartsLoaded
+from reassembler.publish.protocol import staging_dir
+from reassembler.settings import DuckDBSettings, Settings
+from reassembler.warehouse import Warehouse
+out, ds, run, warehouse, memory = sys.argv[1:6]
+settings = Settings(duckdb=DuckDBSettings(memory_limit=memory))
+build.clear_parts = lambda plan, folder: None  # keep the parts: the next round merges them again
+build.load_step(PartsLoaded(staging_dir(out, ds, run), settings), Warehouse(out, settings.duckdb, warehouse), run)
+"""
+# a revision's whole load step (before the parts: parse, checks and plans in one warehouse task)
+OLD_LOAD = """
+from reassembler.build import load_step
+from reassembler.load.night_load import NightLoad
+from reassembler.settings import Settings
+from reassembler.warehouse import Warehouse
+inp, out, ds, warehouse = sys.argv[1:5]
+settings = Settings()
+with NightLoad(inp, ds, settings) as night:
+    load_step(night, Warehouse(out, settings.duckdb, warehouse), "bench-old-load")
+"""
+PARTS_BUILD = """
+from reassembler.cli import entry
+inp, out, ds, parts, workers, memory = sys.argv[1:7]
+rc = entry(["build", "--input", inp, "--output", out, "--ds", ds, "--load-parts", parts, "--workers", workers,
+            "--memory-limit", memory])
+assert rc == 0, rc
+"""
+SCALE_BEFORE = "e2d7ff2"  # the last revision whose load was one warehouse task
+
+
+def _in_tree(tree: Path | None, body: str, *args) -> dict:
+    """`run` with revision `tree` first on the path (None: this checkout)."""
+    if tree is None:
+        return run(body, *args)
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree)
+    try:
+        return run(body, *args)
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+SHARD = """
+from reassembler.build import shard_step
+from reassembler.settings import Settings
+out, ds, run = sys.argv[1:4]
+shard_step(out, ds, 0, run, Settings())
+"""
+
+
+def _part_and_merge(work: Path, root: Path, tag: str, rounds: int, memory_limit: str) -> tuple[list, list]:
+    """A night's load as one part, then its merge (the warehouse task), interleaved."""
+    inp, out = root / "input", work / f"scale-{tag}"
+    shutil.rmtree(out, ignore_errors=True)
+    run(PART, inp, out, DS, "bench-scale", memory_limit)  # the parts the first merge reads
+    return interleaved(
+        rounds,
+        lambda: run(PART, inp, out, DS, "bench-scale", memory_limit),
+        lambda: run(MERGE, out, DS, "bench-scale", work / f"scale-{tag}.duckdb", memory_limit),
+    )
+
+
+def _marginal(small: list, big: list, n_small: float, n_big: float) -> tuple[float, float]:
+    """(seconds per unit, fixed seconds) from the medians of the same step on two nights."""
+    a, b = statistics.median(r["wall"] for r in small), statistics.median(r["wall"] for r in big)
+    per = (b - a) / (n_big - n_small)
+    return per, a - per * n_small
+
+
+def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str) -> dict:
+    """The load in parts, measured for the scale model (docs/deploy-celery.md): a part's
+    throughput and the merge's (serial), each on the 1x and the 4x night so that the cost
+    per call is the slope between them and the rest a fixed cost; the same from the local S3
+    server (and one shard there); the previous revision's whole load beside them; and the
+    one-process build with 1 and 2 parts. Returns the figures the model takes."""
+    root, t1 = night(work, "1x", tokens, seed=1, reuse=reuse)
+    root4, t4 = night(work, "4x", 4 * tokens, seed=2, reuse=reuse)
+    inp = root / "input"
+    parts1, merges1 = _part_and_merge(work, root, "1x", rounds, memory_limit)
+    parts4, merges4 = _part_and_merge(work, root4, "4x", rounds, memory_limit)
+    tree = revision_tree(work.resolve(), SCALE_BEFORE)
+    old = [
+        _in_tree(tree, OLD_LOAD, inp, work / "scale-old-out", DS, work / "scale-old.duckdb")
+        for _ in range(rounds if tree is not None else 0)
+    ]
+    one, two = interleaved(
+        rounds,
+        lambda: run(PARTS_BUILD, inp, work / "scale-b1", DS, 1, 1, memory_limit),
+        lambda: run(PARTS_BUILD, inp, work / "scale-b2", DS, 2, 1, memory_limit),
+    )
+    two_workers = run(PARTS_BUILD, inp, work / "scale-b2w", DS, 2, 2, memory_limit)
+    # from the local S3 server: the input and the run's folder on the store
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from s3server import S3Server
+
+    server = S3Server(work / "moto-scale.log")
+    try:
+        os.environ.update(server.env)
+        uri_in, uri_out = f"s3://{server.bucket('scale-in')}/capture", f"s3://{server.bucket('scale-out')}/rows"
+        server.upload(inp, uri_in)
+        run(PART, uri_in, uri_out, DS, "bench-scale", memory_limit)
+        remote, remote_merge = interleaved(
+            rounds,
+            lambda: run(PART, uri_in, uri_out, DS, "bench-scale", memory_limit),
+            lambda: run(MERGE, uri_out, DS, "bench-scale", work / "scale-s3.duckdb", memory_limit),
+        )
+        shard = [run(SHARD, uri_out, DS, "bench-scale") for _ in range(rounds)]
+    finally:
+        server.stop()
+    med = lambda runs, key="wall": statistics.median(r[key] for r in runs)  # noqa: E731
+    c1, c4, n1, n4 = t1["calls"], t4["calls"], t1["tokens"], t4["tokens"]
+    part_per_token, part_fixed = _marginal(parts1, parts4, n1, n4)
+    merge_per_call, merge_fixed = _marginal(merges1, merges4, c1, c4)
+    print(
+        f"scale        nights 1x ({n1 / 1e6:.1f}M tokens, {c1} calls) and 4x ({n4 / 1e6:.1f}M, {c4} calls), "
+        f"{rounds} rounds each, medians (min, max), each a fresh process"
+    )
+    for name, parts, merges, n, c in (("1x", parts1, merges1, n1, c1), ("4x", parts4, merges4, n4, c4)):
+        print(
+            f"load part {name} local: wall {spread(parts, 'wall')}, CPU {spread(parts, 'cpu')}: "
+            f"{n / med(parts) / 1e6:.1f}M tokens/s, {c / med(parts) / 1e3:.1f}k calls/s"
+        )
+        print(
+            f"merge     {name} local: wall {spread(merges, 'wall')}, CPU {spread(merges, 'cpu')}: "
+            f"{c / med(merges) / 1e3:.1f}k calls/s (the warehouse task: merge, checks, shard plans)"
+        )
+    print(
+        f"load part    per token {part_per_token * 1e9:.0f} ns ({1 / part_per_token / 1e6:.1f}M tokens/s beyond a "
+        f"fixed {part_fixed:.2f} s); merge per call {merge_per_call * 1e6:.1f} us "
+        f"({1 / merge_per_call / 1e3:.0f}k calls/s beyond a fixed {merge_fixed:.2f} s): slopes 1x -> 4x"
+    )
+    print(
+        f"load part 1x S3:    wall {spread(remote, 'wall')}, CPU {spread(remote, 'cpu')}: "
+        f"{n1 / med(remote) / 1e6:.1f}M tokens/s, {c1 / med(remote) / 1e3:.1f}k calls/s"
+    )
+    print(
+        f"merge     1x S3:    wall {spread(remote_merge, 'wall')}: {c1 / med(remote_merge) / 1e3:.1f}k calls/s; "
+        f"one shard from S3 {spread(shard, 'wall')}: {n1 / med(shard) / 1e6:.1f}M tokens/s"
+    )
+    figures = {
+        "part_per_token": part_per_token * med(remote) / med(parts1),  # from S3: the local slope, scaled
+        "part_fixed": part_fixed,
+        "merge_per_call": merge_per_call * med(remote_merge) / med(merges1),
+        "merge_fixed": merge_fixed,
+        "calls_per_token": c1 / n1,
+        "shard_per_token": med(shard) / n1,
+    }
+    if old:
+        whole, merge1 = med(old), med(merges1)
+        print(
+            f"load before  {SCALE_BEFORE}, the whole load one warehouse task, 1x: wall {spread(old, 'wall')}: "
+            f"{c1 / whole / 1e3:.1f}k calls/s"
+        )
+        print(
+            f"speed ratio  load before / merge, 1x wall = {whole / merge1:.1f}; per call beyond the fixed cost "
+            f"= {(whole - merge_fixed) / (merge1 - merge_fixed):.1f}   (goal >= 10)  "
+            f"{_met((whole - merge_fixed) / (merge1 - merge_fixed) >= 10)}"
+        )
+    else:
+        print(f"load before  {SCALE_BEFORE}: not in this history, skipped")
+    print(
+        f"build        1 part: wall {spread(one, 'wall')}; 2 parts one after the other: wall {spread(two, 'wall')}; "
+        f"2 parts in 2 worker processes: wall {two_workers['wall']:.2f} s"
+    )
+    print(
+        f"speed ratio  build 2 parts / 1 part, wall = {med(two) / med(one):.2f}   per round {paired(two, one, 'wall')}"
+    )
+    return figures
+
+
 GATES = ("mask_rate", "reason_rate", "mask_rate_rise", "rejects")
 
 
@@ -531,6 +730,7 @@ def main() -> None:
         "--s3-only", action="store_true", help="only compare the build on a local S3 server with the local build"
     )
     p.add_argument("--celery-only", action="store_true", help="only the fixed cost of a task under Celery")
+    p.add_argument("--scale-only", action="store_true", help="only the load in parts: part, merge, 1 vs 2 parts")
     p.add_argument(
         "--latency-only", action="store_true", help="only the build on S3 with 0, 20 and 100 ms added to each request"
     )
@@ -547,6 +747,9 @@ def main() -> None:
         return local_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     if args.celery_only:
         return celery_main(work, args.tokens, args.reuse)
+    if args.scale_only:
+        scale_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
+        return
     if args.s3_only:
         return s3_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit, args.s3_latency_ms)
     if args.latency_only:
@@ -623,6 +826,7 @@ def main() -> None:
     local_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     s3_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit, args.s3_latency_ms)
     latency_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
+    scale_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     report_main(work)
 
 

@@ -48,6 +48,8 @@ def test_dag_imports_with_the_expected_shape(pool):
     assert set(dag.task_ids) == {
         "check_input",
         "wait_for_input",
+        "plan_load",
+        "load_part",
         "load_ledger",
         "reassemble",
         "audit_checks",
@@ -80,8 +82,12 @@ def test_dag_imports_with_the_expected_shape(pool):
             assert task.pool == (pool or "default_pool"), task.task_id
             assert task.pool_slots == (4 if pool and task.task_id in writers else 1), task.task_id
             assert task.queue == "warehouse-host", task.task_id  # REASSEMBLER_WAREHOUSE_QUEUE
-    shards = dag.get_task("reassemble")  # open no warehouse: no pool, Airflow's default queue
-    assert (shards.pool, shards.pool_slots, shards.queue) == ("default_pool", 1, "default")
+    for name in ("reassemble", "plan_load", "load_part"):  # open no warehouse: no pool, Airflow's default queue
+        anywhere = dag.get_task(name)
+        assert (anywhere.pool, anywhere.pool_slots, anywhere.queue) == ("default_pool", 1, "default"), name
+    assert dag.get_task("load_part").upstream_task_ids == {"plan_load", "check_input"}
+    assert dag.get_task("load_ledger").upstream_task_ids == {"load_part", "check_input"}
+    assert dag.get_task("plan_load").upstream_task_ids == {"wait_for_input", "check_input"}
     assert dag.get_task("wait_for_input").mode == "reschedule"
     assert dag.get_task("reassemble").upstream_task_ids == {"load_ledger", "check_input"}
     assert dag.get_task("publish").upstream_task_ids >= {"audit_checks"}
@@ -184,10 +190,13 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     assert sum(extra["mask_reasons"].values()) == masked
 
     relaxed = {"gate_max_mask_rate": None, "gate_max_reason_rate": None, "gate_max_mask_rate_rise": None}
-    log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-30", "-c", json.dumps({"ds": DS, **relaxed}))
+    again = {"ds": DS, "load_parts": 3, **relaxed}  # the night again, its load in 3 mapped parts
+    log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-30", "-c", json.dumps(again))
     assert "state=success" in log
-    # each task's log says how far it got: the load in bytes, each shard in tokens
-    assert re.search(r"load: [\d.]+ [KMG]?B of [\d.]+ [KMG]?B \(100%\), .*/s \(done in", log), log[-3000:]
+    assert "in 3 load parts" in log and "from 3 load parts" in log
+    # each task's log says how far it got: each load part in bytes, each shard in tokens
+    for k in range(3):
+        assert re.search(rf"load part {k}: [\d.]+ [KMG]?B of [\d.]+ [KMG]?B \(100%\), .*\(done in", log), log[-3000:]
     assert re.search(r"shard 0: [\d.]+[kMG]? of [\d.]+[kMG]? tokens \(100%\)", log)
     assert partition_parts(rows_dir) == first
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from reassembler.load.parts import PART_BYTES
 from reassembler.settings import MAX_JSON_DEPTH
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -64,6 +65,7 @@ def _size(text: str) -> int:
     [
         ("DuckDB memory limit / threads", lambda d, c: c[1] == f"{d.duckdb.memory_limit} / {d.duckdb.threads}"),
         ("nights of per-call tables kept", lambda d, c: c[1] == str(d.retention_nights)),
+        ("load parts", lambda d, c: d.load_parts is None and c[1] == f"one per {PART_BYTES >> 20} MiB of input"),
         ("refuse to publish above mask rate", lambda d, c: float(c[1]) == d.max_mask_rate),
         (
             "longest JSON line / deepest nesting",

@@ -37,6 +37,7 @@ from ..formats.night import NightFiles
 from .child_process import ChildProcess, Records
 
 if TYPE_CHECKING:  # imported when the reading begins: load.NightLoad starts children before numpy is loaded
+    from ..errors import InputError
     from .local_capture import CaptureFiles, LocalRollout
 
 CHILD_ROLLOUTS = 64  # local-mode captures a core must have for the night to be read by children
@@ -69,7 +70,7 @@ class _Child:
         }
         self._proc.give(json.dumps(work).encode())
 
-    def results(self) -> Iterator[LocalRollout | str | None]:
+    def results(self) -> Iterator[LocalRollout | InputError | str | None]:
         """Wait for the child, then its outcomes in order, and last the token file it wrote
         (None when it derived no token row)."""
         for kind, payload in self._proc.records():
@@ -97,10 +98,11 @@ class CaptureChildren:
             raise
         self.token_files: list[str] = []
 
-    def read(self, folder: str, files: list[CaptureFiles], scratch: str) -> Iterator[LocalRollout]:
+    def read(self, folder: str, files: list[CaptureFiles], scratch: str) -> Iterator[LocalRollout | InputError]:
         """The local-mode rollouts of `files` (in the ledger partition `folder`), in order:
         the first run read here, with its token rows; the children's without theirs, which
         are in `token_files` once all are read."""
+        from ..errors import InputError
         from .local_capture import LocalRollout, read_captures
 
         weights = [1.0] + [CHILD_SHARE] * len(self._children)
@@ -117,7 +119,7 @@ class CaptureChildren:
             outcomes = child.results()
             for _ in share:
                 local = next(outcomes)
-                assert isinstance(local, LocalRollout)
+                assert isinstance(local, (LocalRollout, InputError))
                 yield local
             path = next(outcomes)
             assert path is None or isinstance(path, str)
@@ -147,11 +149,14 @@ def start(night: NightFiles) -> CaptureChildren | None:
 def _read(records: Records, work: dict) -> None:
     """The child's work: `read_capture` over its share, outcomes as records."""
     from .derived_tokens import DerivedTokens
-    from .local_capture import CaptureFiles, read_captures
+    from .local_capture import CaptureFiles, LocalRollout, read_captures
 
     tokens = DerivedTokens(work["scratch"], work["name"])
-    chunk: list[LocalRollout] = []
+    chunk: list[LocalRollout | InputError] = []
     for local in read_captures(work["folder"], [CaptureFiles(*fields) for fields in work["files"]]):
+        if not isinstance(local, LocalRollout):  # a capture that cannot be read: its InputError, pickled
+            chunk.append(local)
+            continue
         for row in local.tokens:
             tokens.add(row)
         local.tokens, local.walk = [], []  # the walk is `reassembler explain`'s

@@ -23,7 +23,6 @@ ledger's (CAPTURE_SEQ_BASE), each rollout's in its own capture order.
 
 from __future__ import annotations
 
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .. import storage
+from ..errors import InputError
 from ..formats.fields import LEDGER
 from ..formats.gym_local import capture_file, parse_state, valid_key
 from ..formats.night import NightFiles
@@ -41,7 +41,6 @@ from .derived_tokens import DerivedTokens
 from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter
 from .json_lines import DECODER, json_lines, reject
 from .local_capture import CaptureFiles, LocalRollout, TokenRow, read_capture, read_captures
-from .token_keys import insert_token_keys
 
 CAPTURE_SEQ_BASE = 1 << 40  # calls derived here come after every ledger line
 GIVE_UP_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS (CONTRACT.md 2.1)
@@ -85,56 +84,43 @@ class GymSummary:
 
 
 class GymCapture:
+    """A load part's share of NeMo Gym's own capture (load/part_load.py): the rebuilt result
+    lines among its rollout rows (`rollout`), then its failures files and local-mode captures
+    (`read`), into the part's tables. What needs the whole night (which rollout is read from
+    which capture, given-up samples) is the merge's: `decide`."""
+
     def __init__(
         self,
         con,
         night: NightFiles,
         rejects: Inserter,
-        scratch: str | None,
+        scratch: str,
         max_line_bytes: int,
         readers: CaptureChildren | None = None,
         done: Callable[..., None] | None = None,
+        every_capture: list[str] | None = None,
     ):
         self.con, self.night, self.rejects, self.max_line_bytes = con, night, rejects, max_line_bytes
         self._done = done or (lambda *locations: None)  # the load's progress: these files are read
-        self.summary = GymSummary()
-        self.captures: dict[str, CaptureFiles] = {}
-        for rel in night.captures:
-            key, role = capture_file(rel) or ("", "")
-            if not valid_key(key):
-                reject(
-                    rejects,
-                    "capture",
-                    rel,
-                    0,
-                    f"{key!r} is not a capture key NeMo Gym writes (letters, digits, ._-)",
-                    b"",
-                )
-                continue
-            setattr(self.captures.setdefault(key, CaptureFiles(key)), role, rel)
-        self.rollout_ids: set[str] = set()
-        self.samples: set[tuple[int, int]] = set()
-        self.columns: list[dict[str, str | None]] = []  # rollout capture columns decided here
+        self.captures = _capture_files(night.captures, rejects)  # this part's
+        # every capture of the night, for a rebuilt line's state file (another part may hold it)
+        self._every = self.captures if every_capture is None else _capture_files(every_capture, None)
         self.rebuilt: set[str] = set()
+        self.samples: list[dict] = []  # (rollout_id, task, sample) of the rows that carry one
+        self.failures: list[dict] = []  # the failures files' rows, in reading order
+        self.failures_read = 0
+        self.outcomes: list[dict] = []  # one per local-mode capture read
         self._scratch = scratch
         self._readers = readers
         self._tokens: DerivedTokens | None = None
         self.calls = Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
         self._seq = CAPTURE_SEQ_BASE
-        self.failed: set[str] = set()  # failed attempts' keys (finish)
-
-    # -- derived rows
-
-    @property
-    def scratch(self) -> str:
-        if self._scratch is None:
-            self._scratch = tempfile.mkdtemp(prefix="reassembler-capture-")
-        return self._scratch
+        self.token_files: list[str] = []  # the derived token files (read)
 
     @property
     def tokens(self) -> DerivedTokens:
         if self._tokens is None:
-            self._tokens = DerivedTokens(self.scratch)
+            self._tokens = DerivedTokens(self._scratch)
         return self._tokens
 
     def _call(self, row: dict) -> None:
@@ -143,7 +129,7 @@ class GymCapture:
         self.calls.add(row)
 
     def _retired(self, key: str) -> bool:
-        files = self.captures.get(key)
+        files = self._every.get(key)
         if files is None or files.state is None:
             return False
         try:
@@ -157,16 +143,14 @@ class GymCapture:
         """Take a rollout row's NeMo Gym fields off (records.parse_rollout) before it is
         inserted; a Gym-rebuilt line's calls and token rows are written here."""
         rid = row["rollout_id"]
-        self.rollout_ids.add(rid)
         sample = row.pop("gym_sample", None)
         if sample is not None:
-            self.samples.add(tuple(sample))
+            self.samples.append({"rollout_id": rid, "task": sample[0], "sample": sample[1]})
         gym = row.pop("gym_rebuilt", None)
         if gym is None or not (gym["marked"] or self._retired(rid)):
             return row
         built = gym["row"]
         self.rebuilt.add(rid)
-        self.summary.rebuilt += 1
         row.update(
             capture="rebuilt",
             capture_reason=None if built.reason is None else built.reason.value,
@@ -182,57 +166,28 @@ class GymCapture:
 
     # -- after the rollouts and the ledger
 
-    def finish(self, rollout_count: int) -> None:
-        """Failures files, given-up samples, local-mode captures, the rollouts' capture
-        columns, and the derived token rows' keys."""
-        failed = self.failed = self._failures(rollout_count)
+    def read(self) -> None:
+        """The part's failures files (rows, kept for the merge), then every local-mode
+        capture of the part but those of its own rebuilt lines: whether a rollout is read
+        from it is the merge's to decide (`decide`), so a capture's read error is kept as
+        its outcome and raised only if the rollout is."""
+        self._read_failures()
         self._done(*(self.night.path("rollouts", rel) for rel in self.night.failures))
-        staged = {r for (r,) in self.con.execute(sql("staged_rollouts"), {"ds": self.night.ds}).fetchall()}
-        local: list[CaptureFiles] = []
-        for key in sorted(self.captures):
-            files = self.captures[key]
-            if key in self.rebuilt:
-                continue  # read from its result line only (9.10)
-            if key not in self.rollout_ids:
-                if key not in failed:
-                    self.summary.not_read.append(key)
-                continue
-            if key in staged:
-                if files.entries is not None:
-                    self.summary.mixed += 1
-                    self.columns.append(
-                        {
-                            "rollout_id": key,
-                            "capture": "staged",
-                            "capture_reason": "mixed_capture",
-                            "capture_detail": f"ledger rows and {files.entries}: neither is read",
-                        }
-                    )
-                continue
-            local.append(files)
+        local = [self.captures[key] for key in sorted(self.captures) if key not in self.rebuilt]
         folder = self.night.path("ledger", "")
-        token_files = []
         if self._readers is not None and local:  # child processes (capture_children.py)
-            for files, outcome in zip(local, self._readers.read(folder, local, self.scratch), strict=True):
+            for files, outcome in zip(local, self._readers.read(folder, local, self._scratch), strict=True):
                 self._local(files, outcome)
-            token_files = self._readers.token_files
+            self.token_files += self._readers.token_files
         else:
             for files, outcome in zip(local, read_captures(folder, local), strict=True):
                 self._local(files, outcome)
         self._done(*(self.night.path("ledger", rel) for rel in self.night.captures))  # those read or not
         self.calls.flush()
-        if self.columns:
-            self.con.register("captures", pa.Table.from_pylist(self.columns, schema=CAPTURE_COLUMNS))
-        else:
-            self.con.register("captures", CAPTURE_COLUMNS.empty_table())
-        run_script(self.con, "set_capture", {"ds": self.night.ds})
-        self.con.unregister("captures")
         path = None if self._tokens is None else self._tokens.close()
-        token_files = ([] if path is None else [path]) + token_files
-        if token_files:  # the derived rows' keys, as the night's token files' (read.py)
-            insert_token_keys(self.con, self.night.ds, token_files)
+        self.token_files = ([] if path is None else [path]) + self.token_files
 
-    def _local(self, files: CaptureFiles, local: LocalRollout) -> None:
+    def _local(self, files: CaptureFiles, local: LocalRollout | InputError) -> None:
         self._done(
             *(
                 self.night.path("ledger", rel)
@@ -240,68 +195,189 @@ class GymCapture:
                 if rel
             )
         )
-        self.summary.local_rollouts += 1
-        self.summary.local_entries += local.n_lines
-        column: dict[str, str | None] = {"rollout_id": files.key, "capture": "local"}
+        outcome: dict = {"rollout_id": files.key, "entries": files.entries}
+        if isinstance(local, InputError):
+            self.outcomes.append(dict(outcome, error=str(local)))
+            return
+        outcome.update(n_lines=local.n_lines)
         if local.reason is not None:
-            self.summary.local_masked += 1
-            column.update(capture_reason=local.reason.value, capture_detail=local.detail, capture_call_id=local.call_id)
-        self.columns.append(column)
+            outcome.update(
+                capture_reason=local.reason.value, capture_detail=local.detail, capture_call_id=local.call_id
+            )
+        self.outcomes.append(outcome)
         for call in local.calls:
             self._call(call)
         for token_row in local.tokens:
             self.tokens.add(token_row)
 
-    def _failures(self, rollout_count: int) -> set[str]:
-        """Read the failures files: the failed attempts' keys, and a rollout row per
-        given-up sample (CONTRACT.md 2.1)."""
-        failed: set[str] = set()
-        per_sample: dict[tuple[int, int], list[tuple[str, int, dict]]] = defaultdict(list)
+    def _read_failures(self) -> None:
         for rel in self.night.failures:
             path = self.night.path("rollouts", rel)
             for line, raw, value in json_lines(path, rel, self.max_line_bytes, DECODER):
-                self.summary.failures_read += 1
+                self.failures_read += 1
                 try:
                     if isinstance(value, RecordError):
                         raise value
                     row = parse_failure(value)
                 except RecordError as e:
-                    self.summary.failures_rejected += 1
                     reject(self.rejects, "failures", rel, line, str(e), raw)
                     continue
-                failed.add(row["key"])
-                if row["task"] is not None and row["sample"] is not None:
-                    per_sample[(row["task"], row["sample"])].append((rel, line, row))
-        seq = rollout_count
-        given_up = Inserter(self.con, "insert_rollouts", ROLLOUT_BATCH, self.night.ds)
-        for sample, rows in sorted(per_sample.items()):
-            if sample in self.samples:
-                continue  # a result line of the night has it
-            if not (any(r["terminal"] for _, _, r in rows) or len(rows) >= GIVE_UP_ATTEMPTS):
-                continue  # Gym would dispatch it again on resume
-            rel, line, last = rows[-1]  # files by name, then lines: the order they were read
-            if last["key"] in self.rollout_ids:
-                continue
-            seq += 1
-            self.rollout_ids.add(last["key"])
-            self.summary.given_up += 1
-            given_up.add(
-                {
-                    "rollout_seq": seq,
-                    "rollout_id": last["key"],
-                    "group_id": str(sample[0]),
-                    "slot": sample[1],
-                    "failure_reason": last["failure_class"],
-                    "generated_items": [],
-                    "model_items": [],
-                    "n_output_items": 0,
-                    "source_file": rel,
-                    "source_line": line,
-                    "capture": "none",
-                }
-            )
-        given_up.flush()
+                self.failures.append(dict(row, file=rel, line=line, line_order=len(self.failures)))
+
+
+def _capture_files(rels: list[str], rejects: Inserter | None) -> dict[str, CaptureFiles]:
+    """The capture keys of these files with their files; a file of a key NeMo Gym would not
+    write is a reject row (when `rejects` is given)."""
+    out: dict[str, CaptureFiles] = {}
+    for rel in rels:
+        key, role = capture_file(rel) or ("", "")
+        if not valid_key(key):
+            if rejects is not None:
+                reject(
+                    rejects,
+                    "capture",
+                    rel,
+                    0,
+                    f"{key!r} is not a capture key NeMo Gym writes (letters, digits, ._-)",
+                    b"",
+                )
+            continue
+        setattr(out.setdefault(key, CaptureFiles(key)), role, rel)
+    return out
+
+
+def decide(con, night: NightFiles, rollout_count: int, failures_read: int) -> tuple[GymSummary, set[str]]:
+    """The merge's half (load/merge.py), over the parts' tables (p_samples, p_failures,
+    p_outcomes, p_ledger, p_derived_keys) once the rollouts (m_kept) and the ledger lines
+    are in: given-up samples, which capture each rollout is read from, the derived calls
+    and token rows the night keeps, the rollouts' capture columns. Returns the summary and
+    the failed attempts' keys."""
+    summary = GymSummary(failures_read=failures_read)
+    [[summary.failures_rejected]] = con.execute(
+        "SELECT count(*) FROM rejects WHERE ds = CAST($ds AS DATE) AND source = 'failures'", {"ds": night.ds}
+    ).fetchall()
+    failed = _given_up(con, night, summary, rollout_count)
+    [[summary.rebuilt]] = con.execute("SELECT count(*) FROM m_kept WHERE capture = 'rebuilt'").fetchall()
+    every = _capture_files(night.captures, None)
+    keys = pa.table(
+        {
+            "rollout_id": pa.array(sorted(every), pa.string()),
+            "entries": pa.array([every[k].entries for k in sorted(every)], pa.string()),
+        }
+    )
+    con.register("capture_keys", keys)
+    decisions = con.execute(sql("merge_captures"), {"ds": night.ds}).fetchall()
+    con.unregister("capture_keys")
+    columns: list[dict] = []
+    owners: list[tuple[int, str, str]] = []
+    for key, entries, is_rollout, rebuilt, staged, part, n_lines, reason, detail, call_id, error in decisions:
+        if rebuilt:
+            continue  # read from its result line only (9.10)
+        if not is_rollout:
+            if key not in failed:
+                summary.not_read.append(key)
+            continue
+        if staged:
+            if entries is not None:
+                summary.mixed += 1
+                columns.append(
+                    {
+                        "rollout_id": key,
+                        "capture": "staged",
+                        "capture_reason": "mixed_capture",
+                        "capture_detail": f"ledger rows and {entries}: neither is read",
+                    }
+                )
+            continue
+        if error is not None:
+            raise InputError(error)
+        assert part is not None, f"internal: capture {key} was read by no part"
+        summary.local_rollouts += 1
+        summary.local_entries += n_lines
+        column: dict[str, str | None] = {"rollout_id": key, "capture": "local"}
+        if reason is not None:
+            summary.local_masked += 1
+            column.update(capture_reason=reason, capture_detail=detail, capture_call_id=call_id)
+        columns.append(column)
+        owners.append((part, key, "local"))
+    owned = pa.table(
+        {
+            "part": pa.array([p for p, _, _ in owners], pa.int64()),
+            "rollout_id": pa.array([r for _, r, _ in owners], pa.string()),
+            "kind": pa.array([k for _, _, k in owners], pa.string()),
+        }
+    )
+    con.register("local_owners", owned)
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE derived_owners AS SELECT part, rollout_id, kind FROM local_owners "
+        "UNION ALL SELECT part, rollout_id, 'rebuilt' FROM m_kept WHERE capture = 'rebuilt'"
+    )
+    con.unregister("local_owners")
+    run_script(con, "merge_derived", {"ds": night.ds, "base": CAPTURE_SEQ_BASE})
+    con.register("captures", pa.Table.from_pylist(columns, schema=CAPTURE_COLUMNS))
+    run_script(con, "set_capture", {"ds": night.ds})
+    con.unregister("captures")
+    return summary, failed
+
+
+def _given_up(con, night: NightFiles, summary: GymSummary, rollout_count: int) -> set[str]:
+    """The failed attempts' keys, and a rollout row per given-up sample (CONTRACT.md 2.1):
+    a sample no result line of the night has, whose attempts ended terminal or reached
+    GIVE_UP_ATTEMPTS, named after its last attempt (files by name, then lines)."""
+    rows = con.execute(
+        "SELECT file, line, key, task, sample, terminal, failure_class FROM p_failures ORDER BY part, line_order"
+    ).fetchall()
+    failed = {key for _, _, key, *_ in rows}
+    if not rows:
         return failed
+    samples = set(
+        con.execute(
+            "SELECT DISTINCT s.task, s.sample FROM p_samples s JOIN m_kept k USING (part, rollout_id) "
+            "SEMI JOIN p_failures f ON f.task = s.task AND f.sample = s.sample"
+        ).fetchall()
+    )
+    keys = {
+        k
+        for (k,) in con.execute(
+            "SELECT DISTINCT rollout_id FROM m_kept SEMI JOIN p_failures f ON f.key = m_kept.rollout_id"
+        ).fetchall()
+    }
+    per_sample: dict[tuple[int, int], list[tuple[str, int, dict]]] = defaultdict(list)
+    for rel, line, key, task, sample, terminal, failure_class in rows:
+        if task is not None and sample is not None:
+            per_sample[(task, sample)].append(
+                (rel, line, {"key": key, "terminal": terminal, "failure_class": failure_class})
+            )
+    seq = rollout_count
+    given_up = Inserter(con, "insert_rollouts", ROLLOUT_BATCH, night.ds)
+    for sample, attempts in sorted(per_sample.items()):
+        if sample in samples:
+            continue  # a result line of the night has it
+        if not (any(r["terminal"] for _, _, r in attempts) or len(attempts) >= GIVE_UP_ATTEMPTS):
+            continue  # Gym would dispatch it again on resume
+        rel, line, last = attempts[-1]
+        if last["key"] in keys:
+            continue
+        seq += 1
+        keys.add(last["key"])
+        summary.given_up += 1
+        given_up.add(
+            {
+                "rollout_seq": seq,
+                "rollout_id": last["key"],
+                "group_id": str(sample[0]),
+                "slot": sample[1],
+                "failure_reason": last["failure_class"],
+                "generated_items": [],
+                "model_items": [],
+                "n_output_items": 0,
+                "source_file": rel,
+                "source_line": line,
+                "capture": "none",
+            }
+        )
+    given_up.flush()
+    return failed
 
 
 CAPTURE_COLUMNS = pa.schema(

@@ -139,18 +139,27 @@ class _Parsed:
     at: int = 0  # where its prompt starts in flat.ids
 
 
-def read_captures(folder: str, captures: list[CaptureFiles]) -> Iterator[LocalRollout]:
-    """`read_capture` of each, in order. On object storage their files are fetched ahead on
-    threads (storage.read_many, bounded in bytes): four small files a rollout would
-    otherwise wait one round trip each."""
+def read_captures(folder: str, captures: list[CaptureFiles]) -> Iterator[LocalRollout | InputError]:
+    """`read_capture` of each, in order; a capture whose files cannot be read is given as
+    its InputError (whether that fails the night is the caller's: the rollout may not be
+    read from it). On object storage their files are fetched ahead on threads
+    (storage.read_many, bounded in bytes): four small files a rollout would otherwise wait
+    one round trip each."""
+
+    def one(files: CaptureFiles, fetched: Fetched | None = None) -> LocalRollout | InputError:
+        try:
+            return read_capture(folder, files, fetched)
+        except InputError as e:
+            return e
+
     if not storage.is_remote(folder):
         for files in captures:
-            yield read_capture(folder, files)
+            yield one(files)
         return
     names = [[rel for rel in (f.state, f.entries, f.incomplete, f.intents) if rel is not None] for f in captures]
     stream = storage.read_many([storage.join(folder, rel) for rels in names for rel in rels])
     for files, rels in zip(captures, names):
-        yield read_capture(folder, files, {rel: next(stream)[1] for rel in rels})
+        yield one(files, {rel: next(stream)[1] for rel in rels})
 
 
 def read_capture(folder: str, files: CaptureFiles, fetched: Fetched | None = None) -> LocalRollout:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from ..formats.night import NightFiles, find_night
 from ..settings import DEFAULTS, Settings
 from . import capture_children, rollout_lines
+from .parts import LoadPlan, plan_parts
 
 
 class NightLoad:
@@ -29,6 +30,7 @@ class NightLoad:
         self.settings = settings
         self._children: rollout_lines.InBackground | None = None
         self._readers: capture_children.CaptureChildren | None = None
+        self.plan: LoadPlan | None = None
 
     @property
     def ds(self) -> str:
@@ -36,8 +38,10 @@ class NightLoad:
 
     def __enter__(self) -> NightLoad:
         try:
-            self._children = rollout_lines.start(self.night, self.settings.max_line_bytes)
-            self._readers = capture_children.start(self.night)
+            self.plan = plan_parts(self.night, self.settings.load_parts)
+            if len(self.plan.parts) == 1:  # parts of their own start their own helpers
+                self._children = rollout_lines.start(self.night, self.settings.max_line_bytes)
+                self._readers = capture_children.start(self.night)
         except BaseException:
             self.close()
             raise
@@ -62,6 +66,28 @@ class NightLoad:
         from .read import load_night
 
         try:
-            return load_night(con, self.night, self.settings, self._children, scratch, self._readers)
+            return load_night(con, self.night, self.settings, self._children, scratch, self._readers, self.plan)
         finally:
             self.close()
+
+
+class PartsLoaded:
+    """A night whose load parts already ran (the DAG's mapped load_part tasks) into the
+    run's folder `staging`: its plan read from there; `into` only merges them."""
+
+    def __init__(self, staging: str, settings: Settings = DEFAULTS):
+        from .parts import read_plan
+
+        self.staging, self.settings = staging, settings
+        self.plan = read_plan(staging)
+        self.night = self.plan.night
+
+    @property
+    def ds(self) -> str:
+        return self.night.ds
+
+    def into(self, con, scratch=None):
+        """The parts' tables into the warehouse behind `con` (load.merge.merge_parts)."""
+        from .merge import merge_parts
+
+        return merge_parts(con, self.plan, self.staging, self.settings)

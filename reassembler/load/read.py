@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -27,13 +29,16 @@ from ..formats.night import NightFiles
 from ..formats.records import parse_ledger_row
 from ..progress import Progress
 from ..settings import DEFAULTS, Settings
-from ..warehouse import run_script, sql
+from ..warehouse import sql
 from . import capture_children, rollout_lines
-from .gym_capture import GymCapture, GymSummary
-from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter
+from .gym_capture import GymSummary
+from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter
 from .json_lines import decode, one_line, read_file_lines
 from .ledger_columns import Chunk, ledger_chunks
-from .token_keys import group_keys, insert_token_keys
+
+if TYPE_CHECKING:
+    from .parts import LoadPlan
+from .token_keys import group_keys
 
 # ---------------------------------------------------------------- JSON lines -> warehouse
 
@@ -97,129 +102,79 @@ def load_night(
     background: rollout_lines.InBackground | None = None,
     scratch: str | None = None,
     readers: capture_children.CaptureChildren | None = None,
+    plan: LoadPlan | None = None,
 ) -> LoadSummary:
-    """Replace the night `night.ds` in the warehouse, in one transaction: clear it, load the
-    token rows' keys, the rollout lines and the ledger lines, then NeMo Gym's own capture
-    (gym_capture.py: failures files, local mode, rebuilt lines), record the rows nobody asks
-    for, count. A night from which no rollout could be read is refused (InputError) unless
-    `settings.allow_empty`. `background`: this night's rollout lines being parsed by child
-    processes (load.NightLoad started them), else they are parsed here. `scratch`: the
-    folder for the token rows the load derives (the run's staging folder; a temporary
-    folder when not given). `readers`: child processes for the night's local-mode captures
-    (load.NightLoad started them), else they are read here."""
-    ds, max_line_bytes = night.ds, settings.max_line_bytes
-    files = token_files(night, settings.max_row_group_bytes)  # unusable token files: refused before anything
-    progress = _progress(night)
-    con.execute("BEGIN TRANSACTION")
-    try:
-        run_script(con, "clear_night", {"ds": ds})
-        insert_token_keys(con, ds, files.locations, files.skip, files.footers, progress.read)  # read once
-        if files.too_big:
-            _reject_too_big(con, night, files)
-        tokens = sql("night_token_rows")
-        rejects = Inserter(con, "insert_rejects", REJECT_BATCH, ds)
-        gym = GymCapture(con, night, rejects, scratch, max_line_bytes, readers, progress.read)
-        # the ledger while the rollout children (if any) parse; the rollouts first if they are done
-        rollouts_first = background is None or background.done()
-        if rollouts_first:
-            rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background, gym)
-            progress.read(*(night.path("rollouts", rel) for rel in night.rollouts))
-        ledger_lines, ledger_loaded = _load_ledger(con, night, rejects, max_line_bytes, progress.read)
-        if not rollouts_first:
-            rollout_count, rollouts_loaded = _load_rollouts(con, night, rejects, max_line_bytes, background, gym)
-            progress.read(*(night.path("rollouts", rel) for rel in night.rollouts))
-        gym.finish(rollouts_loaded)
-        rejects.flush()
-        if rollouts_loaded == 0 and not settings.allow_empty:
-            raise InputError(
-                f"{night.path('rollouts', '')}: no rollout could be read ({len(night.rollouts)} files, "
-                f"{rollout_count} lines); an empty night is published only with --allow-empty"
-            )
-        con.register("failed_attempts", pa.table({"rollout_id": pa.array(sorted(gym.failed), pa.string())}))
-        _reject_orphans(con, night, tokens)
-        counts = dict(con.execute(sql("count_rejects"), {"ds": ds}).fetchall())
-        [loaded] = con.execute(
-            sql("count_loaded", tokens=tokens), {"ds": ds, "token_dir": _token_dir(night)}
-        ).fetchall()
-        con.unregister("failed_attempts")
-        ledger_used, token_rows, ledger_failed = loaded
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        progress.close(ok=False)
-        raise
-    progress.close()
-    token_rows += files.n_too_big  # read, and rejected
-    summary = LoadSummary(
-        rollouts=SourceCount(rollout_count, rollouts_loaded, counts.get("rollouts", 0)),
-        ledger=SourceCount(ledger_lines, ledger_used, counts.get("ledger", 0), ledger_failed),
-        tokens=SourceCount(token_rows, token_rows - counts.get("tokens", 0), counts.get("tokens", 0)),
-        n_ledger_rows=ledger_loaded,
-        n_token_files=len(night.tokens),
-        sidecars=tuple(night.sidecars),
-        gym=gym.summary,
-        other_rejects=counts.get("failures", 0) + counts.get("capture", 0),
-    )
-    for name in ("rollouts", "ledger", "tokens"):
-        c = getattr(summary, name)
-        if c.read != c.loaded + c.rejected + c.failed_attempts:  # every line and token row is accounted for
-            raise RuntimeError(f"internal: {name} {c}")
-    return summary
+    """Replace the night `night.ds` in the warehouse: cut it into load parts
+    (`settings.load_parts`, or `plan`: load/parts.py), parse each (load/part_load.py: in
+    this process, or `settings.workers` at a time in worker processes), then merge them in
+    one transaction (load/merge.py). `scratch`: the run's folder, where the parts and the
+    token rows the load derives go (a temporary folder when not given). `background`,
+    `readers`: child processes load.NightLoad started for a night of one part (its rollout
+    lines, its local-mode captures)."""
+    from .merge import merge_parts
+    from .part_load import run_parts
+    from .parts import plan_parts, write_plan
+
+    folder = scratch if scratch is not None else tempfile.mkdtemp(prefix="reassembler-load-")
+    plan = plan or plan_parts(night, settings.load_parts)
+    write_plan(folder, plan)
+    run_parts(plan, folder, settings, background, readers)
+    return merge_parts(con, plan, folder, settings)
 
 
-def _load_rollouts(
+def load_rollout_lines(
     con,
     night: NightFiles,
     rejects: Inserter,
     max_line_bytes: int,
     background: rollout_lines.InBackground | None = None,
-    gym: GymCapture | None = None,
-) -> tuple[int, int]:
-    """Every rollout line: a rollout row, or a reject row (a repeated id keeps the first);
-    parsed here, or by `background` (the same code in a child process); `gym` takes each
-    row's NeMo Gym fields off first. Returns (lines read, rollouts loaded)."""
+    take: Callable[[dict], dict] | None = None,
+) -> int:
+    """Every rollout line of `night` (a load part): a rollout row, or a reject row (an id
+    repeated in these files keeps the first); parsed here, or by `background` (the same code
+    in a child process); `take` takes each row's NeMo Gym fields off first. Returns the
+    lines read."""
     rollouts = Inserter(con, "insert_rollouts", ROLLOUT_BATCH, night.ds)
 
     def add(row: dict) -> None:
-        rollouts.add(gym.rollout(row) if gym is not None else row)
+        rollouts.add(take(row) if take is not None else row)
 
     if background is None:
         lines = rollout_lines.parse_rollouts(night, max_line_bytes, add, rejects)
     else:
         lines = background.results(add, rejects)
     rollouts.flush()
-    return lines, rollouts.count
+    return lines
 
 
-class _InputProgress(Progress):
-    """The load's progress: the bytes of the night's input files dealt with (a file counts
-    once its lines or keys are all in the warehouse)."""
+class InputProgress(Progress):
+    """A load part's progress: the bytes of its input files dealt with (a file counts once
+    its lines or keys are all in)."""
 
-    def __init__(self, sizes: dict[str, int]):
-        super().__init__("load", sum(sizes.values()))
+    def __init__(self, what: str, sizes: dict[str, int]):
+        super().__init__(what, sum(sizes.values()))
         self.sizes = sizes
 
     def read(self, *locations: str) -> None:
         self.advance(sum(self.sizes.pop(loc, 0) for loc in locations))
 
+    @classmethod
+    def of(cls, night: NightFiles, what: str = "load") -> InputProgress:
+        locations = [night.path("rollouts", rel) for rel in night.rollouts + night.failures]
+        locations += [night.path("ledger", rel) for rel in night.ledger + night.captures]
+        locations += [night.path("tokens", rel) for rel in night.tokens]
+        # a file gone since the listing counts 0 here: reading it is what fails, naming it
+        return cls(what, dict(zip(locations, storage.sizes(locations, missing=0))))
 
-def _progress(night: NightFiles) -> _InputProgress:
-    locations = [night.path("rollouts", rel) for rel in night.rollouts + night.failures]
-    locations += [night.path("ledger", rel) for rel in night.ledger + night.captures]
-    locations += [night.path("tokens", rel) for rel in night.tokens]
-    # a file gone since the listing counts 0 here: reading it is what fails, naming it
-    return _InputProgress(dict(zip(locations, storage.sizes(locations, missing=0))))
 
-
-def _load_ledger(
+def load_ledger_lines(
     con, night: NightFiles, rejects: Inserter, max_line_bytes: int, done: Callable[..., None] | None = None
-) -> tuple[int, int]:
-    """Every ledger line, in capture order (files by path, then lines): a ledger row, or a
-    reject row. The files are parsed in columns a chunk at a time (ledger_columns.py); the
-    ones (and the lines) it cannot take are read here line by line. Returns (lines read,
-    rows loaded)."""
+) -> int:
+    """Every ledger line of `night` (a load part), in capture order (files by path, then
+    lines, numbered from 1 in capture_seq): a ledger row, or a reject row. The files are
+    parsed in columns a chunk at a time (ledger_columns.py); the ones (and the lines) it
+    cannot take are read here line by line. Returns the lines read."""
     ledger = Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
-    loaded = 0
 
     def add(capture_seq: int, row: dict) -> None:
         row["capture_seq"] = capture_seq
@@ -236,11 +191,11 @@ def _load_ledger(
             else:
                 number = read_file_lines(night, "ledger", rel, number, parse_ledger_row, add, rejects, max_line_bytes)
         if chunk.columnar:
-            loaded += _insert_columns(con, night, chunk, bases, add, rejects)
+            _insert_columns(con, night, chunk, bases, add, rejects)
         if done is not None:
             done(*(night.path("ledger", rel) for rel, _ in chunk.files))
     ledger.flush()
-    return number, ledger.count + loaded
+    return number
 
 
 LEDGER_IN_COLUMNS = True  # False: every ledger line takes the per-line path (the tests' reference)
@@ -274,7 +229,7 @@ def _insert_columns(con, night: NightFiles, chunk: Chunk, bases: list[int], add,
     return table.num_rows
 
 
-def _reject_too_big(con, night: NightFiles, files: TokenFiles) -> None:
+def reject_too_big(con, night: NightFiles, files: TokenFiles) -> None:
     """The rows of row groups too big to decode, as reject rows (their calls then find no
     token row: missing_tokens): their keys are read, never their token lists."""
     why = {(loc, group): reason for loc, group, _, _, reason in files.too_big}
@@ -287,21 +242,21 @@ def _reject_too_big(con, night: NightFiles, files: TokenFiles) -> None:
                 keys = group_keys(metadata, loc, group, first, size)
                 batches.append(keys.append_column("why", pa.array([reason] * keys.num_rows, pa.string())))
     con.register("too_big_keys", pa.Table.from_batches(batches))
-    con.execute(sql("too_big_token_rejects"), {"ds": night.ds, "token_dir": _token_dir(night)})
+    con.execute(sql("too_big_token_rejects"), {"ds": night.ds, "token_dir": token_dir(night)})
     con.unregister("too_big_keys")
 
 
-def _reject_orphans(con, night: NightFiles, tokens: str) -> None:
+def reject_orphans(con, night: NightFiles, tokens: str) -> None:
     """Ledger rows of no rollout of the night (except a failed attempt's, `failed_attempts`:
     CONTRACT.md 2.1), and token rows no ledger row asks for."""
     con.execute(sql("orphan_ledger_rejects"), {"ds": night.ds})
     con.execute(
         sql("orphan_token_rejects", tokens=tokens),
-        {"ds": night.ds, "token_dir": _token_dir(night)},
+        {"ds": night.ds, "token_dir": token_dir(night)},
     )
 
 
-def _token_dir(night: NightFiles) -> str:
+def token_dir(night: NightFiles) -> str:
     return str(night.path("tokens", "")).rstrip("/") + "/"
 
 

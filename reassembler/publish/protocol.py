@@ -387,10 +387,11 @@ def _age(when: str) -> float:
     return _clock() - datetime.fromisoformat(when).timestamp()
 
 
-def collect_runs(output: str, ds: str, manifest: dict | None) -> None:
-    """Delete the run folders of the night no reader needs: all but the committed run's and
-    those of the runs it superseded less than GRACE_SECONDS ago."""
-    keep = set()
+def collect_runs(output: str, ds: str, manifest: dict | None, current: str | None = None) -> None:
+    """Delete the run folders of the night no reader needs: all but the committed run's,
+    those of the runs it superseded less than GRACE_SECONDS ago, and the `current` run's
+    (its load parts are in it)."""
+    keep = set() if current is None else {path_safe(current)}
     if manifest is not None and "version" in manifest:  # (a manifest of the release before names no run folder)
         keep.add(path_safe(manifest["run_id"]))
         keep |= {path_safe(r["run_id"]) for r in manifest.get("superseded", []) if _age(r["at"]) < GRACE_SECONDS}

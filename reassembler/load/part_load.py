@@ -1,0 +1,228 @@
+"""Parse and check one load part (load/parts.py) into Parquet in the run's folder.
+
+A part needs no warehouse: its files are parsed into an in-memory DuckDB of the warehouse's
+schema, with the same code whatever the part (rollout lines, ledger lines in columns, token
+keys, NeMo Gym's failures files, rebuilt lines and local-mode captures), then written as one
+Parquet file per table into the part's folder (`load/part-NNNNN/`), and last its marker,
+`part.json`. The merge (load/merge.py) reads a part only through its marker. A part run
+again first removes its folder: its files are rewritten whole, never appended to.
+
+What a part decides alone: each line's verdict, a rollout_id repeated inside the part (the
+first kept), too-big token row groups. What it leaves to the merge (it needs the whole
+night): a rollout_id of an earlier part, ledger and token rows of no rollout, which capture
+each rollout is read from, given-up samples, and every sequence number across parts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import storage
+from ..errors import StoreError
+from ..formats.night import NightFiles
+from ..settings import DEFAULTS, Settings
+from ..warehouse import migrate, scratch_config, sql
+from . import capture_children, rollout_lines
+from .gym_capture import GymCapture
+from .inserter import REJECT_BATCH, Inserter
+from .parts import LoadPlan, part_folder
+from .read import InputProgress, load_ledger_lines, load_rollout_lines, reject_too_big, token_files
+from .token_keys import KEYS, key_batches
+
+log = logging.getLogger(__name__)
+
+MARKER = "part.json"
+BATCH_ROWS = 65_536  # rows a batch as a part's tables are written
+
+# the tables a part writes beside the warehouse's own (rollouts, ledger, rejects, token_rows)
+SAMPLES = pa.schema([("rollout_id", pa.string()), ("task", pa.int64()), ("sample", pa.int64())])
+FAILURES = pa.schema(
+    [
+        ("file", pa.string()),
+        ("line", pa.int64()),
+        ("key", pa.string()),
+        ("task", pa.int64()),
+        ("sample", pa.int64()),
+        ("terminal", pa.bool_()),
+        ("failure_class", pa.string()),
+        ("line_order", pa.int64()),
+    ]
+)
+OUTCOMES = pa.schema(
+    [
+        ("rollout_id", pa.string()),
+        ("entries", pa.string()),
+        ("n_lines", pa.int64()),
+        ("capture_reason", pa.string()),
+        ("capture_detail", pa.string()),
+        ("capture_call_id", pa.string()),
+        ("error", pa.string()),
+    ]
+)
+# the part's tables, each one Parquet file: the warehouse's (SQL) and the Gym ones (Arrow)
+WAREHOUSE_TABLES = {
+    "rollouts": "SELECT * EXCLUDE (ds) FROM rollouts",
+    "ledger": "SELECT * EXCLUDE (ds) FROM ledger",
+    "rejects": "SELECT * EXCLUDE (ds) FROM rejects",
+    "token_keys": "SELECT * EXCLUDE (ds) FROM token_rows",
+}
+
+
+def load_part(
+    plan: LoadPlan,
+    k: int,
+    folder: str,
+    settings: Settings = DEFAULTS,
+    background: rollout_lines.InBackground | None = None,
+    readers: capture_children.CaptureChildren | None = None,
+    helpers: bool = True,
+) -> dict:
+    """Parse part `k` of `plan` into `folder`/load/part-k/; returns its marker (which names
+    the plan). `helpers`: start child processes for its rollout lines and its local-mode
+    captures when they are worth it (else `background` and `readers`, those load.NightLoad
+    started, or none)."""
+    part, every_capture = plan.parts[k], plan.night.captures  # a rebuilt line's state file may be in another part
+    out = part_folder(folder, k)
+    storage.delete_tree(out)  # a part run again is written whole
+    own = helpers and background is None and readers is None
+    if own:
+        background = rollout_lines.start(part, settings.max_line_bytes)
+        readers = capture_children.start(part)
+    try:
+        with duckdb.connect(":memory:", config=scratch_config(settings.duckdb)) as con:
+            migrate(con)
+            what = "load" if len(plan.parts) == 1 else f"load part {k}"  # the progress line's name
+            marker = _parse(con, part, out, what, settings, every_capture, background, readers)
+            for name, query in WAREHOUSE_TABLES.items():
+                reader = con.sql(query).to_arrow_reader(BATCH_ROWS)
+                _write(storage.join(out, f"{name}.parquet"), reader.schema, reader)
+    finally:
+        if own:
+            for helper in (background, readers):
+                if helper is not None:
+                    helper.close()
+    marker.update(part=k, plan=plan.plan_id)
+    storage.write_bytes(storage.join(out, MARKER), json.dumps(marker, indent=1).encode())  # last: the part is done
+    return marker
+
+
+def _parse(con, part: NightFiles, out: str, what: str, settings: Settings, every_capture, background, readers) -> dict:
+    max_line_bytes = settings.max_line_bytes
+    files = token_files(part, settings.max_row_group_bytes)  # unusable token files: refused before anything
+    progress = InputProgress.of(part, what)
+    try:
+        reader = pa.RecordBatchReader.from_batches(
+            KEYS, key_batches(files.locations, files.skip, files.footers, progress.read)
+        )
+        con.register("token_keys", reader)
+        con.execute(sql("insert_token_rows"), {"ds": part.ds})
+        con.unregister("token_keys")
+        if files.too_big:
+            reject_too_big(con, part, files)
+        rejects = Inserter(con, "insert_rejects", REJECT_BATCH, part.ds)
+        gym = GymCapture(con, part, rejects, out, max_line_bytes, readers, progress.read, every_capture)
+        rollouts_first = background is None or background.done()
+        if rollouts_first:
+            rollout_lines_read = load_rollout_lines(con, part, rejects, max_line_bytes, background, gym.rollout)
+            progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
+        ledger_lines = load_ledger_lines(con, part, rejects, max_line_bytes, progress.read)
+        if not rollouts_first:
+            rollout_lines_read = load_rollout_lines(con, part, rejects, max_line_bytes, background, gym.rollout)
+            progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
+        gym.read()
+        rejects.flush()
+        derived = []
+        if gym.token_files:
+            derived = [b for b in key_batches(gym.token_files)]
+        _write(storage.join(out, "derived_keys.parquet"), KEYS, derived)
+        _write(storage.join(out, "samples.parquet"), SAMPLES, [pa.Table.from_pylist(gym.samples, schema=SAMPLES)])
+        _write(storage.join(out, "failures.parquet"), FAILURES, [pa.Table.from_pylist(gym.failures, schema=FAILURES)])
+        _write(storage.join(out, "outcomes.parquet"), OUTCOMES, [pa.Table.from_pylist(gym.outcomes, schema=OUTCOMES)])
+    except BaseException:
+        progress.close(ok=False)
+        raise
+    progress.close()
+    return {
+        "rollout_lines": rollout_lines_read,
+        "ledger_lines": ledger_lines,
+        "failures_read": gym.failures_read,
+        "too_big_rows": files.n_too_big,
+        "derived_files": gym.token_files,
+    }
+
+
+def _write(loc: str, schema: pa.Schema, batches) -> None:
+    """Batches (or tables) into one Parquet file at `loc`, whole: an object appears once
+    complete; a local file is written under a temporary name, then renamed."""
+    target = loc if storage.is_remote(loc) else f"{loc}.tmp-{os.getpid()}"
+    sink = storage.open_output(target)
+    try:
+        with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+            for batch in batches:
+                if batch.num_rows:
+                    writer.write(batch)
+    except BaseException:
+        storage.close_outputs([sink], ok=False)
+        if target != loc:
+            storage.delete(target)
+        raise
+    storage.close_outputs([sink])
+    if target != loc:
+        os.replace(target, loc)
+
+
+def run_parts(
+    plan: LoadPlan,
+    folder: str,
+    settings: Settings = DEFAULTS,
+    background: rollout_lines.InBackground | None = None,
+    readers: capture_children.CaptureChildren | None = None,
+) -> list[dict]:
+    """Every part of `plan` into `folder`: one part here (with `background` and `readers`,
+    the helpers load.NightLoad started for it); more, `settings.workers` at a time in worker
+    processes (each starts its own helpers), or one after the other here with one worker.
+    Returns their markers, in part order."""
+    if len(plan.parts) == 1:
+        return [load_part(plan, 0, folder, settings, background, readers, helpers=False)]
+    for helper in (background, readers):  # started for a night of one part
+        if helper is not None:
+            helper.close()
+    if settings.workers <= 1:
+        return [load_part(plan, k, folder, settings) for k in range(len(plan.parts))]
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from .. import progress
+
+    with ProcessPoolExecutor(  # bars from several processes would garble the terminal: they log
+        max_workers=min(settings.workers, len(plan.parts)),
+        mp_context=get_context("fork"),
+        initializer=progress.show_bars,
+        initargs=(False,),
+    ) as pool:
+        futures = [pool.submit(load_part, plan, k, folder, settings) for k in range(len(plan.parts))]
+        return [f.result() for f in futures]  # re-raises a worker's error
+
+
+def clear_parts(plan: LoadPlan, folder: str) -> None:
+    """Remove the parts' tables and markers once the merge is in the warehouse: the derived
+    token files stay (the shards read them), with the plan. Best effort: what a failing
+    store leaves goes with the run's folder once the night is built again (logged)."""
+    try:
+        doomed = []
+        for k in range(len(plan.parts)):
+            where = part_folder(folder, k)
+            doomed += [storage.join(where, rel) for rel in storage.list_files(where, "") if "derived-tokens" not in rel]
+        if storage.is_remote(folder):
+            storage.delete_many(doomed)
+        else:
+            for loc in doomed:
+                storage.delete(loc)
+    except (StoreError, OSError) as e:
+        log.info("the merged load parts in %s stay for now: %s", folder, e)

@@ -1,0 +1,142 @@
+"""A night's input cut into load parts (docs/deploy-celery.md: the load in parts).
+
+A part is a share of the night's files that is parsed and checked on its own, on any
+worker (load/part_load.py), into Parquet in the run's folder; the warehouse task then
+merges the parts (load/merge.py). The cut is made once, from the night's listing, and
+written to the run's folder as `load/plan.json`, so every part task and the merge see the
+same files whatever arrives later. Invariants of a plan:
+
+- every file of the night is in exactly one part, whole (a file is never cut);
+- each kind (rollout files, ledger files, token files, failures files, local-mode
+  captures) is cut into contiguous runs in reading order, run k in part k, balanced by bytes:
+  so part k's rollout lines all come before part k+1's, and the merge numbers them in order;
+- a NeMo Gym local-mode capture (its entries, intents, incomplete and state files) is one
+  unit: its files are always in one part.
+
+The number of parts: `Settings.load_parts`, else one per PART_BYTES of input (at least 1).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+
+from .. import storage
+from ..formats.gym_local import capture_file
+from ..formats.night import NightFiles
+
+PART_BYTES = 256 << 20  # the default: one part per this much input
+PLAN = "plan.json"
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """The night (every file) and its parts (each a NightFiles holding its share only)."""
+
+    night: NightFiles
+    parts: list[NightFiles]
+    input_bytes: int
+
+    @property
+    def plan_id(self) -> str:
+        """A digest of the plan: a part's marker names the plan it was parsed for."""
+        import hashlib
+
+        return hashlib.sha256(self.to_json()).hexdigest()[:16]
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "version": PLAN_VERSION,
+                "night": asdict(self.night),
+                "parts": [asdict(p) for p in self.parts],
+                "input_bytes": self.input_bytes,
+            },
+            indent=1,
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> LoadPlan:
+        plan = json.loads(data)
+        if plan.get("version") != PLAN_VERSION:
+            raise RuntimeError(f"{where}: load plan of version {plan.get('version')}, expected {PLAN_VERSION}")
+        return cls(NightFiles(**plan["night"]), [NightFiles(**p) for p in plan["parts"]], plan["input_bytes"])
+
+
+def default_parts(input_bytes: int) -> int:
+    return max(1, -(-input_bytes // PART_BYTES))
+
+
+def _cut(units: list[tuple[list[str], int]], parts: int) -> list[list[str]]:
+    """Units (files of one unit, bytes) cut into `parts` contiguous runs of about equal bytes."""
+    total = sum(size for _, size in units)
+    out: list[list[str]] = [[] for _ in range(parts)]
+    before = 0
+    for files, size in units:
+        # the unit goes to the part its middle byte falls in
+        k = min(parts - 1, (2 * before + size) * parts // (2 * total)) if total else 0
+        out[k].extend(files)
+        before += size
+    return out
+
+
+def plan_parts(night: NightFiles, parts: int | None = None) -> LoadPlan:
+    """Cut `night` into `parts` parts (None: one per PART_BYTES). Sizes come from the
+    listing on object storage, a stat locally; a file gone since counts 0 bytes (its read
+    is what fails, naming it)."""
+    kinds = {
+        "rollouts": ("rollouts", night.rollouts),
+        "failures": ("rollouts", night.failures),
+        "ledger": ("ledger", night.ledger),
+        "captures": ("ledger", night.captures),
+        "tokens": ("tokens", night.tokens),
+    }
+    locations = [night.path(folder, rel) for folder, rels in kinds.values() for rel in rels]
+    size_of = dict(zip(locations, storage.sizes(locations, missing=0)))
+    total = sum(size_of.values())
+    n = parts or default_parts(total)
+    cuts: dict[str, list[list[str]]] = {}
+    for kind, (folder, rels) in kinds.items():
+        if kind == "captures":  # a rollout's capture files are one unit, units in key order
+            by_key: dict[str, list[str]] = {}
+            for rel in rels:
+                key, _ = capture_file(rel) or ("", "")
+                by_key.setdefault(key, []).append(rel)
+            units = [(by_key[key], sum(size_of[night.path(folder, r)] for r in by_key[key])) for key in sorted(by_key)]
+        else:
+            units = [([rel], size_of[night.path(folder, rel)]) for rel in rels]
+        cuts[kind] = _cut(units, n)
+    shares = [
+        replace(  # sidecars: the night's, not a part's
+            night,
+            rollouts=cuts["rollouts"][k],
+            failures=cuts["failures"][k],
+            ledger=cuts["ledger"][k],
+            captures=cuts["captures"][k],
+            tokens=cuts["tokens"][k],
+            sidecars=[],
+        )
+        for k in range(n)
+    ]
+    return LoadPlan(night, shares, total)
+
+
+def plan_location(folder: str) -> str:
+    return storage.join(folder, "load", PLAN)
+
+
+def part_folder(folder: str, k: int) -> str:
+    return storage.join(folder, "load", f"part-{k:05d}")
+
+
+def write_plan(folder: str, plan: LoadPlan) -> None:
+    storage.write_bytes(plan_location(folder), plan.to_json())
+
+
+def read_plan(folder: str) -> LoadPlan:
+    where = plan_location(folder)
+    try:
+        return LoadPlan.from_json(storage.read_bytes(where), where)
+    except FileNotFoundError:
+        raise RuntimeError(f"{where}: no load plan in the run's folder (the plan task did not run)") from None

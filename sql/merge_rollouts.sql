@@ -1,0 +1,15 @@
+-- The load parts' rollout rows (`p_rollouts`: each part's, numbered in its own reading order
+-- by rollout_seq) merged: the first line of each rollout_id in the night's reading order
+-- (parts in order, then their rows) is kept, renumbered across the night; `m_kept` names
+-- the part each kept row came from, `m_repeated` the lines of an id an earlier part holds.
+CREATE OR REPLACE TEMP TABLE m_ranked AS
+SELECT *, row_number() OVER (PARTITION BY rollout_id ORDER BY part, rollout_seq) AS occurrence FROM p_rollouts;
+INSERT INTO rollouts BY NAME
+SELECT CAST($ds AS DATE) AS ds, * EXCLUDE (part, occurrence, rollout_seq),
+       row_number() OVER (ORDER BY part, rollout_seq) AS rollout_seq
+FROM m_ranked WHERE occurrence = 1;
+CREATE OR REPLACE TEMP TABLE m_kept AS
+SELECT part, rollout_id, capture FROM m_ranked WHERE occurrence = 1;
+CREATE OR REPLACE TEMP TABLE m_repeated AS
+SELECT part, source_file, source_line, rollout_id FROM m_ranked WHERE occurrence > 1;
+DROP TABLE m_ranked;

@@ -1,0 +1,176 @@
+"""The load in parts (load/parts.py, part_load.py, merge.py): whatever the number of parts,
+the night's outcome is the same, byte for byte: training rows, audit, reject rows, the
+summary, and the warehouse's per-call tables once sorted. A part that dies is run again
+alone and leaves nothing twice; a part parsed for another plan, or not finished, stops the
+merge with a line naming it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nights import DS
+from reassembler.build import build_night
+from reassembler.formats.night import find_night
+from reassembler.load import part_load
+from reassembler.load.merge import merge_parts
+from reassembler.load.parts import part_folder, plan_parts, read_plan, write_plan
+from reassembler.producer.config import SynthConfig
+from reassembler.producer.synth import synth_night
+from reassembler.settings import Settings
+from reassembler.warehouse import connect
+
+PER_CALL = {
+    "rollouts": "SELECT * EXCLUDE (ds) FROM rollouts ORDER BY rollout_seq",
+    "ledger": "SELECT * EXCLUDE (ds) FROM ledger ORDER BY capture_seq",
+    "rejects": "SELECT * EXCLUDE (ds) FROM rejects ORDER BY ALL",
+    # derived token rows sit in their part's file: their place differs, their key does not
+    "token_rows": "SELECT t_staging_key, t_rollout_id, t_model_call_id, "
+    "CASE WHEN t_file LIKE '%/load/part-%' THEN 'derived' ELSE t_file END, "
+    "CASE WHEN t_file LIKE '%/load/part-%' THEN NULL ELSE t_row END FROM token_rows ORDER BY ALL",
+}
+
+
+def _damaged(root: Path, seed: int, shape: str | None) -> Path:
+    """A synth night (every fault synth injects), its rollout file cut in three and then:
+    a fourth file repeating some rollout ids of the first (an id an earlier part holds), a
+    broken line, a NeMo Gym failures file with a given-up sample and a failed attempt, a
+    ledger line of no rollout and a capture of no rollout."""
+    synth_night(root, DS, SynthConfig(rollouts=24, group_size=4, seed=seed, only_shape=shape, max_calls=12))
+    folder = root / "rollouts" / f"ds={DS}"
+    [only] = sorted(folder.glob("*.jsonl"))
+    lines = only.read_bytes().splitlines(keepends=True)
+    only.unlink()
+    third = max(1, len(lines) // 3)
+    for k, chunk in enumerate((lines[:third], lines[third : 2 * third], lines[2 * third :])):
+        (folder / f"results-{k}.jsonl").write_bytes(b"".join(chunk))
+    (folder / "results-3.jsonl").write_bytes(b"".join(lines[:2]) + b'{"rollout_id": "torn\n' + lines[-1])
+    failures = [
+        {"_ng_task_index": 900, "_ng_rollout_index": 0, "_ng_failure_terminal": True, "_ng_failure_class": "timeout"},
+        {"_ng_task_index": 901, "_ng_rollout_index": 1, "_ng_failure_terminal": False, "_ng_failure_class": "x"},
+    ]
+    (folder / "results-3_failures.jsonl").write_text("".join(json.dumps(f) + "\n" for f in failures) + "not json\n")
+    ledger = root / "ledger" / f"ds={DS}"
+    ledger_files = sorted(p for p in ledger.rglob("*.jsonl") if not p.name.endswith(".tokens.jsonl"))
+    if ledger_files:
+        line = json.loads(ledger_files[0].read_bytes().splitlines()[0])
+        line["rollout_id"] = "nobody"
+        (ledger / "zz-orphan.jsonl").write_text(json.dumps(line) + "\n")
+    (ledger / "nobody-else.tokens.intents").write_text("c1\n")
+    return root
+
+
+def _outcome(out: Path, summary) -> dict:
+    with connect(out, read_only=True) as con:
+        tables = {name: con.execute(query).fetchall() for name, query in PER_CALL.items()}
+    rows = pq.read_table(out / "rows" / f"ds={DS}").sort_by("row_id").to_pylist()
+    audit = pq.read_table(out / "audit" / f"ds={DS}").sort_by("rollout_id").to_pylist()
+    for a in audit:
+        a.pop("run_id", None)
+        a.pop("built_at", None)
+    return {"tables": tables, "rows": rows, "audit": audit, "load": summary.load.lines()}
+
+
+def _build(inp: Path, out: Path, parts: int, workers: int = 1) -> dict:
+    summary = build_night(inp, out, DS, Settings(load_parts=parts, workers=workers, allow_empty=True))
+    return _outcome(out, summary)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    seed=st.integers(0, 10_000),
+    shape=st.sampled_from([None, "plain", "gym", "local", "rebuilt"]),
+    parts=st.integers(2, 5),
+    workers=st.sampled_from([1, 2]),
+)
+def test_any_number_of_parts_gives_the_same_night(tmp_path_factory, seed, shape, parts, workers):
+    root = tmp_path_factory.mktemp("night")
+    inp = _damaged(root / "in", seed, shape)
+    one = _build(inp, root / "one", 1)
+    many = _build(inp, root / "many", parts, workers)
+    assert many == one
+    assert one["rows"] and any(r[0] == "rollouts" for r in one["tables"]["rejects"])  # the damage was read
+    repeated = [r for r in one["tables"]["rejects"] if "already seen" in (r[3] or "")]
+    assert repeated and all(r[4] for r in repeated)  # a repeated id's reject row keeps its raw line
+
+
+def test_the_plan_keeps_files_whole_and_captures_together(tmp_path):
+    inp = _damaged(tmp_path / "in", 5, "local")
+    night = find_night(inp, DS)
+    plan = plan_parts(night, 3)
+    assert len(plan.parts) == 3
+    for kind in ("rollouts", "failures", "ledger", "captures", "tokens"):
+        cut = [rel for part in plan.parts for rel in getattr(part, kind)]
+        assert sorted(cut) == sorted(getattr(night, kind))  # each file in one part, whole
+        if kind != "captures":
+            assert cut == getattr(night, kind)  # runs in reading order
+    keys = {}
+    for k, part in enumerate(plan.parts):
+        for rel in part.captures:
+            keys.setdefault(rel.split(".tokens")[0], set()).add(k)
+    assert keys and all(len(owners) == 1 for owners in keys.values())
+    assert sum(1 for p in plan.parts if p.rollouts) >= 2  # the bytes were spread
+    again = read_plan_roundtrip(tmp_path / "run", plan)
+    assert again == plan
+
+
+def read_plan_roundtrip(folder: Path, plan):
+    write_plan(str(folder), plan)
+    return read_plan(str(folder))
+
+
+def test_a_killed_part_is_run_again_alone_and_leaves_nothing_twice(tmp_path, monkeypatch):
+    inp = _damaged(tmp_path / "in", 11, None)
+    one = _build(inp, tmp_path / "one", 1)
+    night = find_night(inp, DS)
+    plan = plan_parts(night, 3)
+    run = tmp_path / "run"
+    write_plan(str(run), plan)
+    settings_ = Settings(load_parts=3, allow_empty=True)
+    for k in range(3):
+        part_load.load_part(plan, k, str(run), settings_)
+    # part 1 dies after writing some of its tables (a killed worker): its marker is gone
+    real = part_load._write
+    written = []
+
+    def dies(loc, schema, batches):
+        written.append(loc)
+        if len(written) == 3:
+            raise KeyboardInterrupt("killed")
+        real(loc, schema, batches)
+
+    monkeypatch.setattr(part_load, "_write", dies)
+    with pytest.raises(KeyboardInterrupt):
+        part_load.load_part(plan, 1, str(run), settings_)
+    monkeypatch.setattr(part_load, "_write", real)
+    assert not (Path(part_folder(str(run), 1)) / part_load.MARKER).exists()
+    with connect(tmp_path / "wh") as con, pytest.raises(RuntimeError, match=r"part-00001/part.json: load part 1 of 3"):
+        merge_parts(con, plan, str(run), settings_)
+    part_load.load_part(plan, 1, str(run), settings_)  # the retry, alone
+    files = sorted(p.name for p in Path(part_folder(str(run), 1)).iterdir())
+    assert not [f for f in files if ".tmp-" in f]  # nothing half written is left
+    with connect(tmp_path / "wh") as con:
+        merge_parts(con, plan, str(run), settings_)
+        tables = {name: con.execute(query).fetchall() for name, query in PER_CALL.items()}
+    assert tables["rollouts"] == one["tables"]["rollouts"]
+    assert tables["ledger"] == one["tables"]["ledger"]
+    assert tables["rejects"] == one["tables"]["rejects"]
+
+
+def test_a_part_of_another_plan_is_refused(tmp_path):
+    inp = _damaged(tmp_path / "in", 2, "plain")
+    night = find_night(inp, DS)
+    run = str(tmp_path / "run")
+    plan = plan_parts(night, 2)
+    for k in range(2):
+        part_load.load_part(plan, k, run, Settings(load_parts=2))
+    later = plan_parts(find_night(inp, DS), 3)  # the listing cut again: part 0 is not this plan's
+    shutil.rmtree(Path(part_folder(run, 2)), ignore_errors=True)
+    with connect(tmp_path / "wh") as con, pytest.raises(RuntimeError, match="parsed for another load plan"):
+        merge_parts(con, later, run, Settings())
