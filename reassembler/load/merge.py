@@ -75,7 +75,7 @@ def _stage(con, name: str, folder: str, parts: int) -> None:
         for k, file in enumerate(files):
             for g in range(file.num_row_groups):
                 table = file.read_row_group(g)
-                table = table.append_column("part", pa.array([k] * table.num_rows, pa.int64()))
+                table = table.append_column("part", pa.repeat(pa.scalar(k, pa.int64()), table.num_rows))
                 yield from table.cast(schema).to_batches()
 
     con.register("part_rows", pa.RecordBatchReader.from_batches(schema, batches()))
