@@ -629,6 +629,12 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
         lambda: run(PARTS_BUILD, inp, work / "scale-b2", DS, 2, 1, memory_limit),
     )
     two_workers = run(PARTS_BUILD, inp, work / "scale-b2w", DS, 2, 2, memory_limit)
+    # the one-process build as users run it, this revision against the one before the parts
+    before, now = interleaved(
+        rounds if tree is not None else 0,
+        lambda: _in_tree(tree, BUILD, inp, work / "scale-before", DS, 1, 1, memory_limit),
+        lambda: run(BUILD, inp, work / "scale-now", DS, 1, 1, memory_limit),
+    )
     # from the local S3 server: the input and the run's folder on the store
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from s3server import S3Server
@@ -695,6 +701,11 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
             f"speed ratio  load before / merge, 1x wall = {whole / merge1:.1f}; per call beyond the fixed cost "
             f"= {(whole - merge_fixed) / (merge1 - merge_fixed):.1f}   (goal >= 10)  "
             f"{_met((whole - merge_fixed) / (merge1 - merge_fixed) >= 10)}"
+        )
+        print(
+            f"build        one process, 1 shard: {SCALE_BEFORE} wall {spread(before, 'wall')}, this revision "
+            f"{spread(now, 'wall')}; ratio now / before = {med(now) / med(before):.2f} "
+            f"per round {paired(now, before, 'wall')}   (goal <= 1.00, noise ~5%)"
         )
     else:
         print(f"load before  {SCALE_BEFORE}: not in this history, skipped")
