@@ -1,12 +1,15 @@
--- The rollouts of one shard, in output order, each with the first ledger line of its own
--- that had to be rejected (such a rollout is masked: its ledger is incomplete).
+-- The rollouts of one shard, each with the first ledger line of its own that had to be
+-- rejected (such a rollout is masked: its ledger is incomplete), unordered: each row has the
+-- bucket of its group (plan_buckets.sql, or none: no_buckets.sql), and load/shard_plan.py sorts a bucket
+-- at a time into output order (ROLLOUT_ORDER). $rollout_id (explain) narrows it to one rollout.
 SELECT r.rollout_id, r.group_id, r.slot, r.reward, r.reward_problem, r.failure_reason,
        r.terminal_model_call_id, r.terminal_response_id, r.generated_items, r.model_items,
        r.metadata, r.capture, r.capture_reason, r.capture_detail, r.capture_call_id, r.n_token_items,
        r.source_file, r.source_line,
-       rej.n_rejected, rej.first_rejected
+       rej.n_rejected, rej.first_rejected, b.bucket AS plan_bucket
 FROM rollouts r
 JOIN shard_plan p ON p.ds = r.ds AND p.group_id = r.group_id
+LEFT JOIN {buckets} b ON b.group_id = r.group_id
 LEFT JOIN (
     SELECT rollout_id, count(*) AS n_rejected,
            arg_min(file || ':' || line || ': ' || error, (file, line)) AS first_rejected
@@ -15,5 +18,4 @@ LEFT JOIN (
     GROUP BY rollout_id
 ) rej ON rej.rollout_id = r.rollout_id
 WHERE r.ds = $ds AND ($shard IS NULL OR p.shard = $shard)
-  AND ($rollout_id IS NULL OR r.rollout_id = $rollout_id)
-ORDER BY r.group_id, r.slot, r.rollout_id;
+  AND ($rollout_id IS NULL OR r.rollout_id = $rollout_id);

@@ -174,3 +174,28 @@ def test_a_part_of_another_plan_is_refused(tmp_path):
     shutil.rmtree(Path(part_folder(run, 2)), ignore_errors=True)
     with connect(tmp_path / "wh") as con, pytest.raises(RuntimeError, match="parsed for another load plan"):
         merge_parts(con, later, run, Settings())
+
+
+def test_merge_and_plans_never_sort_the_wide_rows_whole(tmp_path):
+    """The merge numbers rollouts over their keys only, and the shard plans are sorted a
+    bucket of groups at a time (load/shard_plan.py), so the warehouse task's memory does
+    not grow with the night: 2,000 rollouts and ~47k calls build at a 48MB memory_limit,
+    where sorting every rollout row or every call row in one DuckDB query ran out of memory."""
+    from reassembler.settings import DuckDBSettings
+
+    cfg = SynthConfig(
+        rollouts=2000,
+        seed=5,
+        prompt_tokens=(10, 30),
+        observation_tokens=(2, 12),
+        generated_tokens=(2, 12),
+        rollouts_per_ledger_file=500,
+        token_rows_per_file=20000,
+    )
+    totals = synth_night(tmp_path / "input", DS, cfg)
+    assert totals["calls"] > 40_000
+    summary = build_night(
+        tmp_path / "input", tmp_path / "out", DS, Settings(duckdb=DuckDBSettings(memory_limit="48MB"))
+    )
+    audit = pq.read_table(tmp_path / "out" / "audit" / f"ds={DS}")
+    assert audit.num_rows == summary.numbers.audit_rows == 2000 and summary.numbers.ok_rollouts > 1000

@@ -81,23 +81,44 @@ def test_shards_change_nothing(synth):
     assert t1 == t3 and one.numbers.n_rows == three.numbers.n_rows
 
 
-def test_calls_read_in_slices_of_groups_change_nothing(synth, monkeypatch):
-    """DuckDB sorts a shard's calls a slice of groups at a time (shard_plan.SLICE_CALLS); slices of
-    one group each (every group larger than a slice) give the same rows and audit rows."""
+def test_plans_sorted_in_spilled_buckets_of_one_group_change_nothing(synth, monkeypatch):
+    """A shard's rollouts and calls are sorted a bucket of groups at a time, spilled to files
+    when held rows pass shard_plan.HELD_BYTES; buckets of one group each (every group larger
+    than a bucket), all spilled, give the same plans, rows and audit rows."""
+    import reassembler.build as build
+
     root, _, _ = synth
+    plans = {}
+    real_plans = build.write_plans
+
+    def write_plans(con, staging, ds, shards):
+        real_plans(con, staging, ds, shards)
+        for name in ("rollouts", "calls"):
+            loc = f"{shard_plan.plan_dir(staging, 0)}/{name}.parquet"
+            rows = pq.read_table(loc).to_pylist()
+            for row in rows:  # a token file the build derived: in its own run's folder
+                if (row.get("t_file") or "").startswith(str(staging)):
+                    row["t_file"] = row["t_file"][len(str(staging)) :]
+            plans.setdefault(name, []).append(rows)
+
+    monkeypatch.setattr(build, "write_plans", write_plans)
     build_night(root / "input", root / "whole", DS)
-    slices = []
-    real = shard_plan._slices
-    monkeypatch.setattr(shard_plan, "_slices", lambda *a: slices.append(real(*a)) or slices[-1])
-    monkeypatch.setattr(shard_plan, "SLICE_CALLS", 1)
-    build_night(root / "input", root / "sliced", DS)
+    spilled = []
+    real = shard_plan._Buckets._spill
+    monkeypatch.setattr(shard_plan._Buckets, "_spill", lambda self: spilled.append(len(self.held)) or real(self))
+    monkeypatch.setattr(shard_plan, "BUCKET_ROWS", 1)
+    monkeypatch.setattr(shard_plan, "HELD_BYTES", 0)
+    build_night(root / "input", root / "bucketed", DS)
     groups = {r["group_id"] for r in pq.read_table(root / "whole" / "audit" / f"ds={DS}").to_pylist()}
-    assert len(slices[0]) == len(groups) > 1
+    assert len(groups) > 1 and len(spilled) > 1 and max(spilled) > 1  # batches split over buckets, then spilled
+    for name in ("rollouts", "calls"):
+        whole, bucketed = plans[name]
+        assert whole == bucketed and whole
     for kind in ("rows", "audit"):
-        whole, sliced = (pq.read_table(root / b / kind / f"ds={DS}") for b in ("whole", "sliced"))
+        whole, bucketed = (pq.read_table(root / b / kind / f"ds={DS}") for b in ("whole", "bucketed"))
         if "run_id" in whole.column_names:
-            whole, sliced = whole.drop_columns(["run_id"]), sliced.drop_columns(["run_id"])
-        assert whole.to_pylist() == sliced.to_pylist() and whole.num_rows
+            whole, bucketed = whole.drop_columns(["run_id"]), bucketed.drop_columns(["run_id"])
+        assert whole.to_pylist() == bucketed.to_pylist() and whole.num_rows
 
 
 def test_the_night_holds_every_producer_shape_as_written(synth):

@@ -14,6 +14,7 @@ from ..formats.night import NightFiles, find_night
 from ..load.derived_tokens import derived_tokens
 from ..load.gym_capture import derive_again
 from ..load.read import token_files
+from ..load.shard_plan import CALL_ORDER, sort_rows
 from ..load.token_keys import KEYS, key_batches
 from ..load.token_store import TokenStore
 from ..reasons import DESCRIPTIONS
@@ -36,9 +37,9 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     reads): its ledger, selection, cut and walks, then the outcome the build recorded. The
     per-call token checks are not rerun here; `explain` reruns everything."""
     params = {"ds": ds, "shard": None, "rollout_id": rollout_id}
-    cur = con.execute(sql("shard_rollouts"), params)
+    cur = con.execute(sql("shard_rollouts", buckets=sql("no_buckets")), params)
     names = [d[0] for d in cur.description]
-    records = [dict(zip(names, row)) for row in cur.fetchall()]
+    records = [{k: v for k, v in zip(names, row) if k != "plan_bucket"} for row in cur.fetchall()]
     published = con.execute(sql("explain_audit"), {"ds": ds, "rollout_id": rollout_id}).fetchone()
     if not records or published is None:
         return [f"rollout {rollout_id}: not in the warehouse for ds={ds}"]
@@ -61,9 +62,9 @@ def rerun(con, night: NightFiles, rollout_id: str, options: Options):
     """One rollout rerun through verification (verify.batch) on the night's files as they
     are now: (outcome or None, the trace of its steps, its token batch)."""
     params = {"ds": night.ds, "shard": None, "rollout_id": rollout_id}
-    cur = con.execute(sql("shard_rollouts"), params)
+    cur = con.execute(sql("shard_rollouts", buckets=sql("no_buckets")), params)
     names = [d[0] for d in cur.description]
-    rollouts = [dict(zip(names, row)) for row in cur.fetchall()]
+    rollouts = [{k: v for k, v in zip(names, row) if k != "plan_bucket"} for row in cur.fetchall()]
     if not rollouts:
         return None, [], None
     derived = rollouts[0].get("capture") in ("local", "rebuilt")  # NeMo Gym's own capture (CONTRACT.md 9)
@@ -78,9 +79,11 @@ def rerun(con, night: NightFiles, rollout_id: str, options: Options):
             "shard_calls",
             tokens=sql("token_empty") if derived else "SELECT * FROM explain_tokens",
             call_columns=select_list(CALL, "l"),
+            buckets=sql("no_buckets"),
         ),
-        params=dict(params, first_group=None, last_group=None),
+        params=params,
     ).to_arrow_table()
+    table = sort_rows(table, CALL_ORDER)
     walk: list[str] = []
     if derived:
         rows, walk = derive_again(night, rollouts[0])

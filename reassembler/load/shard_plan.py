@@ -11,14 +11,23 @@ task wrote) and may run on any machine.
                                                    group, rows taken), in the order it first
                                                    needs them
 
-Memory is bounded while writing: DuckDB sorts one slice of SLICE_CALLS calls' groups at a
-time and streams it out in batches of CALL_BATCH_ROWS rows, which become the calls file's
-row groups; the shard reads them back in the same batches. Both files are scratch, read
-once: no compression, dictionary or statistics.
+Memory is bounded while writing, whatever the size of the shard: its groups are cut into
+buckets of about BUCKET_ROWS rollout and call rows (sql/plan_buckets.sql); DuckDB reads the
+shard's rollouts, then its calls, once each and unordered, and each row goes to its bucket
+(held in memory up to HELD_BYTES, then spilled to Arrow files in this process's DuckDB spill
+folder); each bucket is then sorted by Arrow into output order and written in batches of
+CALL_BATCH_ROWS rows, which become the files' row groups; the shard reads them back in the
+same batches. DuckDB never sorts the wide rows (at a small memory_limit its sort of them
+runs out of memory), and no query is run per bucket (one per bucket scanned the whole
+ledger each time: a night's plans grew with the square of its calls). Both files are
+scratch, read once: no compression, dictionary or statistics.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -32,7 +41,18 @@ from ..formats.fields import CALL, select_list
 from ..formats.token_file import TokenFile
 from ..warehouse import sql
 
-SLICE_CALLS = 8192  # calls DuckDB sorts at a time (~2.5 KB each): slices of whole groups
+BUCKET_ROWS = 8192  # rollout and call rows Arrow sorts at a time (a call ~2.5 KB): whole groups
+HELD_BYTES = 64 * 2**20  # rows held in memory before the buckets are spilled to files
+READ_ROWS = 2048  # rows a batch as DuckDB streams a query's rows to their buckets
+ROLLOUT_ORDER = [("group_id", "ascending"), ("slot", "ascending"), ("rollout_id", "ascending")]
+CALL_ORDER = [
+    ("group_id", "ascending"),
+    ("plan_slot", "ascending"),
+    ("rollout_id", "ascending"),
+    ("capture_seq", "ascending"),
+    ("t_file", "ascending"),
+    ("t_row", "ascending"),
+]
 # Rows per Arrow batch DuckDB streams a slice in: at 64, streaming a 1x night's slices took
 # ~0.09-0.13 CPU-s, at 256-512 ~0.07 (the build: 1-3% less CPU); from 512 on, peak RSS
 # grows (+20 MiB at 512, +50 MiB at 1024 on the 4x night, +110-145 MiB at 2048).
@@ -47,16 +67,30 @@ def plan_dir(staging, shard: int) -> str:
 def write_plans(con, staging, ds: str, shards: int) -> None:
     """Write the plan of every shard of the loaded night `ds` (sql/plan_shards.sql split it)."""
     starts: dict[str, np.ndarray] = {}  # each token file's row-group starts, its footer read once
+    [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
+    calls_query = sql(
+        "shard_calls", tokens=sql("night_token_rows"), call_columns=select_list(CALL, "l"), buckets="plan_buckets"
+    )
     for shard in range(shards):
         params = {"ds": ds, "shard": shard, "rollout_id": None}
         folder = plan_dir(staging, shard)
-        rollouts = con.sql(sql("shard_rollouts"), params=params).to_arrow_table()
-        _write(storage.join(folder, "rollouts.parquet"), rollouts.schema, [rollouts])
+        buckets = con.sql(
+            sql("plan_buckets"), params={"ds": ds, "shard": shard, "bucket_rows": BUCKET_ROWS}
+        ).to_arrow_table()
+        rollouts = _sorted(con, sql("shard_rollouts", buckets="plan_buckets"), params, buckets, ROLLOUT_ORDER, spill)
+        _write(storage.join(folder, "rollouts.parquet"), None, rollouts)
         groups = _TokenGroups(starts)
-        calls = (groups.add(batch) for batch in _call_slices(con, params, _slices(con, ds, shard)))
+        calls = (groups.add(batch) for batch in _sorted(con, calls_query, params, buckets, CALL_ORDER, spill))
         _write(storage.join(folder, "calls.parquet"), None, calls)
         table = groups.table()
         _write(storage.join(folder, "token_groups.parquet"), table.schema, [table])
+
+
+def sort_rows(table: pa.Table, order: list[tuple[str, str]]) -> pa.Table:
+    """`table` (a query's rows, with their plan_ columns) in `order`, without those columns:
+    ROLLOUT_ORDER or CALL_ORDER, what ORDER BY would give (nulls last), ties in table order."""
+    table = table.take(pc.sort_indices(table, sort_keys=order))
+    return table.drop_columns([name for name in table.column_names if name.startswith("plan_")])
 
 
 TOKEN_GROUPS = pa.schema([("file", pa.string()), ("row_group", pa.int32()), ("rows", pa.int64())])
@@ -73,11 +107,11 @@ class _TokenGroups:
         self.rows: list[pa.Array] = []
         self.tokens = 0  # the calls' new tokens (delta_len), the shard's progress total
 
-    def add(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        self.files.append(batch.column("t_file"))
-        self.rows.append(batch.column("t_row"))
-        self.tokens += max(0, pc.sum(batch.column("delta_len")).as_py() or 0)
-        return batch
+    def add(self, table: pa.Table) -> pa.Table:
+        self.files += table.column("t_file").chunks
+        self.rows += table.column("t_row").chunks
+        self.tokens += max(0, pc.sum(table.column("delta_len")).as_py() or 0)
+        return table
 
     def table(self) -> pa.Table:
         return self._table().replace_schema_metadata({TOKENS_KEY: str(self.tokens)})
@@ -115,42 +149,99 @@ def _write(loc: str, schema: pa.Schema | None, parts) -> None:
             if writer is None:
                 writer = pq.ParquetWriter(sink, schema or part.schema, **SCRATCH)
             if part.num_rows or schema is not None:
-                writer.write(part)
+                writer.write(part, row_group_size=CALL_BATCH_ROWS)
         if writer is None:
             raise ValueError(f"{loc}: nothing to write, not even a schema")
         writer.close()
 
 
-def _slices(con, ds: str, shard: int) -> list[tuple[str | None, str | None]]:
-    """The shard's groups cut into ranges (first, last group_id) of at most SLICE_CALLS
-    ledger rows each (a group larger than that is a slice of its own); [(None, None)], the
-    whole shard, when it holds no group."""
-    slices: list[tuple[str | None, str | None]] = []
-    first = last = None
-    held = 0
-    for group, calls in con.execute(sql("shard_slices"), {"ds": ds, "shard": shard}).fetchall():
-        if first is not None and held + calls > SLICE_CALLS:
-            slices.append((first, last))
-            first, held = None, 0
-        first = group if first is None else first
-        last, held = group, held + calls
-    if first is not None:
-        slices.append((first, last))
-    return slices or [(None, None)]
+def _sorted(
+    con, query: str, params: dict, buckets, order: list[tuple[str, str]], spill: str
+) -> Iterator[pa.RecordBatch]:
+    """The rows of `query` (the shard's rollouts or calls, each with its bucket in `buckets`:
+    plan_buckets.sql's rows) in `order`, a table a bucket; the first is empty (it carries
+    the schema)."""
+    with con.cursor() as cursor:  # a one-process build shares the connection
+        cursor.register("plan_buckets", buckets)
+        reader = cursor.sql(query, params=params).to_arrow_reader(READ_ROWS)
+        schema = reader.schema
+        yield _empty(schema)
+        with _Buckets(schema, spill) as buckets:
+            for batch in reader:
+                buckets.add(batch)
+            for table in buckets.tables():
+                yield sort_rows(table, order)
 
 
-def _call_slices(con, params: dict, slices: list[tuple[str | None, str | None]]) -> Iterator[pa.RecordBatch]:
-    """The shard's call rows (token locations from the night's token_rows), slice after
-    slice: DuckDB sorts a slice at a time, so its sort holds a slice, not the shard. The
-    first batch of each slice may be empty (it carries the schema)."""
-    query = sql("shard_calls", tokens=sql("night_token_rows"), call_columns=select_list(CALL, "l"))
-    for first, last in slices:
-        with con.cursor() as cursor:  # closed with its slice (a one-process build shares the connection)
-            reader = cursor.sql(query, params=dict(params, first_group=first, last_group=last)).to_arrow_reader(
-                CALL_BATCH_ROWS
-            )
-            yield pa.RecordBatch.from_pylist([], schema=reader.schema)
-            yield from reader
+def _empty(schema: pa.Schema) -> pa.Table:
+    return pa.schema([f for f in schema if not f.name.startswith("plan_")]).empty_table()
+
+
+class _Buckets:
+    """Rows routed to their bucket, held in memory up to HELD_BYTES, then spilled: one Arrow
+    stream file a bucket, in a folder of its own in `spill`, removed on leaving."""
+
+    def __init__(self, schema: pa.Schema, spill: str):
+        self.schema, self.spill = schema, spill
+        self.held: dict[int, list[pa.RecordBatch]] = {}
+        self.held_bytes = 0
+        self.folder: str | None = None
+        self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if not batch.num_rows:
+            return
+        bucket = batch.column("plan_bucket").to_numpy(zero_copy_only=False)
+        if bucket[0] == bucket[-1] and (bucket == bucket[0]).all():
+            self._hold(int(bucket[0]), batch)
+        else:
+            order = np.argsort(bucket, kind="stable")
+            ordered = batch.take(pa.array(order))
+            keys, starts = np.unique(bucket[order], return_index=True)
+            for key, start, end in zip(keys.tolist(), starts.tolist(), [*starts[1:].tolist(), len(order)]):
+                self._hold(key, ordered.slice(start, end - start))
+        self.held_bytes += batch.nbytes
+        if self.held_bytes > HELD_BYTES:
+            self._spill()
+
+    def _hold(self, bucket: int, batch: pa.RecordBatch) -> None:
+        self.held.setdefault(bucket, []).append(batch)
+
+    def _spill(self) -> None:
+        if self.folder is None:
+            os.makedirs(self.spill, exist_ok=True)
+            self.folder = tempfile.mkdtemp(prefix="plan-buckets-", dir=self.spill)
+        for bucket, batches in self.held.items():
+            if bucket not in self.writers:
+                self.writers[bucket] = pa.ipc.new_stream(self._path(bucket), self.schema)
+            self.writers[bucket].write_table(pa.Table.from_batches(batches, self.schema).combine_chunks())
+        self.held, self.held_bytes = {}, 0
+
+    def _path(self, bucket: int) -> str:
+        assert self.folder is not None
+        return os.path.join(self.folder, f"{bucket}.arrow")
+
+    def tables(self) -> Iterator[pa.Table]:
+        """Each bucket's rows, in bucket order (rows in the order they came)."""
+        for bucket in sorted({*self.held, *self.writers}):
+            batches = []
+            if bucket in self.writers:
+                self.writers.pop(bucket).close()
+                path = self._path(bucket)
+                with pa.OSFile(path) as source:
+                    batches += pa.ipc.open_stream(source).read_all().to_batches()
+                os.remove(path)
+            batches += self.held.pop(bucket, [])
+            yield pa.Table.from_batches(batches, self.schema)
 
 
 def read_rollouts(staging, shard: int) -> list[dict]:
