@@ -32,14 +32,19 @@ CAPTURES = {
 }
 
 
+def _rollouts(con, params: dict) -> list[dict]:
+    """The records of sql/shard_rollouts.sql for `params` (one rollout), without its plan_
+    columns (the shard plans' buckets: none here)."""
+    cur = con.execute(sql("shard_rollouts", buckets=sql("no_buckets")), params)
+    names = [d[0] for d in cur.description]
+    return [{k: v for k, v in zip(names, row) if not k.startswith("plan_")} for row in cur.fetchall()]
+
+
 def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     """The trace of one published rollout replayed from the warehouse alone (no token
     reads): its ledger, selection, cut and walks, then the outcome the build recorded. The
     per-call token checks are not rerun here; `explain` reruns everything."""
-    params = {"ds": ds, "shard": None, "rollout_id": rollout_id}
-    cur = con.execute(sql("shard_rollouts", buckets=sql("no_buckets")), params)
-    names = [d[0] for d in cur.description]
-    records = [{k: v for k, v in zip(names, row) if k != "plan_bucket"} for row in cur.fetchall()]
+    records = _rollouts(con, {"ds": ds, "shard": None, "rollout_id": rollout_id})
     published = con.execute(sql("explain_audit"), {"ds": ds, "rollout_id": rollout_id}).fetchone()
     if not records or published is None:
         return [f"rollout {rollout_id}: not in the warehouse for ds={ds}"]
@@ -62,9 +67,7 @@ def rerun(con, night: NightFiles, rollout_id: str, options: Options):
     """One rollout rerun through verification (verify.batch) on the night's files as they
     are now: (outcome or None, the trace of its steps, its token batch)."""
     params = {"ds": night.ds, "shard": None, "rollout_id": rollout_id}
-    cur = con.execute(sql("shard_rollouts", buckets=sql("no_buckets")), params)
-    names = [d[0] for d in cur.description]
-    rollouts = [{k: v for k, v in zip(names, row) if k != "plan_bucket"} for row in cur.fetchall()]
+    rollouts = _rollouts(con, params)
     if not rollouts:
         return None, [], None
     derived = rollouts[0].get("capture") in ("local", "rebuilt")  # NeMo Gym's own capture (CONTRACT.md 9)

@@ -53,9 +53,10 @@ CALL_ORDER = [
     ("t_file", "ascending"),
     ("t_row", "ascending"),
 ]
-# Rows per Arrow batch DuckDB streams a slice in: at 64, streaming a 1x night's slices took
-# ~0.09-0.13 CPU-s, at 256-512 ~0.07 (the build: 1-3% less CPU); from 512 on, peak RSS
-# grows (+20 MiB at 512, +50 MiB at 1024 on the 4x night, +110-145 MiB at 2048).
+# Rows a row group of the plan files, as the shard reads them back (PlannedCalls). Measured
+# when DuckDB streamed its batches at this size: at 64 ~0.09-0.13 CPU-s on a 1x night, at
+# 256-512 ~0.07; from 512 on, the shard's peak RSS grows (+20 MiB at 512, +50 MiB at 1024
+# on the 4x night, +110-145 MiB at 2048).
 CALL_BATCH_ROWS = 256
 SCRATCH = {"compression": "none", "use_dictionary": False, "write_statistics": False}
 
@@ -155,9 +156,7 @@ def _write(loc: str, schema: pa.Schema | None, parts) -> None:
         writer.close()
 
 
-def _sorted(
-    con, query: str, params: dict, buckets, order: list[tuple[str, str]], spill: str
-) -> Iterator[pa.RecordBatch]:
+def _sorted(con, query: str, params: dict, buckets, order: list[tuple[str, str]], spill: str) -> Iterator[pa.Table]:
     """The rows of `query` (the shard's rollouts or calls, each with its bucket in `buckets`:
     plan_buckets.sql's rows) in `order`, a table a bucket; the first is empty (it carries
     the schema)."""
