@@ -136,7 +136,7 @@ def test_a_killed_part_is_run_again_alone_and_leaves_nothing_twice(tmp_path, mon
     for k in range(3):
         part_load.load_part(plan, k, str(run), settings_)
     # part 1 dies after writing some of its tables (a killed worker): its marker is gone
-    real = part_load._write
+    real = part_load.write_table
     written = []
 
     def dies(loc, schema, batches):
@@ -145,11 +145,14 @@ def test_a_killed_part_is_run_again_alone_and_leaves_nothing_twice(tmp_path, mon
             raise KeyboardInterrupt("killed")
         real(loc, schema, batches)
 
-    monkeypatch.setattr(part_load, "_write", dies)
+    monkeypatch.setattr(part_load, "write_table", dies)
     with pytest.raises(KeyboardInterrupt):
         part_load.load_part(plan, 1, str(run), settings_)
-    monkeypatch.setattr(part_load, "_write", real)
-    assert not (Path(part_folder(str(run), 1)) / part_load.MARKER).exists()
+    monkeypatch.setattr(part_load, "write_table", real)
+    left = sorted(p.name for p in Path(part_folder(str(run), 1)).rglob("*") if p.is_file())
+    assert part_load.MARKER not in left
+    # the tables written as rows came are gone whole (none half written, none complete)
+    assert not [f for f in left if ".tmp-" in f or f.split(".")[0] in part_load.WAREHOUSE_TABLES], left
     with connect(tmp_path / "wh") as con, pytest.raises(RuntimeError, match=r"part-00001/part.json: load part 1 of 3"):
         merge_parts(con, plan, str(run), settings_)
     part_load.load_part(plan, 1, str(run), settings_)  # the retry, alone

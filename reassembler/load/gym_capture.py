@@ -38,7 +38,7 @@ from ..formats.records import RecordError, parse_failure
 from ..warehouse import run_script, sql
 from .capture_children import CaptureChildren
 from .derived_tokens import DerivedTokens
-from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter
+from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter, IntoWarehouse, Sink
 from .json_lines import DECODER, json_lines, reject
 from .local_capture import CaptureFiles, LocalRollout, TokenRow, read_capture, read_captures
 
@@ -91,7 +91,7 @@ class GymCapture:
 
     def __init__(
         self,
-        con,
+        ledger: Sink,
         night: NightFiles,
         rejects: Inserter,
         scratch: str,
@@ -100,7 +100,7 @@ class GymCapture:
         done: Callable[..., None] | None = None,
         every_capture: list[str] | None = None,
     ):
-        self.con, self.night, self.rejects, self.max_line_bytes = con, night, rejects, max_line_bytes
+        self.night, self.rejects, self.max_line_bytes = night, rejects, max_line_bytes
         self._done = done or (lambda *locations: None)  # the load's progress: these files are read
         self.captures = _capture_files(night.captures, rejects)  # this part's
         # every capture of the night, for a rebuilt line's state file (another part may hold it)
@@ -113,7 +113,7 @@ class GymCapture:
         self._scratch = scratch
         self._readers = readers
         self._tokens: DerivedTokens | None = None
-        self.calls = Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
+        self.calls = Inserter(ledger, LEDGER_BATCH)  # the part's ledger table
         self._seq = CAPTURE_SEQ_BASE
         self.token_files: list[str] = []  # the derived token files (read)
 
@@ -349,7 +349,7 @@ def _given_up(con, night: NightFiles, summary: GymSummary, rollout_count: int) -
                 (rel, line, {"key": key, "terminal": terminal, "failure_class": failure_class})
             )
     seq = rollout_count
-    given_up = Inserter(con, "insert_rollouts", ROLLOUT_BATCH, night.ds)
+    given_up = Inserter(IntoWarehouse(con, "insert_rollouts", night.ds), ROLLOUT_BATCH)
     for sample, attempts in sorted(per_sample.items()):
         if sample in samples:
             continue  # a result line of the night has it

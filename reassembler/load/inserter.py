@@ -1,14 +1,17 @@
-"""Rows into the warehouse in chunks: dict rows buffered and inserted through a SQL file, as
-Arrow batches typed by formats/fields.py."""
+"""Rows into a table in chunks: dict rows buffered, then written as Arrow batches typed by
+formats/fields.py, to a sink: a load part's Parquet file (load/part_tables.py) or the
+warehouse, through a SQL file (`IntoWarehouse`)."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import pyarrow as pa
 
 from ..formats.fields import LEDGER, ROLLOUT, arrow_schema
 from ..warehouse import sql
 
-CHUNK_ROWS = 500  # rows buffered before an insert: a rollout row carries its whole output's fingerprints
+CHUNK_ROWS = 500  # rows buffered before a write: a rollout row carries its whole output's fingerprints
 
 ROLLOUT_BATCH = arrow_schema(ROLLOUT)
 LEDGER_BATCH = arrow_schema(LEDGER)
@@ -25,11 +28,29 @@ REJECT_BATCH = pa.schema(
 )
 
 
-class Inserter:
-    """Buffers dict rows and inserts them through sql/<statement>.sql, CHUNK_ROWS at a time."""
+class Sink(Protocol):
+    def write(self, table: pa.Table) -> None: ...
 
-    def __init__(self, con, statement: str, schema: pa.Schema, ds: str):
-        self.con, self.statement, self.schema, self.ds = con, sql(statement), schema, ds
+
+class IntoWarehouse:
+    """A sink that inserts each table through sql/<statement>.sql (it reads `batch`; `$ds`)."""
+
+    def __init__(self, con, statement: str, ds: str):
+        self.con, self.statement, self.ds = con, sql(statement), ds
+
+    def write(self, table: pa.Table) -> None:
+        self.con.register("batch", table)
+        try:
+            self.con.execute(self.statement, {"ds": self.ds})
+        finally:
+            self.con.unregister("batch")
+
+
+class Inserter:
+    """Buffers dict rows and writes them to `sink` as tables of `schema`, CHUNK_ROWS at a time."""
+
+    def __init__(self, sink: Sink, schema: pa.Schema):
+        self.sink, self.schema = sink, schema
         self.rows: list[dict] = []
         self.count = 0
 
@@ -40,8 +61,6 @@ class Inserter:
 
     def flush(self) -> None:
         if self.rows:
-            self.con.register("batch", pa.Table.from_pylist(self.rows, schema=self.schema))
-            self.con.execute(self.statement, {"ds": self.ds})
-            self.con.unregister("batch")
+            self.sink.write(pa.Table.from_pylist(self.rows, schema=self.schema))
             self.count += len(self.rows)
             self.rows = []

@@ -30,7 +30,7 @@ from ..errors import InputError
 from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script, sql
 from .gym_capture import decide
-from .inserter import REJECT_BATCH, Inserter
+from .inserter import REJECT_BATCH, Inserter, IntoWarehouse
 from .json_lines import ROLLOUT_DECODER, decode, guess_ids, reject
 from .part_load import MARKER
 from .parts import LoadPlan, part_folder
@@ -96,16 +96,10 @@ def merge_parts(con, plan: LoadPlan, folder: str, settings: Settings = DEFAULTS)
         run_script(con, "clear_night", {"ds": ds})
         for name in TABLES:
             _stage(con, name, folder, len(plan.parts))
-        con.execute(
-            "INSERT INTO token_rows SELECT CAST($ds AS DATE), t_staging_key, t_rollout_id, t_model_call_id, t_file, "
-            "t_row FROM p_token_keys",
-            {"ds": ds},
-        )
-        con.execute(
-            "INSERT INTO rejects BY NAME SELECT CAST($ds AS DATE) AS ds, * EXCLUDE (part) FROM p_rejects", {"ds": ds}
-        )
+        con.execute(sql("insert_token_rows"), {"ds": ds})
+        con.execute(sql("merge_rejects"), {"ds": ds})
         run_script(con, "merge_rollouts", {"ds": ds})
-        rejects = Inserter(con, "insert_rejects", REJECT_BATCH, ds)
+        rejects = Inserter(IntoWarehouse(con, "insert_rejects", ds), REJECT_BATCH)
         _reject_repeated(con, plan, rejects)
         bases, before = [], 0
         for marker in markers:

@@ -1,11 +1,13 @@
 """Parse and check one load part (load/parts.py) into Parquet in the run's folder.
 
-A part needs no warehouse: its files are parsed into an in-memory DuckDB of the warehouse's
-schema, with the same code whatever the part (rollout lines, ledger lines in columns, token
-keys, NeMo Gym's failures files, rebuilt lines and local-mode captures), then written as one
-Parquet file per table into the part's folder (`load/part-NNNNN/`), and last its marker,
-`part.json`. The merge (load/merge.py) reads a part only through its marker. A part run
-again first removes its folder: its files are rewritten whole, never appended to.
+A part needs no warehouse, nor any database: its files are parsed with the same code
+whatever the part (rollout lines, ledger lines in columns, token keys, NeMo Gym's failures
+files, rebuilt lines and local-mode captures), and the rows written as they come, a row
+group at a time, to one Parquet file per table of the warehouse's schema in the part's
+folder (`load/part-NNNNN/`: load/part_tables.py), and last its marker, `part.json`. The
+merge (load/merge.py) reads a part only through its marker. A part run again first removes
+its folder: its files are rewritten whole, never appended to. A part's memory is a row
+group per table and the batch being parsed, not the part.
 
 What a part decides alone: each line's verdict, a rollout_id repeated inside the part (the
 first kept), too-big token row groups. What it leaves to the merge (it needs the whole
@@ -17,28 +19,24 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
-import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .. import storage
 from ..errors import StoreError
 from ..formats.night import NightFiles
 from ..settings import DEFAULTS, Settings
-from ..warehouse import migrate, scratch_config, sql
 from . import capture_children, rollout_lines
 from .gym_capture import GymCapture
-from .inserter import REJECT_BATCH, Inserter
+from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter
+from .part_tables import PartTables, write_table
 from .parts import LoadPlan, part_folder
-from .read import InputProgress, load_ledger_lines, load_rollout_lines, reject_too_big, token_files
+from .read import InputProgress, load_ledger_lines, load_rollout_lines, token_files, too_big_rejects
 from .token_keys import KEYS, key_batches
 
 log = logging.getLogger(__name__)
 
 MARKER = "part.json"
-BATCH_ROWS = 65_536  # rows a batch as a part's tables are written
 
 # the tables a part writes beside the warehouse's own (rollouts, ledger, rejects, token_rows)
 SAMPLES = pa.schema([("rollout_id", pa.string()), ("task", pa.int64()), ("sample", pa.int64())])
@@ -65,13 +63,8 @@ OUTCOMES = pa.schema(
         ("error", pa.string()),
     ]
 )
-# the part's tables, each one Parquet file: the warehouse's (SQL) and the Gym ones (Arrow)
-WAREHOUSE_TABLES = {
-    "rollouts": "SELECT * EXCLUDE (ds) FROM rollouts",
-    "ledger": "SELECT * EXCLUDE (ds) FROM ledger",
-    "rejects": "SELECT * EXCLUDE (ds) FROM rejects",
-    "token_keys": "SELECT * EXCLUDE (ds) FROM token_rows",
-}
+# the part's tables of the warehouse's (their columns but ds), written as rows come
+WAREHOUSE_TABLES = {"rollouts": ROLLOUT_BATCH, "ledger": LEDGER_BATCH, "rejects": REJECT_BATCH, "token_keys": KEYS}
 
 
 def load_part(
@@ -95,13 +88,9 @@ def load_part(
         background = rollout_lines.start(part, settings.max_line_bytes)
         readers = capture_children.start(part)
     try:
-        with duckdb.connect(":memory:", config=scratch_config(settings.duckdb)) as con:
-            migrate(con)
-            what = "load" if len(plan.parts) == 1 else f"load part {k}"  # the progress line's name
-            marker = _parse(con, part, out, what, settings, every_capture, background, readers)
-            for name, query in WAREHOUSE_TABLES.items():
-                reader = con.sql(query).to_arrow_reader(BATCH_ROWS)
-                _write(storage.join(out, f"{name}.parquet"), reader.schema, reader)
+        what = "load" if len(plan.parts) == 1 else f"load part {k}"  # the progress line's name
+        with PartTables(out, WAREHOUSE_TABLES) as tables:
+            marker = _parse(tables, part, out, what, settings, every_capture, background, readers)
     finally:
         if own:
             for helper in (background, readers):
@@ -112,38 +101,39 @@ def load_part(
     return marker
 
 
-def _parse(con, part: NightFiles, out: str, what: str, settings: Settings, every_capture, background, readers) -> dict:
+def _parse(
+    tables: PartTables, part: NightFiles, out: str, what: str, settings: Settings, every_capture, background, readers
+) -> dict:
     max_line_bytes = settings.max_line_bytes
     files = token_files(part, settings.max_row_group_bytes)  # unusable token files: refused before anything
     progress = InputProgress.of(part, what)
     try:
-        reader = pa.RecordBatchReader.from_batches(
-            KEYS, key_batches(files.locations, files.skip, files.footers, progress.read)
-        )
-        con.register("token_keys", reader)
-        con.execute(sql("insert_token_rows"), {"ds": part.ds})
-        con.unregister("token_keys")
+        for batch in key_batches(files.locations, files.skip, files.footers, progress.read):
+            tables["token_keys"].write(batch)
         if files.too_big:
-            reject_too_big(con, part, files)
-        rejects = Inserter(con, "insert_rejects", REJECT_BATCH, part.ds)
-        gym = GymCapture(con, part, rejects, out, max_line_bytes, readers, progress.read, every_capture)
+            tables["rejects"].write(too_big_rejects(part, files))
+        rejects = Inserter(tables["rejects"], REJECT_BATCH)
+        ledger = tables["ledger"]
+        gym = GymCapture(ledger, part, rejects, out, max_line_bytes, readers, progress.read, every_capture)
+        rollouts = tables["rollouts"]
         rollouts_first = background is None or background.done()
         if rollouts_first:
-            rollout_lines_read = load_rollout_lines(con, part, rejects, max_line_bytes, background, gym.rollout)
+            rollout_lines_read = load_rollout_lines(rollouts, part, rejects, max_line_bytes, background, gym.rollout)
             progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
-        ledger_lines = load_ledger_lines(con, part, rejects, max_line_bytes, progress.read)
+        ledger_lines = load_ledger_lines(ledger, part, rejects, max_line_bytes, progress.read)
         if not rollouts_first:
-            rollout_lines_read = load_rollout_lines(con, part, rejects, max_line_bytes, background, gym.rollout)
+            rollout_lines_read = load_rollout_lines(rollouts, part, rejects, max_line_bytes, background, gym.rollout)
             progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
         gym.read()
         rejects.flush()
-        derived = []
-        if gym.token_files:
-            derived = [b for b in key_batches(gym.token_files)]
-        _write(storage.join(out, "derived_keys.parquet"), KEYS, derived)
-        _write(storage.join(out, "samples.parquet"), SAMPLES, [pa.Table.from_pylist(gym.samples, schema=SAMPLES)])
-        _write(storage.join(out, "failures.parquet"), FAILURES, [pa.Table.from_pylist(gym.failures, schema=FAILURES)])
-        _write(storage.join(out, "outcomes.parquet"), OUTCOMES, [pa.Table.from_pylist(gym.outcomes, schema=OUTCOMES)])
+        write_table(storage.join(out, "derived_keys.parquet"), KEYS, key_batches(gym.token_files))
+        write_table(storage.join(out, "samples.parquet"), SAMPLES, [pa.Table.from_pylist(gym.samples, schema=SAMPLES)])
+        write_table(
+            storage.join(out, "failures.parquet"), FAILURES, [pa.Table.from_pylist(gym.failures, schema=FAILURES)]
+        )
+        write_table(
+            storage.join(out, "outcomes.parquet"), OUTCOMES, [pa.Table.from_pylist(gym.outcomes, schema=OUTCOMES)]
+        )
     except BaseException:
         progress.close(ok=False)
         raise
@@ -155,26 +145,6 @@ def _parse(con, part: NightFiles, out: str, what: str, settings: Settings, every
         "too_big_rows": files.n_too_big,
         "derived_files": gym.token_files,
     }
-
-
-def _write(loc: str, schema: pa.Schema, batches) -> None:
-    """Batches (or tables) into one Parquet file at `loc`, whole: an object appears once
-    complete; a local file is written under a temporary name, then renamed."""
-    target = loc if storage.is_remote(loc) else f"{loc}.tmp-{os.getpid()}"
-    sink = storage.open_output(target)
-    try:
-        with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
-            for batch in batches:
-                if batch.num_rows:
-                    writer.write(batch)
-    except BaseException:
-        storage.close_outputs([sink], ok=False)
-        if target != loc:
-            storage.delete(target)
-        raise
-    storage.close_outputs([sink])
-    if target != loc:
-        os.replace(target, loc)
 
 
 def run_parts(

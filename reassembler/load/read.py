@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import storage
@@ -32,7 +33,7 @@ from ..settings import DEFAULTS, Settings
 from ..warehouse import sql
 from . import capture_children, rollout_lines
 from .gym_capture import GymSummary
-from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter
+from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter, Sink
 from .json_lines import decode, one_line, read_file_lines
 from .ledger_columns import Chunk, ledger_chunks
 
@@ -123,7 +124,7 @@ def load_night(
 
 
 def load_rollout_lines(
-    con,
+    sink: Sink,
     night: NightFiles,
     rejects: Inserter,
     max_line_bytes: int,
@@ -133,8 +134,8 @@ def load_rollout_lines(
     """Every rollout line of `night` (a load part): a rollout row, or a reject row (an id
     repeated in these files keeps the first); parsed here, or by `background` (the same code
     in a child process); `take` takes each row's NeMo Gym fields off first. Returns the
-    lines read."""
-    rollouts = Inserter(con, "insert_rollouts", ROLLOUT_BATCH, night.ds)
+    lines read. The rows go to `sink` (the part's rollouts table)."""
+    rollouts = Inserter(sink, ROLLOUT_BATCH)
 
     def add(row: dict) -> None:
         rollouts.add(take(row) if take is not None else row)
@@ -168,13 +169,14 @@ class InputProgress(Progress):
 
 
 def load_ledger_lines(
-    con, night: NightFiles, rejects: Inserter, max_line_bytes: int, done: Callable[..., None] | None = None
+    sink: Sink, night: NightFiles, rejects: Inserter, max_line_bytes: int, done: Callable[..., None] | None = None
 ) -> int:
     """Every ledger line of `night` (a load part), in capture order (files by path, then
     lines, numbered from 1 in capture_seq): a ledger row, or a reject row. The files are
     parsed in columns a chunk at a time (ledger_columns.py); the ones (and the lines) it
-    cannot take are read here line by line. Returns the lines read."""
-    ledger = Inserter(con, "insert_ledger", LEDGER_BATCH, night.ds)
+    cannot take are read here line by line. The rows go to `sink` (the part's ledger table).
+    Returns the lines read."""
+    ledger = Inserter(sink, LEDGER_BATCH)
 
     def add(capture_seq: int, row: dict) -> None:
         row["capture_seq"] = capture_seq
@@ -191,7 +193,7 @@ def load_ledger_lines(
             else:
                 number = read_file_lines(night, "ledger", rel, number, parse_ledger_row, add, rejects, max_line_bytes)
         if chunk.columnar:
-            _insert_columns(con, night, chunk, bases, add, rejects)
+            sink.write(_columns(night, chunk, bases, add, rejects))
         if done is not None:
             done(*(night.path("ledger", rel) for rel, _ in chunk.files))
     ledger.flush()
@@ -201,9 +203,9 @@ def load_ledger_lines(
 LEDGER_IN_COLUMNS = True  # False: every ledger line takes the per-line path (the tests' reference)
 
 
-def _insert_columns(con, night: NightFiles, chunk: Chunk, bases: list[int], add, rejects: Inserter) -> int:
-    """Insert the rows parsed in columns; the lines ledger_columns.py leaves to the per-line
-    path go through it (`add` or a reject row). Returns the rows inserted here."""
+def _columns(night: NightFiles, chunk: Chunk, bases: list[int], add, rejects: Inserter) -> pa.Table:
+    """The ledger rows parsed in columns; the lines ledger_columns.py leaves to the per-line
+    path go through it (`add` or a reject row)."""
     files, table, per_line = chunk.columnar, chunk.table, chunk.per_line
     assert table is not None and per_line is not None
     numbers = np.concatenate([np.arange(base + 1, base + 1 + f.n_lines) for f, base in zip(files, bases)])
@@ -223,15 +225,12 @@ def _insert_columns(con, night: NightFiles, chunk: Chunk, bases: list[int], add,
         .select(LEDGER_BATCH.names)
         .cast(LEDGER_BATCH)
     )
-    con.register("batch", table)
-    con.execute(sql("insert_ledger"), {"ds": night.ds})
-    con.unregister("batch")
-    return table.num_rows
+    return table
 
 
-def reject_too_big(con, night: NightFiles, files: TokenFiles) -> None:
-    """The rows of row groups too big to decode, as reject rows (their calls then find no
-    token row: missing_tokens): their keys are read, never their token lists."""
+def too_big_rejects(night: NightFiles, files: TokenFiles) -> pa.Table:
+    """The rows of row groups too big to decode, as reject rows that say why (their calls
+    then find no token row: missing_tokens): their keys are read, never their token lists."""
     why = {(loc, group): reason for loc, group, _, _, reason in files.too_big}
     batches = []
     for loc in sorted({loc for loc, *_ in files.too_big}):
@@ -240,10 +239,22 @@ def reject_too_big(con, night: NightFiles, files: TokenFiles) -> None:
             if at == loc:
                 first = int(sum(metadata.row_group(g).num_rows for g in range(group)))
                 keys = group_keys(metadata, loc, group, first, size)
-                batches.append(keys.append_column("why", pa.array([reason] * keys.num_rows, pa.string())))
-    con.register("too_big_keys", pa.Table.from_batches(batches))
-    con.execute(sql("too_big_token_rejects"), {"ds": night.ds, "token_dir": token_dir(night)})
-    con.unregister("too_big_keys")
+                n = keys.num_rows
+                batches.append(
+                    pa.RecordBatch.from_arrays(
+                        [
+                            pa.repeat(pa.scalar("tokens"), n),
+                            pc.replace_substring(keys.column("t_file"), token_dir(night), ""),
+                            keys.column("t_row"),
+                            pa.repeat(pa.scalar(reason), n),
+                            keys.column("t_staging_key"),
+                            keys.column("t_rollout_id"),
+                            keys.column("t_model_call_id"),
+                        ],
+                        schema=REJECT_BATCH,
+                    )
+                )
+    return pa.Table.from_batches(batches, schema=REJECT_BATCH)
 
 
 def reject_orphans(con, night: NightFiles, tokens: str) -> None:

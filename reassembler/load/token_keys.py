@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..formats.token_file import TokenFile, read_row_group
-from ..warehouse import sql
 
 KEY_COLUMNS = ("staging_key", "rollout_id", "model_call_id")
 KEYS = pa.schema(
@@ -81,20 +80,3 @@ def group_keys(metadata: pq.FileMetaData, loc: str, group: int, first: int, size
     return pa.RecordBatch.from_arrays(
         [pa.concat_arrays(c.chunks) if isinstance(c, pa.ChunkedArray) else c for c in columns], schema=KEYS
     )
-
-
-def insert_token_keys(
-    con,
-    ds: str,
-    locations: list[str],
-    skip: Set[tuple[str, int]] = frozenset(),
-    footers: dict | None = None,
-    done: Callable[[str], None] | None = None,
-) -> None:
-    """Insert the keys of the files' rows into the warehouse's token_rows (streamed)."""
-    reader = pa.RecordBatchReader.from_batches(KEYS, key_batches(locations, skip, footers, done))
-    con.register("token_keys", reader)
-    try:
-        con.execute(sql("insert_token_rows"), {"ds": ds})
-    finally:
-        con.unregister("token_keys")
