@@ -30,7 +30,7 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -98,7 +98,7 @@ class LineProblem(Exception):
 @dataclass
 class Entry:
     """One TokenEntry line, its shape checked; the token lists are still Python lists (the
-    caller converts them in one call each)."""
+    caller converts them in one call each), or already numpy arrays (load/entry_reader.py)."""
 
     line: int
     raw: bytes
@@ -141,10 +141,11 @@ def parse_entry(obj, raw: bytes, line: int, key: str) -> Entry:
         raise bad(f"rollout_id {rid!r} in the file of capture key {key!r}", Reason.FIELD_MISMATCH)
     if call_id is None:
         raise bad("model_call_id is missing or not a non-empty string")
-    lists = {}
+    lists: dict[str, Any] = {}
     for name in ("prompt_token_ids", "generation_token_ids", "generation_log_probs"):
         v = obj.get(name)
-        if not isinstance(v, list):
+        # a list, or the numpy array DuckDB's JSON reader made of it (load/entry_reader.py)
+        if not isinstance(v, list) and getattr(v, "ndim", None) != 1:
             raise bad(f"{name} is missing or not a list")
         lists[name] = v
     if len(lists["generation_log_probs"]) != len(lists["generation_token_ids"]):

@@ -112,7 +112,7 @@ class CaptureChildren:
         for child, share in zip(self._children, shares[1:]):
             if share:
                 child.give(folder, share, scratch)
-        yield from read_captures(folder, shares[0])
+        yield from read_captures(folder, shares[0], threads=1)  # a reader a core
         for child, share in zip(self._children, shares[1:]):
             if not share:
                 continue
@@ -153,7 +153,7 @@ def _read(records: Records, work: dict) -> None:
 
     tokens = DerivedTokens(work["scratch"], work["name"])
     chunk: list[LocalRollout | InputError] = []
-    for local in read_captures(work["folder"], [CaptureFiles(*fields) for fields in work["files"]]):
+    for local in read_captures(work["folder"], [CaptureFiles(*fields) for fields in work["files"]], threads=1):
         if not isinstance(local, LocalRollout):  # a capture that cannot be read: its InputError, pickled
             chunk.append(local)
             continue

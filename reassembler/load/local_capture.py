@@ -59,6 +59,7 @@ from ..formats.gym_local import (
 )
 from ..formats.items import generated_items
 from ..reasons import Reason
+from .entry_reader import BATCH_BYTES, EntryLines, EntryReader
 
 TOKEN_LIMIT = 2**31
 UNRESOLVED = "unresolved_parent"  # the poison rows' failure_reason (CONTRACT.md 9.6)
@@ -139,35 +140,79 @@ class _Parsed:
     at: int = 0  # where its prompt starts in flat.ids
 
 
-def read_captures(folder: str, captures: list[CaptureFiles]) -> Iterator[LocalRollout | InputError]:
-    """`read_capture` of each, in order; a capture whose files cannot be read is given as
+def read_captures(
+    folder: str, captures: list[CaptureFiles], threads: int | None = None
+) -> Iterator[LocalRollout | InputError]:
+    """`read_capture` of each, in order (`threads`: DuckDB's, of its JSON reader; every
+    core when not given); a capture whose files cannot be read is given as
     its InputError (whether that fails the night is the caller's: the rollout may not be
-    read from it). On object storage their files are fetched ahead on threads
-    (storage.read_many, bounded in bytes): four small files a rollout would otherwise wait
-    one round trip each."""
+    read from it). The entries files are read in batches of about BATCH_BYTES, their token
+    lists parsed by DuckDB in one query a batch (load/entry_reader.py; a file it cannot
+    judge exactly is read line by line). On object storage the captures' files are fetched
+    ahead on threads (storage.read_many, bounded in bytes): four small files a rollout would
+    otherwise wait one round trip each."""
+    if storage.is_remote(folder):
+        names = [[rel for rel in (f.state, f.entries, f.incomplete, f.intents) if rel is not None] for f in captures]
+        stream = storage.read_many([storage.join(folder, rel) for rels in names for rel in rels])
+        fetches: Iterator[Fetched] = ({rel: next(stream)[1] for rel in rels} for rels in names)
+    else:
+        fetches = ({} if f.entries is None else {f.entries: _fetch(folder, f.entries)} for f in captures)
+    reader: EntryReader | None = None
+    try:
+        batch: list[tuple[CaptureFiles, Fetched]] = []
+        size = 0
+        for files, fetched in zip(captures, fetches):
+            got = fetched.get(files.entries or "")
+            batch.append((files, fetched))
+            size += len(got) if isinstance(got, bytes) else 0
+            if size >= BATCH_BYTES:
+                reader = reader or EntryReader(threads)
+                yield from _read_batch(folder, batch, reader)
+                batch, size = [], 0
+        if batch:
+            if size:
+                reader = reader or EntryReader(threads)
+            yield from _read_batch(folder, batch, reader)
+    finally:
+        if reader is not None:
+            reader.close()
 
-    def one(files: CaptureFiles, fetched: Fetched | None = None) -> LocalRollout | InputError:
-        try:
-            return read_capture(folder, files, fetched)
-        except InputError as e:
-            return e
 
+def _fetch(folder: str, rel: str) -> bytes | OSError:
+    try:
+        return storage.read_bytes(storage.join(folder, rel))
+    except OSError as e:
+        return e
+
+
+def _read_batch(
+    folder: str, batch: list[tuple[CaptureFiles, Fetched]], reader: EntryReader | None
+) -> Iterator[LocalRollout | InputError]:
+    contents = [fetched.get(files.entries or "") for files, fetched in batch]
+    readable = [k for k, got in enumerate(contents) if isinstance(got, bytes) and got]
+    texts = [got for got in contents if isinstance(got, bytes) and got]
+    # a local file DuckDB reads itself (a complete night's files do not change under the load)
+    paths: list[str | None] | None = None
     if not storage.is_remote(folder):
-        for files in captures:
-            yield one(files)
-        return
-    names = [[rel for rel in (f.state, f.entries, f.incomplete, f.intents) if rel is not None] for f in captures]
-    stream = storage.read_many([storage.join(folder, rel) for rels in names for rel in rels])
-    for files, rels in zip(captures, names):
-        yield one(files, {rel: next(stream)[1] for rel in rels})
+        paths = [storage.join(folder, batch[k][0].entries or "") for k in readable]
+    read = reader.read(texts, paths) if reader is not None and readable else []
+    columns: dict[int, EntryLines | None] = dict(zip(readable, read))
+    for k, (files, fetched) in enumerate(batch):
+        try:
+            yield read_capture(folder, files, fetched, columns.get(k))
+        except InputError as e:
+            yield e
 
 
-def read_capture(folder: str, files: CaptureFiles, fetched: Fetched | None = None) -> LocalRollout:
+def read_capture(
+    folder: str, files: CaptureFiles, fetched: Fetched | None = None, columns: EntryLines | None = None
+) -> LocalRollout:
     """The local-mode rollout of `files` (in the ledger partition `folder`); `fetched`:
-    its files' contents, when read ahead."""
+    its files' contents, when read ahead; `columns`: its entries file's lines as DuckDB's
+    JSON reader read them (load/entry_reader.py), else it is read line by line."""
     out = LocalRollout()
     try:
-        parsed = _rollout_checks(folder, files, out, fetched)
+        parsed = _rollout_checks(folder, files, out, fetched, columns)
         out.calls, out.tokens = _calls(files.key, files.entries or "", parsed, out.walk)
     except _Masked as m:
         out.reason, out.detail, out.call_id = m.reason, m.detail, m.call_id
@@ -175,7 +220,9 @@ def read_capture(folder: str, files: CaptureFiles, fetched: Fetched | None = Non
     return out
 
 
-def _rollout_checks(folder: str, files: CaptureFiles, out: LocalRollout, fetched: Fetched | None) -> list[_Parsed]:
+def _rollout_checks(
+    folder: str, files: CaptureFiles, out: LocalRollout, fetched: Fetched | None, columns: EntryLines | None
+) -> list[_Parsed]:
     """CONTRACT.md 9.4 items 1-5 (item 6, strict's capture_poisoned, is the shard's)."""
     state = None
     raw_state = _read(folder, files.state, fetched)
@@ -189,18 +236,21 @@ def _rollout_checks(folder: str, files: CaptureFiles, out: LocalRollout, fetched
     data = _read(folder, files.entries, fetched) or b""
     lines: list[tuple[int, bytes, object]] = []  # (line number, bytes, decoded or the error)
     torn = False
-    raw_lines = data.split(b"\n")
-    for k, raw in enumerate(raw_lines):
-        if not raw.strip():
-            continue
-        try:
-            value: object = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            if not b"\n".join(raw_lines[k + 1 :]).strip():
-                torn = True  # Gym's torn append: never acknowledged (9.3)
-                break
-            value = e
-        lines.append((k + 1, raw, value))
+    if columns is not None:  # each line decoded, its lists already arrays (load/entry_reader.py)
+        lines = columns.lines  # type: ignore[assignment]
+    else:
+        raw_lines = data.split(b"\n")
+        for k, raw in enumerate(raw_lines):
+            if not raw.strip():
+                continue
+            try:
+                value: object = orjson.loads(raw)
+            except orjson.JSONDecodeError as e:
+                if not b"\n".join(raw_lines[k + 1 :]).strip():
+                    torn = True  # Gym's torn append: never acknowledged (9.3)
+                    break
+                value = e
+            lines.append((k + 1, raw, value))
     out.n_lines = len(lines) + torn
     seen_ids = {
         v["model_call_id"] for _, _, v in lines if isinstance(v, dict) and isinstance(v.get("model_call_id"), str)
@@ -238,7 +288,9 @@ def _rollout_checks(folder: str, files: CaptureFiles, out: LocalRollout, fetched
             raise _Masked(Reason.DUPLICATE_CALL_ID, f"model_call_id {cid} on two different lines (line {number})")
         kept[cid] = raw.strip()
         entries.append(entry)
-    parsed = _Flat.of(entries) or [_converted(e) for e in entries]
+    parsed = (_Flat.of_columns(entries, columns) if columns is not None else _Flat.of(entries)) or [
+        _converted(e) for e in entries
+    ]
     if state is not None and state["indexed_size"] == len(data):
         stored = state["entry_digests"]
         for p in parsed:
@@ -282,7 +334,8 @@ def _first_list_problem(entries: list[Entry]) -> None:
     """Raise the first of these entries' token lists that is not a list of its type: a
     line's lists are checked before the lines after it (a rare path: one is failing)."""
     for entry in entries:
-        _converted(entry)
+        if isinstance(entry.prompt, list):  # else arrays DuckDB read, of their type
+            _converted(entry)
 
 
 class _Flat:
@@ -315,8 +368,24 @@ class _Flat:
             logprobs = pa.array([e.logprobs for e in entries], pa.list_(pa.float64()))
         except (TypeError, OverflowError, pa.ArrowException):
             return None
+        return cls._views(
+            entries, np.frombuffer(ids, dtype=np.int64), logprobs.flatten().to_numpy(zero_copy_only=False)
+        )
+
+    @classmethod
+    def of_columns(cls, entries: list[Entry], columns: EntryLines) -> list[_Parsed]:
+        """The same, of entries whose lists are already arrays, views of `columns`' (all its
+        lines' lists end to end: these when no line was a repeat left out)."""
+        if len(entries) == len(columns.lines):
+            return cls._views(entries, columns.ids, columns.logprobs)
+        ids = np.concatenate([np.zeros(0, np.int64)] + [a for e in entries for a in (e.prompt, e.generated)])
+        logprobs = np.concatenate([np.zeros(0, np.float64)] + [e.logprobs for e in entries])
+        return cls._views(entries, ids, logprobs)
+
+    @classmethod
+    def _views(cls, entries: list[Entry], ids: np.ndarray, logprobs: np.ndarray) -> list[_Parsed]:
         sizes = np.array([(len(e.prompt), len(e.generated)) for e in entries], dtype=np.int64).reshape(-1, 2)
-        flat = cls(np.frombuffer(ids, dtype=np.int64), logprobs.flatten().to_numpy(zero_copy_only=False), sizes)
+        flat = cls(ids, logprobs, sizes)
         ends = np.cumsum(sizes.ravel()).tolist()
         lp_ends = np.cumsum(sizes[:, 1]).tolist()
         out, at, lp_at = [], 0, 0
