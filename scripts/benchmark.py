@@ -25,10 +25,14 @@ to a local S3-compatible server against the local build (`--s3-only`: wall and C
 peak RSS, bytes read from the store over the token files' size; the load, one shard and the
 publish timed on their own), the same with 0, 20 and 100 ms added to every request through
 the fault proxy (`--latency-only`: wall ratios and the mean requests in flight), and the
-fixed cost of a task under Celery (`--celery-only`).
+fixed cost of a task under Celery (`--celery-only`), and the load in parts (`--scale-only`:
+a part and the merge on the bench shape and on a calls-heavy shape, ~15 tokens a call, one
+shard of each, the same from S3, then T(N tokens, W workers) modelled from those slopes for
+1B, 10B and 100B tokens on 1, 8, 32 and 64 workers, with issue 34's goals marked).
 
 Usage: python scripts/benchmark.py [--tokens 10e6] [--rounds 3] [--workdir bench-out] [--workers 2]
-                                  [--reuse] [--against REV] [--local-only | --s3-only | --latency-only]
+                                  [--reuse] [--against REV]
+                                  [--local-only | --s3-only | --latency-only | --scale-only]
        python scripts/benchmark.py --report-only
 """
 
@@ -148,6 +152,31 @@ def night(
     shutil.rmtree(root, ignore_errors=True)
     cfg = SynthConfig(rollouts=rollouts, seed=seed, only_shape=shape, local_delta=delta)
     totals = synth_night(root / "input", DS, cfg)
+    saved.write_text(json.dumps({**totals, "seed": seed}, default=str))
+    return root, totals
+
+
+# the calls-heavy shape: ~15 tokens a call (the bench nights carry ~1,000), so that the
+# per-call costs show beside the per-token ones (docs/performance.md, issue 34)
+CALLS_HEAVY = dict(
+    prompt_tokens=(10, 30),
+    observation_tokens=(2, 12),
+    generated_tokens=(2, 12),
+    rollouts_per_ledger_file=500,
+    token_rows_per_file=20_000,
+)
+
+
+def calls_night(workdir: Path, name: str, rollouts: int, seed: int, reuse: bool = False) -> tuple[Path, dict]:
+    """A synthetic night of the calls-heavy shape (`reuse` as `night`)."""
+    root = workdir / name
+    saved = root / "totals.json"
+    if reuse and saved.exists():
+        kept = json.loads(saved.read_text())
+        if kept.get("rollouts") == rollouts and kept.get("seed") == seed:
+            return root, kept
+    shutil.rmtree(root, ignore_errors=True)
+    totals = synth_night(root / "input", DS, SynthConfig(rollouts=rollouts, seed=seed, **CALLS_HEAVY))
     saved.write_text(json.dumps({**totals, "seed": seed}, default=str))
     return root, totals
 
@@ -607,6 +636,62 @@ def _marginal(small: list, big: list, n_small: float, n_big: float) -> tuple[flo
     return per, a - per * n_small
 
 
+def per_token_and_call(per_token: float, tokens_a: float, per_call: float, tokens_c: float) -> tuple[float, float]:
+    """(seconds a token, seconds a call) of a step whose cost is x tokens + y calls, from its
+    slope per token on nights of `tokens_a` tokens a call and its slope per call on nights
+    of `tokens_c` tokens a call: per_token = x + y / tokens_a, per_call = x tokens_c + y.
+    A negative share (noise) is taken as 0, the other share then the whole slope."""
+    x = (per_call - per_token * tokens_a) / (tokens_c - tokens_a)
+    y = (per_token - x) * tokens_a
+    if x < 0:
+        return 0.0, per_call
+    if y < 0:
+        return per_token, 0.0
+    return x, y
+
+
+TASK_GAP = 0.8  # s between one Celery task's end and the next one's start (docs/deploy-celery.md)
+TAIL = 6.0  # s: publish, report and gate, one after the other (docs/deploy-celery.md)
+STEPS = 9  # the DAG's steps a night: check, plan, parts, load, plan shards, shards, publish, report, gate
+
+
+def model_seconds(f: dict, tokens: float, workers: int, tokens_per_call: float) -> dict:
+    """The modelled night of `tokens` on `workers` workers (one task slot each; as many
+    parts and shards as slots), from the measured figures `f` (scale_main): the parts and
+    the shards spread over the workers, the merge serial, and each task's fixed gap."""
+    calls = tokens / tokens_per_call
+    parts = (f["part_token"] * tokens + f["part_call"] * calls) * f["part_s3"] / workers + f["part_fixed"]
+    merge = f["merge_call"] * calls * f["merge_s3"] + f["merge_fixed"]
+    shards = (f["shard_token"] * tokens + f["shard_call"] * calls) * f["shard_s3"] / workers
+    fixed = STEPS * TASK_GAP + TAIL
+    return {"parts": parts, "merge": merge, "shards": shards, "fixed": fixed, "total": parts + merge + shards + fixed}
+
+
+def print_model(f: dict, shapes: list[tuple[str, float]]) -> None:
+    """T(N tokens, W workers) for 1B, 10B and 100B tokens on 1, 8, 32 and 64 workers, for
+    each shape (tokens a call), with issue 34's goals marked."""
+    goals = {(10e9, 8): 15 * 60, (100e9, 64): 30 * 60}
+    workers = (1, 8, 32, 64)
+    for shape, per_call in shapes:
+        print(f"model        {shape}, {per_call:.0f} tokens a call: minutes (parts + merge + shards + fixed)")
+        print("             tokens | " + " | ".join(f"{w:>2} workers" for w in workers))
+        for tokens in (1e9, 10e9, 100e9):
+            cells = []
+            for w in workers:
+                m = model_seconds(f, tokens, w, per_call)
+                cell = f"{m['total'] / 60:8.1f}"
+                if (tokens, w) in goals:
+                    cell += f" (goal < {goals[tokens, w] // 60}) {_met(m['total'] < goals[tokens, w])}"
+                cells.append(cell)
+            m = model_seconds(f, tokens, 8, per_call)
+            print(
+                f"             {tokens / 1e9:>4.0f}B  | "
+                + " | ".join(cells)
+                + f"   [8 workers: parts {m['parts'] / 60:.1f}"
+                f" + merge {m['merge'] / 60:.1f} + shards {m['shards'] / 60:.1f} + {m['fixed'] / 60:.1f}]"
+            )
+
+
 def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str) -> dict:
     """The load in parts, measured for the scale model (docs/deploy-celery.md): a part's
     throughput and the merge's (serial), each on the 1x and the 4x night so that the cost
@@ -615,9 +700,20 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
     one-process build with 1 and 2 parts. Returns the figures the model takes."""
     root, t1 = night(work, "1x", tokens, seed=1, reuse=reuse)
     root4, t4 = night(work, "4x", 4 * tokens, seed=2, reuse=reuse)
+    calls_rollouts = max(8, int(tokens / 5_000))  # ~2,000 rollouts, ~47k calls for the 10M-token bench
+    rootc, tc = calls_night(work, "calls-1x", calls_rollouts, seed=5, reuse=reuse)
+    rootc4, tc4 = calls_night(work, "calls-4x", 4 * calls_rollouts, seed=6, reuse=reuse)
     inp = root / "input"
     parts1, merges1 = _part_and_merge(work, root, "1x", rounds, memory_limit)
     parts4, merges4 = _part_and_merge(work, root4, "4x", rounds, memory_limit)
+    partsc, mergesc = _part_and_merge(work, rootc, "calls-1x", rounds, memory_limit)
+    partsc4, mergesc4 = _part_and_merge(work, rootc4, "calls-4x", rounds, memory_limit)
+    # one shard of the whole night, locally, on each shape (the plans of the merges above)
+    shard_local, shard_calls = interleaved(
+        rounds,
+        lambda: run(SHARD, work / "scale-1x", DS, "bench-scale"),
+        lambda: run(SHARD, work / "scale-calls-1x", DS, "bench-scale"),
+    )
     tree = revision_tree(work.resolve(), SCALE_BEFORE)
     old = [
         _in_tree(tree, OLD_LOAD, inp, work / "scale-old-out", DS, work / "scale-old.duckdb")
@@ -683,14 +779,51 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
         f"merge     1x S3:    wall {spread(remote_merge, 'wall')}: {c1 / med(remote_merge) / 1e3:.1f}k calls/s; "
         f"one shard from S3 {spread(shard, 'wall')}: {n1 / med(shard) / 1e6:.1f}M tokens/s"
     )
-    figures = {
-        "part_per_token": part_per_token * med(remote) / med(parts1),  # from S3: the local slope, scaled
-        "part_fixed": part_fixed,
-        "merge_per_call": merge_per_call * med(remote_merge) / med(merges1),
-        "merge_fixed": merge_fixed,
-        "calls_per_token": c1 / n1,
-        "shard_per_token": med(shard) / n1,
+    cc1, cc4, nc1, nc4 = tc["calls"], tc4["calls"], tc["tokens"], tc4["tokens"]
+    for name, parts, merges, n, c in (
+        ("calls 1x", partsc, mergesc, nc1, cc1),
+        ("calls 4x", partsc4, mergesc4, nc4, cc4),
+    ):
+        print(
+            f"load part {name} ({n / 1e6:.1f}M tokens, {c} calls) local: wall {spread(parts, 'wall')}: "
+            f"{c / med(parts) / 1e3:.1f}k calls/s; merge wall {spread(merges, 'wall')}: {c / med(merges) / 1e3:.1f}k "
+            "calls/s"
+        )
+    part_per_call_c, part_fixed_c = _marginal(partsc, partsc4, cc1, cc4)
+    merge_per_call_c, merge_fixed_c = _marginal(mergesc, mergesc4, cc1, cc4)
+    print(
+        f"calls-heavy  load part per call {part_per_call_c * 1e6:.1f} us (beyond a fixed {part_fixed_c:.2f} s); "
+        f"merge per call {merge_per_call_c * 1e6:.1f} us ({1 / merge_per_call_c / 1e3:.0f}k calls/s beyond a fixed "
+        f"{merge_fixed_c:.2f} s): slopes calls 1x -> calls 4x"
+    )
+    print(
+        f"one shard    local, the whole night: 1x {spread(shard_local, 'wall')} ({n1 / med(shard_local) / 1e6:.1f}M "
+        f"tokens/s); calls 1x {spread(shard_calls, 'wall')} ({cc1 / med(shard_calls) / 1e3:.1f}k calls/s)"
+    )
+    per_call_b, per_call_c = n1 / c1, nc1 / cc1  # tokens a call of each shape
+    part_token, part_call = per_token_and_call(part_per_token, per_call_b, part_per_call_c, per_call_c)
+    shard_token, shard_call = per_token_and_call(med(shard_local) / n1, per_call_b, med(shard_calls) / cc1, per_call_c)
+    figures = {  # local costs, and what S3 multiplies them by (measured on the 1x night)
+        "part_token": part_token,
+        "part_call": part_call,
+        "part_fixed": max(part_fixed, 0.0),
+        "part_s3": med(remote) / med(parts1),
+        "merge_call": max(merge_per_call_c, merge_per_call),
+        "merge_fixed": max(merge_fixed_c, 0.0),
+        "merge_s3": med(remote_merge) / med(merges1),
+        "shard_token": shard_token,
+        "shard_call": shard_call,
+        "shard_s3": med(shard) / med(shard_local),
     }
+    print(
+        f"model parts  a part {part_token * 1e9:.0f} ns a token + {part_call * 1e6:.1f} us a call, "
+        f"x{figures['part_s3']:.2f} from S3; the merge {figures['merge_call'] * 1e6:.1f} us a call (the larger slope "
+        "of the two shapes), "
+        f"x{figures['merge_s3']:.2f} from S3; a shard {shard_token * 1e9:.0f} ns a token + {shard_call * 1e6:.1f} us a "
+        f"call, x{figures['shard_s3']:.2f} from S3; {STEPS} tasks x {TASK_GAP} s under Celery, {TAIL:.0f} s of "
+        "publish, report and gate"
+    )
+    print_model(figures, [("bench shape", per_call_b), ("calls-heavy shape", per_call_c)])
     if old:
         whole, merge1 = med(old), med(merges1)
         print(
