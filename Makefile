@@ -21,7 +21,7 @@ run: $(STAMP)
 	DS=$(DS) SEED=$(SEED) ROLLOUTS=$(ROLLOUTS) bash scripts/make_run.sh
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
