@@ -142,17 +142,22 @@ def night(
     """A synthetic night of about `tokens` tokens (`reuse`: the one written before, if its
     size and seed match); `shape`: every group in that producer shape (synth.SHAPES),
     `delta`: the share of local-mode rollouts written with delta prompts."""
-    root = workdir / name
     rollouts = max(8, int(tokens / TOKENS_PER_ROLLOUT))
+    cfg = SynthConfig(rollouts=rollouts, seed=seed, only_shape=shape, local_delta=delta)
+    return _synth(workdir / name, cfg, reuse)
+
+
+def _synth(root: Path, cfg: SynthConfig, reuse: bool) -> tuple[Path, dict]:
+    """The night `cfg` writes under `root` (`reuse`: the one written before, if its size and
+    seed match), and its totals."""
     saved = root / "totals.json"
     if reuse and saved.exists():
         kept = json.loads(saved.read_text())
-        if kept.get("rollouts") == rollouts and kept.get("seed") == seed:
+        if kept.get("rollouts") == cfg.rollouts and kept.get("seed") == cfg.seed:
             return root, kept
     shutil.rmtree(root, ignore_errors=True)
-    cfg = SynthConfig(rollouts=rollouts, seed=seed, only_shape=shape, local_delta=delta)
     totals = synth_night(root / "input", DS, cfg)
-    saved.write_text(json.dumps({**totals, "seed": seed}, default=str))
+    saved.write_text(json.dumps({**totals, "seed": cfg.seed}, default=str))
     return root, totals
 
 
@@ -169,16 +174,7 @@ CALLS_HEAVY = dict(
 
 def calls_night(workdir: Path, name: str, rollouts: int, seed: int, reuse: bool = False) -> tuple[Path, dict]:
     """A synthetic night of the calls-heavy shape (`reuse` as `night`)."""
-    root = workdir / name
-    saved = root / "totals.json"
-    if reuse and saved.exists():
-        kept = json.loads(saved.read_text())
-        if kept.get("rollouts") == rollouts and kept.get("seed") == seed:
-            return root, kept
-    shutil.rmtree(root, ignore_errors=True)
-    totals = synth_night(root / "input", DS, SynthConfig(rollouts=rollouts, seed=seed, **CALLS_HEAVY))
-    saved.write_text(json.dumps({**totals, "seed": seed}, default=str))
-    return root, totals
+    return _synth(workdir / name, SynthConfig(rollouts=rollouts, seed=seed, **CALLS_HEAVY), reuse)
 
 
 def outcomes_match(root: Path) -> tuple[int, int]:
