@@ -56,6 +56,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reassembler.producer.synth import SynthConfig, read_expected, synth_night
+from reassembler.publish.protocol import staging_dir
 from reassembler.settings import DuckDBSettings
 
 DS = "2026-11-28"
@@ -587,6 +588,20 @@ rc = entry(["build", "--input", inp, "--output", out, "--ds", ds, "--load-parts"
             "--memory-limit", memory])
 assert rc == 0, rc
 """
+# the merge's floor: the parts' per-call rows written into a new warehouse file, nothing else
+PERSIST = """
+import os
+from pathlib import Path
+import duckdb
+folder, database, memory, script = sys.argv[1:5]
+if os.path.exists(database):
+    os.remove(database)
+con = duckdb.connect(database, config={"memory_limit": memory, "threads": 2, "preserve_insertion_order": False})
+lines = [line for line in Path(script).read_text().splitlines() if not line.startswith("--")]
+for statement in filter(str.strip, "\\n".join(lines).split(";\\n")):
+    con.execute(statement, {"folder": folder} if "$folder" in statement else None)
+con.close()
+"""
 SCALE_BEFORE = "e2d7ff2"  # the last revision whose load was one warehouse task
 
 
@@ -704,6 +719,14 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
     parts4, merges4 = _part_and_merge(work, root4, "4x", rounds, memory_limit)
     partsc, mergesc = _part_and_merge(work, rootc, "calls-1x", rounds, memory_limit)
     partsc4, mergesc4 = _part_and_merge(work, rootc4, "calls-4x", rounds, memory_limit)
+    # the merge's floor on the calls-heavy shape: writing the parts' rows, nothing else
+    floor_sql = Path(__file__).with_name("persist_floor.sql")
+    part_of = lambda tag: staging_dir(work / f"scale-{tag}", DS, "bench-scale") + "/load/part-00000"  # noqa: E731
+    floorc, floorc4 = interleaved(
+        rounds,
+        lambda: run(PERSIST, part_of("calls-1x"), work / "floor.duckdb", memory_limit, floor_sql),
+        lambda: run(PERSIST, part_of("calls-4x"), work / "floor.duckdb", memory_limit, floor_sql),
+    )
     # one shard of the whole night, locally, on each shape (the plans of the merges above)
     shard_local, shard_calls = interleaved(
         rounds,
@@ -791,6 +814,12 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
         f"calls-heavy  load part per call {part_per_call_c * 1e6:.1f} us (beyond a fixed {part_fixed_c:.2f} s); "
         f"merge per call {merge_per_call_c * 1e6:.1f} us ({1 / merge_per_call_c / 1e3:.0f}k calls/s beyond a fixed "
         f"{merge_fixed_c:.2f} s): slopes calls 1x -> calls 4x"
+    )
+    floor_per_call, floor_fixed = _marginal(floorc, floorc4, cc1, cc4)
+    print(
+        f"merge floor  the parts' rows written into a new warehouse file, nothing else (scripts/persist_floor.sql): "
+        f"calls 1x {spread(floorc, 'wall')}, calls 4x {spread(floorc4, 'wall')}: {floor_per_call * 1e6:.1f} us a call "
+        f"(fixed {floor_fixed:.2f} s), {100 * floor_per_call / merge_per_call_c:.0f}% of the merge's"
     )
     print(
         f"one shard    local, the whole night: 1x {spread(shard_local, 'wall')} ({n1 / med(shard_local) / 1e6:.1f}M "
