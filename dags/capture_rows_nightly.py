@@ -6,10 +6,12 @@ the `ds` param overrides it for manual runs and backfills).
     check_input -> wait_for_input -> plan_load -> load_part[part 0..P-1] -> load_ledger
         -> reassemble[shard 0..K-1] -> audit_checks -> publish -> quality_report -> quality_gate
 
-- check_input:    resolve ds and the input and output roots.
+- check_input:    resolve ds, the output root and the night's input locations (the layout
+                  and templates: reassembler/formats/locations.py).
 - wait_for_input: a rescheduling sensor: waits (holding no worker slot) until the night's
-                  input partitions, and the completion marker if one is configured, exist;
-                  fails after `input_wait_hours`.
+                  input locations, and the completion marker if one is configured, exist
+                  (NeMo Gym's layout: until its results file is whole); fails after
+                  `input_wait_hours`.
 - plan_load:      cut the night's input files into P load parts (the `load_parts` param,
                   else one per 256 MiB) and write the cut into the run's folder.
 - load_part:      mapped over the parts, on any worker: parse and check a part's files into
@@ -65,11 +67,23 @@ DEFAULT_DS = os.environ.get("REASSEMBLER_DEFAULT_DS") or None
 POOL = warehouse_pool()  # None: the tasks wait for the warehouse's locks instead
 READER, WRITER = reader(POOL), writer(POOL)
 POKE_SECONDS = float(os.environ.get("REASSEMBLER_INPUT_POKE_SECONDS", "300"))  # how often wait_for_input looks
+# how long a local NeMo Gym results file must be unchanged to count as written (formats/night.py)
+SETTLE_SECONDS = float(os.environ.get("REASSEMBLER_INPUT_SETTLE_SECONDS", "30"))
 
 
-def _setting(name: str, default: str) -> str:
+def _setting(name: str, default: str | None) -> str | None:
     """Airflow Variable reassembler_<name>, else the environment, else the repo default."""
     return Variable.get(f"reassembler_{name}", default=None) or default
+
+
+def _location_param(kind: str, what: str) -> Param:
+    return Param(
+        None,
+        type=["null", "string"],
+        description=f"Where {what} of the night are, instead of the layout's (REASSEMBLER_{kind.upper()}, or the "
+        f"Variable reassembler_{kind}): a folder, a file or a glob, local or s3://, with {{ds}}, {{yyyy}}, {{mm}}, "
+        "{dd} and {input} filled from the night. Empty: the deployment's setting, else the layout's.",
+    )
 
 
 @dag(
@@ -104,11 +118,23 @@ def _setting(name: str, default: str) -> str:
             minimum=0,
             description="How long wait_for_input waits for the night's input before failing.",
         ),
+        "layout": Param(
+            None,
+            type=["null", "string"],
+            enum=[None, "contract", "gym"],
+            description="Where the inputs sit under the input root (REASSEMBLER_LAYOUT, or the Variable "
+            "reassembler_layout): contract = rollouts/ds=<ds>/, ledger/ds=<ds>/, tokens/ds=<ds>/; gym = NeMo Gym's "
+            "own night folder (the root holds {ds}): results *.jsonl, token_id_capture/, staged/. Empty: the "
+            "deployment's setting, else contract.",
+        ),
+        "rollouts": _location_param("rollouts", "the rollout records"),
+        "ledger": _location_param("ledger", "the ledger (capture folder)"),
+        "tokens": _location_param("tokens", "the token store"),
         "input_marker": Param(
             None,
             type=["null", "string"],
-            description="A file the capture writes into rollouts/ds=<ds>/ when the night is "
-            "complete (for example _SUCCESS); empty: the partitions suffice.",
+            description="A file the capture writes into the night's rollouts folder (rollouts/ds=<ds>/) when the "
+            "night is complete (for example _SUCCESS); empty: the input locations suffice.",
         ),
         "report_by": Param(
             None,
@@ -138,9 +164,23 @@ def capture_rows_nightly():
             ds = parse_ds(ds)
         except InputError as e:
             raise AirflowFailException(str(e)) from None
-        input_dir, output_dir = _setting("input", DEFAULT_INPUT), _setting("output", DEFAULT_OUTPUT)
-        print(f"night ds={ds}: input {input_dir}, output {output_dir}")
-        return {"ds": ds, "input_dir": input_dir, "output_dir": output_dir}
+        from reassembler.formats.locations import Inputs
+
+        output_dir = _setting("output", DEFAULT_OUTPUT)
+        try:
+            inputs = Inputs(
+                _setting("input", DEFAULT_INPUT),
+                params.get("layout") or _setting("layout", os.environ.get("REASSEMBLER_LAYOUT")) or "contract",
+                *(
+                    params.get(kind) or _setting(kind, os.environ.get(f"REASSEMBLER_{kind.upper()}"))
+                    for kind in ("rollouts", "ledger", "tokens")
+                ),
+            )
+            where = {kind: loc.where for kind, loc in inputs.resolve(ds).items()}
+        except InputError as e:
+            raise AirflowFailException(str(e)) from None
+        print(f"night ds={ds}: output {output_dir}; input " + ", ".join(f"{k} {v}" for k, v in where.items()))
+        return {"ds": ds, "input_dir": inputs.text(), "output_dir": output_dir}
 
     @task.sensor(poke_interval=POKE_SECONDS, timeout=timedelta(days=7).total_seconds(), mode="reschedule")
     def wait_for_input(input_dir: str, night_ds: str, params=None, dag_run=None) -> PokeReturnValue:
@@ -149,13 +189,13 @@ def capture_rows_nightly():
 
         from reassembler import storage
         from reassembler.errors import InputError
-        from reassembler.formats.night import find_night
+        from reassembler.formats.night import find_night, still_written
 
         try:
             night = find_night(input_dir, night_ds)
-            missing = None
             marker = params.get("input_marker")
-            where = storage.join(night.root, "rollouts", f"ds={night_ds}", marker or "")
+            where = night.path("rollouts", marker or "")
+            missing = still_written(night, SETTLE_SECONDS)  # NeMo Gym's layout: its results file comes last
             if marker and not storage.exists(where):
                 missing = f"{where}: completion marker is missing"
         except InputError as e:

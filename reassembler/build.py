@@ -21,6 +21,7 @@ from multiprocessing import get_context
 
 from . import progress, storage
 from .errors import InputError
+from .formats.locations import Inputs
 from .load.night_load import NightLoad, PartsLoaded
 from .load.part_load import clear_parts
 from .load.read import LoadSummary
@@ -106,16 +107,18 @@ def publish_step(
     warehouse: Warehouse,
     ds: str,
     run_id: str,
-    input_dir,
+    inputs,
     settings: Settings = DEFAULTS,
     seconds: float | None = None,
     lock_wait: float = 0.0,
 ) -> NightNumbers:
-    """Check the staged night and publish it (publish/protocol.py); `input_dir` is recorded
-    with the run (`reassembler explain` reads the night again from it)."""
+    """Check the staged night and publish it (publish/protocol.py); `inputs` (an input root,
+    or the run's Inputs: formats/locations.py) is recorded with the run, with the locations
+    it resolved to for the night (`reassembler explain` reads the night again from them)."""
     output = warehouse.output_dir
     staging = staging_dir(output, ds, run_id)
     options = settings.options
+    read_from = Inputs.of(inputs)
     with OutputLock(output, ds, "publish", lock_wait), warehouse.writing() as con:
         recover(con, output, ds)
         published = published_numbers(output, ds, run_id)
@@ -131,7 +134,8 @@ def publish_step(
             run_id,
             numbers,
             {
-                "input_dir": storage.location(input_dir),
+                "input_dir": read_from.text(),
+                "inputs": {k: loc.where for k, loc in read_from.resolve(ds).items()},
                 "mode": options.mode,
                 "offchain": options.offchain,
                 "options": json.dumps(asdict(options), sort_keys=True),
@@ -176,14 +180,21 @@ def build_loaded(load: NightLoad, output_dir, run_id: str | None = None, warehou
             if parallel:
                 summary = load_step(load, warehouse, run_id, plans=plans)
                 _run_shards_in_workers(warehouse, ds, run_id, settings, plans)
-                numbers = publish_step(warehouse, ds, run_id, load.night.root, settings, time.perf_counter() - started)
+                numbers = publish_step(
+                    warehouse, ds, run_id, load.night.inputs or load.night.root, settings, time.perf_counter() - started
+                )
             else:
                 with warehouse.held():
                     summary = load_step(load, warehouse, run_id, plans=plans)
                     for k in range(settings.shards):
                         shard_step(warehouse.output_dir, ds, k, run_id, settings, plans)
                     numbers = publish_step(
-                        warehouse, ds, run_id, load.night.root, settings, time.perf_counter() - started
+                        warehouse,
+                        ds,
+                        run_id,
+                        load.night.inputs or load.night.root,
+                        settings,
+                        time.perf_counter() - started,
                     )
         finally:
             if plans is not None:

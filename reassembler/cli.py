@@ -16,6 +16,7 @@ import sys
 
 from . import progress, storage
 from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
+from .formats.locations import LAYOUTS, Inputs
 from .producer.config import SynthConfig
 from .settings import (
     DEFAULTS,
@@ -90,10 +91,29 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--input",
         default=os.environ.get("REASSEMBLER_INPUT"),
-        required=not os.environ.get("REASSEMBLER_INPUT"),
         help="input root (a folder or s3://bucket/prefix): rollouts/, ledger/, tokens/ partitioned by ds= "
-        "(default: REASSEMBLER_INPUT)",
+        "(default: REASSEMBLER_INPUT); with --layout gym, NeMo Gym's output folder of the night, {ds} in it",
     )
+    b.add_argument(
+        "--layout",
+        choices=sorted(LAYOUTS),
+        default=os.environ.get("REASSEMBLER_LAYOUT") or "contract",
+        help="where the three inputs sit under --input: contract (rollouts/ds=D/, ledger/ds=D/, tokens/ds=D/) or "
+        "gym (NeMo Gym's night folder: results *.jsonl, token_id_capture/, staged/) (default: REASSEMBLER_LAYOUT)",
+    )
+    for kind, what in (
+        ("rollouts", "the rollout records"),
+        ("ledger", "the ledger (capture folder)"),
+        ("tokens", "the token store"),
+    ):
+        b.add_argument(
+            f"--{kind}",
+            default=os.environ.get(f"REASSEMBLER_{kind.upper()}") or None,
+            metavar="TEMPLATE",
+            help=f"where {what} of a night are, instead of the layout's: a folder, a file or a glob, local or "
+            f"s3://, with {{ds}} {{yyyy}} {{mm}} {{dd}} {{input}} filled from the night "
+            f"(default: REASSEMBLER_{kind.upper()})",
+        )
     _output(b, "output root (a folder or s3://bucket/prefix): rows/, audit/, reports/, _published/")
     b.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
     b.add_argument(
@@ -241,7 +261,8 @@ def run(args) -> int:
         settings = Settings.from_cli(args)
         warehouse = warehouse_path(args.output, args.warehouse)  # a missing --warehouse: said before any work
         # entered before the heavy imports below: the rollout children parse meanwhile
-        with NightLoad(args.input, args.ds, settings) as load:
+        inputs = Inputs(args.input, args.layout, args.rollouts, args.ledger, args.tokens)
+        with NightLoad(inputs, args.ds, settings) as load:
             from .build import build_loaded
 
             s = build_loaded(load, args.output, warehouse_file=warehouse)

@@ -6,7 +6,7 @@ WITH per_rollout AS (
     SELECT ds, rollout_id, sum(delta_len) AS declared_tokens
     FROM ledger GROUP BY ds, rollout_id
 ), nights AS (
-    SELECT ds, arg_max(run_id, published_at) AS run_id
+    SELECT ds, arg_max(run_id, published_at) AS run_id, arg_max(inputs, published_at) AS inputs
     FROM runs WHERE ds <= CAST($ds AS DATE)
     GROUP BY ds ORDER BY ds DESC LIMIT $nights
 )
@@ -23,7 +23,8 @@ SELECT n.ds,
        coalesce(sum(a.n_offchain), 0)                             AS offchain_calls,
        coalesce(sum(a.n_offchain_faults), 0)                      AS offchain_faults,
        (SELECT count(*) FROM rejects j WHERE j.ds = n.ds)         AS rejects,
-       n.run_id                                                   AS run_id
+       n.run_id                                                   AS run_id,
+       any_value(n.inputs)                                        AS inputs
 FROM nights n
 LEFT JOIN audit a ON a.ds = n.ds
 LEFT JOIN per_rollout p ON p.ds = a.ds AND p.rollout_id = a.rollout_id

@@ -5,5 +5,6 @@ SELECT $run_id AS run_id, CAST($ds AS DATE) AS ds, now()::TIMESTAMP AS published
        $input_dir AS input_dir, $mode AS mode, $offchain AS offchain, $options AS options,
        count(*) AS n_rollouts, count(*) FILTER (status = 'ok') AS n_ok,
        count(*) FILTER (status = 'masked') AS n_masked, $n_rows AS n_rows,
-       (SELECT count(*) FROM rejects WHERE ds = $ds) AS n_rejects, $seconds AS seconds
+       (SELECT count(*) FROM rejects WHERE ds = $ds) AS n_rejects, $seconds AS seconds,
+       $inputs AS inputs
 FROM audit WHERE ds = $ds;

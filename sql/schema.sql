@@ -91,7 +91,8 @@ CREATE TABLE IF NOT EXISTS runs (
     n_masked      BIGINT,
     n_rows        BIGINT,
     n_rejects     BIGINT,
-    seconds       DOUBLE
+    seconds       DOUBLE,
+    inputs        VARCHAR             -- JSON: each input's location as resolved for the night
 );
 
 -- The quality gate's verdict per night (quality.py): ok, or breached with what breached.

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import UTC
 from pathlib import Path
 
@@ -449,3 +450,67 @@ def test_the_dag_builds_a_night_from_and_to_object_storage(tmp_path, s3):
     with sqlite3.connect(home / "airflow.db") as db:
         [(uri,)] = db.execute("SELECT uri FROM asset WHERE name = 'capture_rows'").fetchall()
     assert uri == f"{out}/rows"
+
+
+def test_check_input_and_wait_for_input_follow_the_gym_layout(tmp_path, monkeypatch):
+    """The layout and templates from the trigger form (or the deployment's settings): the
+    sensor waits for Gym's results file, which Gym writes last, then lets the night go."""
+    from datetime import datetime, timedelta
+    from types import SimpleNamespace
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import AirflowFailException
+    from gym_nights import STAGED_DS, gym_folder
+
+    from reassembler.formats.locations import Inputs
+
+    dag = DagBag(dag_folder=str(REPO / "dags")).dags["capture_rows_nightly"]
+    check, poke = dag.get_task("check_input").python_callable, dag.get_task("wait_for_input").python_callable
+    night = gym_folder(tmp_path / "gym", "gym-0.7.0", STAGED_DS)
+    results = night / "rollouts.jsonl"
+    whole = results.read_bytes()
+    results.unlink()  # the collection is still running
+    monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_INPUT", str(tmp_path / "gym" / "{ds}"))
+    monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_OUTPUT", str(tmp_path / "out"))
+    got = check(params={"ds": STAGED_DS, "layout": "gym"}, logical_date=None, dag_run=None)
+    assert Inputs.of(got["input_dir"]) == Inputs(str(tmp_path / "gym" / "{ds}"), "gym")
+    with pytest.raises(AirflowFailException, match=r"unknown placeholder \{day\}"):
+        check(params={"ds": STAGED_DS, "layout": "gym", "tokens": "/dump/{day}"}, logical_date=None, dag_run=None)
+    params = {"input_wait_hours": 6.0, "input_marker": None}
+    now = SimpleNamespace(start_date=datetime.now(UTC))
+    assert not poke(got["input_dir"], STAGED_DS, params=params, dag_run=now).is_done
+    with pytest.raises(AirflowFailException, match=rf"{night}: no results file yet"):
+        late = SimpleNamespace(start_date=datetime.now(UTC) - timedelta(hours=7))
+        poke(got["input_dir"], STAGED_DS, params=params, dag_run=late)
+    results.write_bytes(whole[:100])  # being written
+    assert not poke(got["input_dir"], STAGED_DS, params=params, dag_run=now).is_done
+    results.write_bytes(whole)
+    settled = time.time() - 120
+    os.utime(results, (settled, settled))
+    assert poke(got["input_dir"], STAGED_DS, params=params, dag_run=now).is_done
+
+
+@pytest.mark.timeout(600)
+def test_the_dag_builds_a_gym_night_on_object_storage_with_the_gym_layout(tmp_path, s3):
+    """One setting (REASSEMBLER_LAYOUT=gym, the input Gym's own per-night folder on S3): the
+    DAG publishes the night the contract's layout gives, with no copy into it."""
+    from gym_nights import DATA, STAGED_DS, gym_folder, tables
+
+    from reassembler.build import build_night
+
+    local = gym_folder(tmp_path / "lab", "gym-0.7.0", STAGED_DS)
+    root, out = f"s3://{s3.bucket('lab')}/gym", f"s3://{s3.bucket('rows')}/nightly"
+    s3.upload(local, f"{root}/{STAGED_DS}")
+    home = tmp_path / "airflow"
+    home.mkdir()
+    env = _airflow_env(home, root + "/{ds}", out)
+    env.update(s3.env, REASSEMBLER_WAREHOUSE=str(tmp_path / "warehouse.duckdb"), REASSEMBLER_LAYOUT="gym")
+    _airflow(env, "db", "migrate")
+    relaxed = {"ds": STAGED_DS, "gate_max_mask_rate": None, "gate_max_reason_rate": None}
+    log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-30", "-c", json.dumps(relaxed))
+    assert "state=success" in log
+    build_night(DATA / "gym-0.7.0", tmp_path / "contract", STAGED_DS)
+    s3.download(out, tmp_path / "mirror")
+    assert tables(tmp_path / "mirror", STAGED_DS) == tables(tmp_path / "contract", STAGED_DS)
+    manifest = json.loads((tmp_path / "mirror" / "_published" / f"ds={STAGED_DS}.json").read_text())
+    assert manifest["run_info"]["inputs"]["ledger"] == f"{root}/{STAGED_DS}/token_id_capture"

@@ -61,7 +61,7 @@ def test_a_warehouse_of_release_2_gets_the_token_rows_table(tmp_path):
     worked_example(n, "a_g0")
     summary = build_night(n.write(), out, DS)
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 6
         assert con.execute("SELECT count(*) FROM token_rows").fetchone()[0] == summary.load.tokens.read > 0
     assert summary.numbers.ok_rollouts == 1
 
@@ -321,3 +321,24 @@ def _dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()
     return p.pid
+
+
+def test_a_warehouse_of_release_5_records_the_input_locations_from_then_on(tmp_path):
+    """Version 5 kept each run's input root only; the migration adds runs.inputs, null for
+    the runs before it, and the next run records the locations it read."""
+    out = tmp_path / "out"
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    root = n.write()
+    build_night(root, out, DS)
+    with connect(out) as con:  # a current warehouse taken back to version 5
+        con.execute("ALTER TABLE runs DROP COLUMN inputs")
+        con.execute("DELETE FROM schema_version")
+        con.execute("INSERT INTO schema_version VALUES (5, now()::TIMESTAMP)")
+    build_night(root, out, DS)
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        runs = con.execute("SELECT input_dir, inputs FROM runs ORDER BY published_at").fetchall()
+    assert runs[0] == (str(root), None)
+    assert runs[1][0] == str(root) and json.loads(runs[1][1]) == {
+        kind: str(root / kind / f"ds={DS}") for kind in ("rollouts", "ledger", "tokens")
+    }

@@ -121,6 +121,18 @@ def _delta(value, base, fmt: str, rise_is_bad) -> str:
     return f'<div class="d {cls}">{shown} vs trailing mean</div>'
 
 
+def _inputs_line(inputs: str | None) -> str:
+    """The locations the night's run read (runs.inputs), or nothing for a run before they
+    were recorded."""
+    if not inputs:
+        return ""
+    where = json.loads(inputs)
+    shown = " · ".join(
+        f"{kind} <code>{_e(where[kind])}</code>" for kind in ("rollouts", "ledger", "tokens") if kind in where
+    )
+    return f'<div class="sub inputs">read from {shown}</div>'
+
+
 def night_page(q: dict) -> str:
     ds, n, base = q["ds"], q["night"], q["baseline"]
     parts = [
@@ -132,6 +144,7 @@ def night_page(q: dict) -> str:
             else "no earlier night to compare with"
         )
         + "</div>",
+        _inputs_line(n.get("inputs")),
         '<div class="tiles">',
     ]
     for key, label, fmt, bad in TILES:

@@ -1,14 +1,18 @@
-"""The input folder of one night (CONTRACT.md section 2): its rollout, ledger and token files,
-in reading order. Lists files only; nothing here opens them.
+"""The input of one night (CONTRACT.md section 2): its rollout, ledger and token files, in
+reading order, from where the run's locations point (formats/locations.py). Lists files
+only; nothing here opens them.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 
 from .. import storage
 from ..errors import InputError
 from .gym_local import CAPTURE_SUFFIXES, capture_file
+from .locations import Inputs, Location
 
 # NeMo Gym's local capture mode writes TokenEntry records as <rollout_id>.tokens.jsonl beside
 # the lineage files: token arrays, not ledger rows (CONTRACT.md 2, 9.2).
@@ -21,76 +25,146 @@ SIDECAR_SUFFIXES = ("_materialized_inputs.jsonl", "_aggregate_metrics.json")
 
 @dataclass(frozen=True)
 class NightFiles:
-    root: str  # a location (storage.py): a local path or an s3:// URI
+    root: str  # the input root (a location: storage.py), or the rollouts folder when none was given
     ds: str
-    rollouts: list[str]  # paths relative to their partition folder, in reading order
+    rollouts: list[str]  # paths relative to their kind's folder, in reading order
     ledger: list[str]
     tokens: list[str]  # empty when the night has no tokens folder (CONTRACT.md 9.2)
     sidecars: list[str] = field(default_factory=list)  # Gym's inputs and metrics beside its results: not read
     failures: list[str] = field(default_factory=list)  # Gym's <stem>_failures.jsonl, in rollouts/
     captures: list[str] = field(default_factory=list)  # local-mode capture files, directly in ledger/
-    has_tokens: bool = True  # whether tokens/ds=<ds>/ exists
+    has_tokens: bool = True  # whether the tokens location exists
+    folders: dict[str, str] = field(default_factory=dict)  # each kind's folder; empty: the contract's under root
+    locations: dict[str, str] = field(default_factory=dict)  # each kind's location as resolved (recorded)
+    inputs: str = ""  # the run's input settings (formats/locations.py: Inputs.text), for the run history
 
     def path(self, kind: str, rel: str) -> str:
-        """The location of a file of the night (storage.py), or of a partition folder (rel "")."""
+        """The location of a file of the night (storage.py), or of a kind's folder (rel "")."""
+        if kind in self.folders:
+            return storage.join(self.folders[kind], rel)
         return storage.join(self.root, kind, f"ds={self.ds}", rel)
 
-
-# each partition: the suffix of its files, and whether its subfolders are read
-_KINDS: tuple[tuple[str, str | tuple[str, ...], bool], ...] = (
-    ("rollouts", (".jsonl", ".json"), False),
-    ("ledger", ".jsonl", True),
-    ("tokens", ".parquet", False),
-)
+    @property
+    def remote(self) -> bool:
+        """Whether any of its files is on object storage."""
+        return any(storage.is_remote(f) for f in (self.folders or {"": self.root}).values())
 
 
-def find_night(input_dir, ds: str) -> NightFiles:
-    """The night's files. The tokens folder may be missing when the ledger folder holds no
-    ledger file (a NeMo Gym local-mode night: CONTRACT.md 9.2); every other missing folder
-    is an InputError naming it."""
-    root = storage.location(input_dir)
-    storage.check_bucket(root)
-    if storage.is_remote(root):
-        return _find_objects(root, ds)
+# each kind: the suffix of its files, and whether its subfolders are read
+_KINDS: dict[str, tuple[str | tuple[str, ...], bool]] = {
+    "rollouts": ((".jsonl", ".json"), False),
+    "ledger": (".jsonl", True),
+    "tokens": (".parquet", False),
+}
+
+
+def find_night(where, ds: str) -> NightFiles:
+    """The night's files, from `where`: an input root in the contract's layout, or the
+    run's `Inputs` (formats/locations.py). The tokens location may be missing when the ledger
+    holds no ledger file (a NeMo Gym local-mode night: CONTRACT.md 9.2); every other missing
+    location, and a file pattern that matches nothing, is an InputError naming it; so is a
+    file that two locations would both read."""
+    inputs = Inputs.of(where)
+    resolved = inputs.resolve(ds)
+    remote = {storage.split(loc.folder)[0]: loc.folder for loc in resolved.values() if storage.is_remote(loc.folder)}
+    for folder in remote.values():  # each bucket once: a clear error before any listing
+        storage.check_bucket(folder)
+    listings = _Listings()
     found: dict[str, list[str]] = {}
-    for kind, suffix, recursive in _KINDS:
-        part = storage.join(root, kind, f"ds={ds}")
-        if (
-            kind == "tokens"
-            and not storage.is_dir(part)
-            and not found["ledger"]
-            and storage.is_dir(storage.join(root, "ledger"))
-        ):
-            found[kind] = []
-            continue
-        if not storage.is_dir(part):
-            raise _missing(root, ds, kind)
-        found[kind] = storage.list_files(part, suffix, recursive, NOT_LEDGER_SUFFIX if kind == "ledger" else None)
-    captures = storage.list_files(storage.join(root, "ledger", f"ds={ds}"), CAPTURE_SUFFIXES, False)
-    has_tokens = storage.is_dir(storage.join(root, "tokens", f"ds={ds}"))
-    return _night(root, ds, found, captures, has_tokens)
+    present: dict[str, bool] = {}
+    for kind, (suffix, recursive) in _KINDS.items():
+        loc = resolved[kind]
+        exclude = NOT_LEDGER_SUFFIX if kind == "ledger" else None
+        rels, present[kind] = listings.files(loc, suffix, recursive, exclude)
+        if not present[kind] or (loc.pattern and not rels):
+            if kind == "tokens" and not found["ledger"] and present["ledger"]:
+                found[kind] = []  # a night without ledger files needs no token store (9.2)
+                continue
+            raise _missing(inputs, resolved, ds, kind)
+        found[kind] = rels
+    captures, _ = listings.files(resolved["ledger"], tuple(CAPTURE_SUFFIXES), False)
+    if resolved["rollouts"].pattern:
+        found["rollouts"] = _with_sidecars(found["rollouts"], listings.everything(resolved["rollouts"]))
+    _read_once(resolved, found, captures)
+    folders = {kind: loc.folder for kind, loc in resolved.items()}
+    return _night(
+        inputs.input or folders["rollouts"],
+        ds,
+        found,
+        captures,
+        present["tokens"],
+        folders,
+        {kind: loc.where for kind, loc in resolved.items()},
+        inputs.text(),
+    )
 
 
-def _find_objects(root: str, ds: str) -> NightFiles:
-    """find_night on object storage: the three partitions listed at once, each once (a
-    prefix exists when it holds an object), instead of a round trip per question."""
-    parts = [storage.join(root, kind, f"ds={ds}") for kind, _, _ in _KINDS]
-    listed = dict(zip(parts, storage.map_ahead(lambda p: storage.list_files(p, "", True), parts, True)))
-    found: dict[str, list[str]] = {}
-    for (kind, suffix, recursive), part in zip(_KINDS, parts):
-        everything = listed[part]
-        if kind == "tokens" and not everything and not found["ledger"] and storage.is_dir(storage.join(root, "ledger")):
-            found[kind] = []
-            continue
-        if not everything:
-            raise _missing(root, ds, kind)
-        found[kind] = storage.select(everything, suffix, recursive, NOT_LEDGER_SUFFIX if kind == "ledger" else None)
-    captures = storage.select(listed[parts[1]], tuple(CAPTURE_SUFFIXES), False)
-    return _night(root, ds, found, captures, bool(listed[parts[2]]))
+class _Listings:
+    """Each folder listed once, whichever kinds name it: on object storage everything under
+    it at once (a prefix exists when it holds an object), locally a walk per suffix."""
+
+    def __init__(self):
+        self._seen: dict[tuple, list[str]] = {}
+
+    def _list(self, folder: str, suffix, recursive: bool, exclude) -> list[str]:
+        if storage.is_remote(folder):
+            key: tuple = (folder,)
+            if key not in self._seen:
+                self._seen[key] = storage.list_files(folder, "", True)
+            return storage.select(self._seen[key], suffix, recursive, exclude)
+        key = (folder, suffix, recursive, exclude)
+        if key not in self._seen:
+            self._seen[key] = storage.list_files(folder, suffix, recursive, exclude)
+        return self._seen[key]
+
+    def files(self, loc: Location, suffix, recursive: bool, exclude=None) -> tuple[list[str], bool]:
+        """(the kind's files at `loc`, whether `loc`'s folder exists)."""
+        deep = recursive or bool(loc.pattern and "/" in loc.pattern)
+        rels = [rel for rel in self._list(loc.folder, suffix, deep, exclude) if loc.matches(rel)]
+        if storage.is_remote(loc.folder):
+            exists = bool(self._list(loc.folder, "", True, None))
+        else:
+            exists = storage.is_dir(loc.folder)
+        return rels, exists
+
+    def everything(self, loc: Location) -> set[str]:
+        return set(self._list(loc.folder, "", bool(loc.pattern and "/" in loc.pattern), None))
 
 
-def _missing(root: str, ds: str, kind: str) -> InputError:
-    part = storage.join(root, kind, f"ds={ds}")
+def _with_sidecars(results: list[str], beside: set[str]) -> list[str]:
+    """The results files a rollouts pattern matched, with the sidecars Gym writes beside
+    each (<stem>_failures.jsonl, ...: contract 2.1) when they are there."""
+    out = set(results)
+    for rel in results:
+        if rel.endswith(".jsonl") and not rel.endswith((FAILURES_SUFFIX, *SIDECAR_SUFFIXES)):
+            stem = rel[: -len(".jsonl")]
+            out.update(stem + s for s in (FAILURES_SUFFIX, *SIDECAR_SUFFIXES) if stem + s in beside)
+    return sorted(out)
+
+
+def _read_once(resolved: dict[str, Location], found: dict[str, list[str]], captures: list[str]) -> None:
+    """InputError when two locations would read the same file (say, --rollouts and --ledger
+    naming one folder of .jsonl files)."""
+    owner: dict[str, str] = {}
+    lists = [(kind, found[kind]) for kind in _KINDS] + [("ledger", captures)]
+    for kind, rels in lists:
+        for rel in rels:
+            where = storage.join(resolved[kind].folder, rel)
+            if owner.setdefault(where, kind) != kind:
+                raise InputError(
+                    f"{where}: both the {owner[where]} location ({resolved[owner[where]].where}) and the {kind} "
+                    f"location ({resolved[kind].where}) would read it; point them at different files"
+                )
+
+
+def _missing(inputs: Inputs, resolved: dict[str, Location], ds: str, kind: str) -> InputError:
+    loc = resolved[kind]
+    if not inputs.is_plain():
+        problem = "matches no file" if loc.pattern else "is missing"
+        origin = inputs.template(kind) + ("" if getattr(inputs, kind) else f", layout {inputs.layout}")
+        return InputError(f"{loc.where}: the {kind} location of night {ds} {problem} (from {origin})")
+    root = str(inputs.input)
+    part = loc.folder
     present = [k for k in ("rollouts", "ledger", "tokens") if storage.is_dir(storage.join(root, k))]
     hint = (
         f"{root} holds {', '.join(k + '/' for k in present)} but no night {ds} in {kind}/"
@@ -103,7 +177,16 @@ def _missing(root: str, ds: str, kind: str) -> InputError:
     )
 
 
-def _night(root: str, ds: str, found: dict[str, list[str]], captures: list[str], has_tokens: bool) -> NightFiles:
+def _night(
+    root: str,
+    ds: str,
+    found: dict[str, list[str]],
+    captures: list[str],
+    has_tokens: bool,
+    folders: dict[str, str],
+    locations: dict[str, str],
+    inputs: str,
+) -> NightFiles:
     listed = found["rollouts"]
     sidecars = [rel for rel in listed if rel.endswith(SIDECAR_SUFFIXES)]
     failures = [rel for rel in listed if rel.endswith(FAILURES_SUFFIX)]
@@ -118,4 +201,32 @@ def _night(root: str, ds: str, found: dict[str, list[str]], captures: list[str],
         failures,
         [rel for rel in captures if capture_file(rel) is not None],
         has_tokens=has_tokens,
+        folders=folders,
+        locations=locations,
+        inputs=inputs,
     )
+
+
+SETTLE_SECONDS = 30.0  # a local results file changed more recently than this may still grow
+
+
+def still_written(night: NightFiles, settle: float = SETTLE_SECONDS) -> str | None:
+    """Why NeMo Gym's results of the night are not whole yet, or None. Only for the gym
+    layout, whose rollout collection writes the results file when the rollouts are done:
+    no results file yet, an empty one, one whose last line has no newline, or (local disk,
+    where a file grows in place; an object appears whole) one changed in the last `settle`
+    seconds. Other layouts keep their rule: the locations exist (and the marker, if set)."""
+    if not night.inputs or Inputs.of(night.inputs).layout != "gym":
+        return None
+    if not night.rollouts:
+        return f"{night.locations.get('rollouts', night.path('rollouts', ''))}: no results file yet"
+    for rel in night.rollouts:
+        where = night.path("rollouts", rel)
+        size = storage.size(where)
+        if size == 0:
+            return f"{where}: the results file is empty (still being written)"
+        if storage.read_ranges(where, [(size - 1, 1)], size)[0] != b"\n":
+            return f"{where}: the results file's last line is not complete (still being written)"
+        if not storage.is_remote(where) and time.time() - os.stat(where).st_mtime < settle:
+            return f"{where}: the results file changed in the last {settle:g} s (still being written)"
+    return None

@@ -312,7 +312,7 @@ def token_files(night: NightFiles, bound: int = DEFAULTS.max_row_group_bytes) ->
     """Check every token file's schema (InputError naming the file), and find the row
     groups that would decode to more than `bound` bytes (formats/token_file.py)."""
     locations, too_big, footers = [], [], {}
-    read = storage.map_ahead(lambda rel: _footer(night, rel), night.tokens, storage.is_remote(night.root))
+    read = storage.map_ahead(lambda rel: _footer(night, rel), night.tokens, night.remote)
     for rel, (size, metadata) in zip(night.tokens, read):
         loc = night.path("tokens", rel)
         footers[loc] = (size, metadata)

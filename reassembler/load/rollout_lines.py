@@ -73,7 +73,7 @@ def split(night: NightFiles, parts: int) -> list[Part]:
     """The night's rollout lines in `parts` runs of about equal bytes, cut between lines
     (fewer when a file has too few lines to cut). Reads the files once."""
     paths = [night.path("rollouts", rel) for rel in night.rollouts]
-    sizes = list(storage.map_ahead(storage.size, paths, storage.is_remote(night.root)))
+    sizes = list(storage.map_ahead(storage.size, paths, night.remote))
     targets = [sum(sizes) * k // parts for k in range(1, parts)]
     out: list[Part] = [[] for _ in range(parts)]
     offset = 0
@@ -102,7 +102,13 @@ class _Child:
     def __init__(self, night: NightFiles, max_line_bytes: int, part: Part | None):
         self.part = part
         ranges = None if part is None else [[rel, r.start, r.end, r.first_line] for rel, r in part]
-        what = {"root": night.root, "ds": night.ds, "rollouts": night.rollouts, "ranges": ranges}
+        what = {
+            "root": night.root,
+            "ds": night.ds,
+            "rollouts": night.rollouts,
+            "folders": night.folders,
+            "ranges": ranges,
+        }
         work = json.dumps(dict(what, max_line_bytes=max_line_bytes)).encode()
         self._proc = ChildProcess(__name__, "rollout parser", work)
 
@@ -253,7 +259,7 @@ class _Chunks:
 def _child() -> None:
     """The child's work: `parse_rollouts` over its part, as records."""
     args = json.loads(sys.stdin.read())
-    night = NightFiles(args["root"], args["ds"], args["rollouts"], [], [])
+    night = NightFiles(args["root"], args["ds"], args["rollouts"], [], [], folders=args["folders"])
     ranges = args.get("ranges")
     part = None if ranges is None else [(rel, LineRange(a, b, first)) for rel, a, b, first in ranges]
     records = Records()

@@ -271,6 +271,14 @@ def publish_staged(con, output, staging, ds: str, run_id: str, numbers: NightNum
     return {kind: partition_dir(output, kind, ds) for kind in KINDS}
 
 
+def _run_info(manifest: dict) -> dict:
+    """The manifest's run_info as record_run.sql takes it: the input locations as JSON text
+    (null for a manifest written before they were recorded)."""
+    info = dict(manifest["run_info"])
+    info["inputs"] = json.dumps(info["inputs"], sort_keys=True) if info.get("inputs") else None
+    return info
+
+
 def apply(con, output: str, manifest: dict) -> None:
     """Make the warehouse, the partitions and the snapshots follow a committed manifest."""
     ds, run_id = manifest["ds"], manifest["run_id"]
@@ -284,7 +292,12 @@ def apply(con, output: str, manifest: dict) -> None:
         run_script(
             con,
             "record_run",
-            {"ds": ds, "run_id": run_id, "n_rows": manifest["numbers"]["n_rows"], **manifest["run_info"]},
+            {
+                "ds": ds,
+                "run_id": run_id,
+                "n_rows": manifest["numbers"]["n_rows"],
+                **_run_info(manifest),
+            },
         )
         con.execute("COMMIT")
     except BaseException:

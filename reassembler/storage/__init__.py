@@ -288,6 +288,15 @@ def exists(loc: str) -> bool:
         return False
 
 
+def is_file(loc: str) -> bool:
+    """A file (locally, links followed), or on object storage an object with that key."""
+    if not is_remote(loc):
+        return os.path.isfile(loc)
+    from pyarrow import fs
+
+    return bool(split(loc)[1]) and s3.info(loc).type == fs.FileType.File
+
+
 def is_dir(loc: str) -> bool:
     """A folder, or on object storage a prefix holding at least one object."""
     if not is_remote(loc):

@@ -1,0 +1,151 @@
+"""Where a night's three inputs are: each a location template, resolved for one night.
+
+A template names the rollouts, the ledger (capture folder) or the token store of any night,
+with placeholders filled from the night: `{ds}` (2026-11-28), `{yyyy}`, `{mm}`, `{dd}`, and
+`{input}` (the `--input` root). Resolved, it is one of
+
+- a folder (local or `s3://`): the partition, read as CONTRACT.md section 2 says;
+- a file: that file alone (for rollouts, with Gym's sidecars of the same stem beside it,
+  contract 2.1);
+- a glob (`*`, `?`, `[...]` in some path segment): the files under the longest plain folder
+  whose relative path matches it segment by segment (`*` never crosses a `/`).
+
+A layout is the three templates at once: `contract` (this project's `<input>/rollouts/ds=D/`,
+`ledger/ds=D/`, `tokens/ds=D/`) or `gym`, NeMo Gym's own per-night output folder: the results
+file(s) `*.jsonl` directly in it (with their `_failures` / `_materialized_inputs` sidecars),
+`token_id_capture/` as the ledger folder, and the staged dump in `staged/` when there is one.
+A template given on its own replaces its layout's.
+
+`Inputs` is what a run was told (the CLI's flags, the DAG's settings); `resolve` gives each
+kind's `Location` for one night. Nothing here lists or opens a file (formats/night.py does).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from datetime import date
+from fnmatch import fnmatchcase
+
+from .. import storage
+from ..errors import InputError
+
+KINDS = ("rollouts", "ledger", "tokens")
+LAYOUTS: dict[str, dict[str, str]] = {
+    "contract": {
+        "rollouts": "{input}/rollouts/ds={ds}",
+        "ledger": "{input}/ledger/ds={ds}",
+        "tokens": "{input}/tokens/ds={ds}",
+    },
+    "gym": {
+        "rollouts": "{input}",
+        "ledger": "{input}/token_id_capture",
+        "tokens": "{input}/staged",
+    },
+}
+PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+GLOB = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A run's input settings: the root, the layout, and any template given on its own."""
+
+    input: str | None = None
+    layout: str = "contract"
+    rollouts: str | None = None
+    ledger: str | None = None
+    tokens: str | None = None
+
+    def __post_init__(self):
+        if self.input is not None:
+            object.__setattr__(self, "input", storage.location(self.input))
+        if self.layout not in LAYOUTS:
+            raise InputError(f"unknown input layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}")
+        if self.input is None and any(
+            "{input}" in self.template(kind) for kind in KINDS if getattr(self, kind) is None
+        ):
+            raise InputError("no input root: give --input, or a location for each of --rollouts, --ledger, --tokens")
+
+    @classmethod
+    def of(cls, value) -> Inputs:
+        """`value` as Inputs: Inputs, a dict of its fields, the text `text()` wrote, or a
+        plain location (the contract's layout under it)."""
+        if isinstance(value, Inputs):
+            return value
+        if isinstance(value, dict):
+            return cls(**{k: v for k, v in value.items() if v not in (None, "")})
+        text = str(value)
+        if text.startswith("{"):
+            return cls.of(json.loads(text))
+        return cls(input=storage.location(text))
+
+    def template(self, kind: str) -> str:
+        return getattr(self, kind) or LAYOUTS[self.layout][kind]
+
+    def is_plain(self) -> bool:
+        """The contract's layout under a root, no template of its own."""
+        return self.layout == "contract" and not any(getattr(self, k) for k in KINDS)
+
+    def text(self) -> str:
+        """One line for the run history (runs.input_dir): the root when plain, else JSON
+        of the settings; `Inputs.of` reads both back."""
+        if self.is_plain():
+            return str(self.input)
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)
+
+    def resolve(self, ds: str) -> dict[str, Location]:
+        """Each kind's location for night `ds`."""
+        return {kind: Location.parse(fill(self.template(kind), ds, self.input), kind) for kind in KINDS}
+
+
+@dataclass(frozen=True)
+class Location:
+    """One input of one night: the folder its files are listed from, and, for a file or a
+    glob, the pattern their paths relative to it must match."""
+
+    kind: str
+    folder: str
+    pattern: str | None = None  # None: every file of the kind in the folder
+
+    @classmethod
+    def parse(cls, where: str, kind: str) -> Location:
+        where = storage.location(where).rstrip("/") or "/"
+        segments = where.split("/")
+        globbed = next((k for k, s in enumerate(segments) if GLOB.search(s)), None)
+        if globbed is not None:
+            if globbed == 0 or (where.startswith(storage.S3) and globbed < 3):
+                raise InputError(f"{where}: the {kind} pattern needs a plain folder before its first wildcard")
+            return cls(kind, "/".join(segments[:globbed]), "/".join(segments[globbed:]))
+        if storage.is_file(where):
+            folder, _, name = where.rpartition("/")
+            return cls(kind, folder, name)
+        return cls(kind, where)
+
+    @property
+    def where(self) -> str:
+        """The location as it was named (after its placeholders were filled)."""
+        return storage.join(self.folder, self.pattern) if self.pattern else self.folder
+
+    def matches(self, rel: str) -> bool:
+        if self.pattern is None:
+            return True
+        parts, want = rel.split("/"), self.pattern.split("/")
+        return len(parts) == len(want) and all(fnmatchcase(p, w) for p, w in zip(parts, want))
+
+
+def fill(template: str, ds: str, root: str | None) -> str:
+    """`template` with its placeholders filled for night `ds` (InputError naming an unknown one)."""
+    day = date.fromisoformat(ds)
+    values = {"ds": ds, "yyyy": f"{day.year:04d}", "mm": f"{day.month:02d}", "dd": f"{day.day:02d}"}
+    if root is not None:  # the root first: it may hold placeholders of its own (s3://lab/gym/{ds})
+        template = template.replace("{input}", str(root).rstrip("/"))
+
+    def one(m: re.Match) -> str:
+        if m.group(1) not in values:
+            known = ", ".join("{" + k + "}" for k in [*values, "input"])
+            raise InputError(f"{template}: unknown placeholder {m.group(0)} (known: {known})")
+        return values[m.group(1)]
+
+    return PLACEHOLDER.sub(one, template)

@@ -1,0 +1,160 @@
+"""Input locations (reassembler/formats/locations.py): NeMo Gym's own night folders read
+where Gym writes them (`--layout gym`), custom templates, and the errors a user sees when a
+location names nothing, on local disk and on the S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+from gym_nights import DATA, LOCAL_DS, STAGED_DS, gym_folder, tables
+
+from commands import cli
+from reassembler.build import build_night
+from reassembler.errors import InputError
+from reassembler.formats.locations import Inputs, Location, fill
+from reassembler.formats.night import find_night, still_written
+
+
+@pytest.mark.parametrize(("fixture", "ds"), [("gym-0.7.0", STAGED_DS), ("gym-0.7.0-local", LOCAL_DS)])
+def test_gym_layout_builds_the_night_the_contract_layout_builds(tmp_path, fixture, ds):
+    gym_folder(tmp_path / "lab" / "gym", fixture, ds)
+    inputs = Inputs(str(tmp_path / "lab" / "gym" / "{ds}"), "gym")
+    night = find_night(inputs, ds)
+    assert night.rollouts == ["rollouts.jsonl"] and night.sidecars == ["rollouts_materialized_inputs.jsonl"]
+    assert night.tokens == (["part-000.parquet"] if fixture == "gym-0.7.0" else [])
+    assert night.locations == {
+        "rollouts": str(tmp_path / "lab" / "gym" / ds),
+        "ledger": str(tmp_path / "lab" / "gym" / ds / "token_id_capture"),
+        "tokens": str(tmp_path / "lab" / "gym" / ds / "staged"),
+    }
+    via_gym = build_night(inputs, tmp_path / "gym-out", ds)
+    via_contract = build_night(DATA / fixture, tmp_path / "contract-out", ds)
+    assert tables(tmp_path / "gym-out", ds) == tables(tmp_path / "contract-out", ds)
+    assert via_gym.numbers.ok_rollouts == via_contract.numbers.ok_rollouts > 0
+    manifest = json.loads((tmp_path / "gym-out" / "_published" / f"ds={ds}.json").read_text())
+    assert manifest["run_info"]["inputs"] == night.locations
+    assert Inputs.of(manifest["run_info"]["input_dir"]) == inputs  # explain reads the night again from it
+
+
+def test_the_gym_layout_on_the_s3_server_with_no_copy_into_the_contract_layout(tmp_path, s3):
+    local = gym_folder(tmp_path / "lab", "gym-0.7.0", STAGED_DS)
+    root = f"s3://{s3.bucket('lab')}/gym"
+    s3.upload(local, f"{root}/{STAGED_DS}")
+    out = tmp_path / "out"
+    res = cli("build", "--layout", "gym", "--input", root + "/{ds}", "--output", out, "--ds", STAGED_DS)
+    assert res.returncode == 0, res.stderr
+    build_night(DATA / "gym-0.7.0", tmp_path / "contract-out", STAGED_DS)
+    assert tables(out, STAGED_DS) == tables(tmp_path / "contract-out", STAGED_DS)
+    explained = cli("explain", "--output", out, "--ds", STAGED_DS, "1-0")
+    assert explained.returncode == 0 and "capture: staged" in explained.stdout, explained.stderr
+    assert cli("report", "--output", out, "--html", "--ds", STAGED_DS).returncode == 0
+    page = (out / "reports" / f"ds={STAGED_DS}" / "index.html").read_text()
+    assert f"{root}/{STAGED_DS}/token_id_capture" in page  # the report's run line names what was read
+
+
+def test_custom_templates_with_date_pieces_and_a_results_glob(tmp_path):
+    """A team's own folders: results under yyyy/mm/dd by a glob, the capture folder and the
+    staged dump elsewhere, each template its own flag."""
+    day = tmp_path / "results" / "2026" / "11" / "29"
+    day.mkdir(parents=True)
+    src = DATA / "gym-0.7.0"
+    shutil.copy(src / "rollouts" / f"ds={STAGED_DS}" / "part-000.jsonl", day / "collect-a.jsonl")
+    (day / "collect-a_failures.jsonl").write_text("")  # a sidecar the glob need not name
+    (day / "notes.txt").write_text("not a results file\n")
+    shutil.copytree(src / "ledger" / f"ds={STAGED_DS}", tmp_path / "capture" / f"date={STAGED_DS}")
+    shutil.copytree(src / "tokens" / f"ds={STAGED_DS}", tmp_path / "dump" / "20261129")
+    flags = {
+        "rollouts": str(tmp_path / "results" / "{yyyy}" / "{mm}" / "{dd}" / "collect-*.jsonl"),
+        "ledger": str(tmp_path / "capture" / "date={ds}"),
+        "tokens": str(tmp_path / "dump" / "{yyyy}{mm}{dd}"),
+    }
+    night = find_night(Inputs(**flags), STAGED_DS)
+    assert night.rollouts == ["collect-a.jsonl"] and night.failures == ["collect-a_failures.jsonl"]
+    res = cli("build", *(x for k, v in flags.items() for x in (f"--{k}", v)), "--output", tmp_path / "out",
+              "--ds", STAGED_DS)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    build_night(src, tmp_path / "contract-out", STAGED_DS)
+    assert tables(tmp_path / "out", STAGED_DS) == tables(tmp_path / "contract-out", STAGED_DS)
+
+
+def test_the_same_settings_from_the_environment(tmp_path):
+    gym_folder(tmp_path / "gym", "gym-0.7.0", STAGED_DS)
+    env = {"REASSEMBLER_INPUT": str(tmp_path / "gym" / "{ds}"), "REASSEMBLER_LAYOUT": "gym"}
+    res = cli("build", "--output", tmp_path / "out", "--ds", STAGED_DS, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "4 rollouts, 4 ok" in res.stdout
+
+
+def test_a_location_that_names_nothing_is_one_line_naming_it(tmp_path):
+    gym_folder(tmp_path / "gym", "gym-0.7.0", STAGED_DS)
+    base = ["--output", tmp_path / "out", "--ds", STAGED_DS, "--layout", "gym", "--input", tmp_path / "gym" / "{ds}"]
+    pattern = str(tmp_path / "gym" / "{ds}" / "results-*.jsonl")
+    res = cli("build", *base, "--rollouts", pattern)
+    want = f"{tmp_path}/gym/{STAGED_DS}/results-*.jsonl: the rollouts location of night {STAGED_DS} matches no file"
+    assert res.returncode == 2 and res.stderr.strip() == f"reassembler: error: {want} (from {pattern})", res.stderr
+    res = cli("build", *base[:4], "--layout", "gym", "--input", tmp_path / "gym" / "{ds}", "--ds", "2026-11-30")
+    assert res.returncode == 2 and f"{tmp_path}/gym/2026-11-30: the rollouts location" in res.stderr, res.stderr
+    assert "is missing (from {input}, layout gym)" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = cli("build", *base, "--ledger", str(tmp_path / "gym" / "{day}"))
+    assert res.returncode == 2 and "unknown placeholder {day}" in res.stderr, res.stderr
+    res = cli("build", "--output", tmp_path / "out", "--ds", STAGED_DS, "--ledger", str(tmp_path))
+    assert res.returncode == 2 and "no input root" in res.stderr, res.stderr
+
+
+def test_a_file_two_locations_would_read_is_refused(tmp_path):
+    """Nothing is read twice: a results folder named as the ledger too would read its lines as
+    both; a folder two templates name is listed once and its files split by kind."""
+    night = gym_folder(tmp_path / "gym", "gym-0.7.0", STAGED_DS)
+    with pytest.raises(InputError, match=r"rollouts.jsonl: both the rollouts location .* and the ledger location"):
+        find_night(Inputs(str(tmp_path / "gym" / "{ds}"), "gym", ledger="{input}"), STAGED_DS)
+    shutil.copytree(night / "staged", night / "token_id_capture", dirs_exist_ok=True)  # dump beside the ledger
+    same = find_night(Inputs(str(tmp_path / "gym" / "{ds}"), "gym", tokens="{input}/token_id_capture"), STAGED_DS)
+    assert same.tokens == ["part-000.parquet"] and len(same.ledger) == 4
+    assert same.folders["ledger"] == same.folders["tokens"]
+
+
+def test_templates_fill_from_the_night_and_parse_into_folders_files_and_globs(tmp_path):
+    assert fill("s3://lab/{yyyy}/{mm}/{dd}/x-{ds}", "2026-02-03", None) == "s3://lab/2026/02/03/x-2026-02-03"
+    assert (
+        fill("{input}/token_id_capture", "2026-02-03", "s3://lab/gym/{ds}")
+        == "s3://lab/gym/2026-02-03/token_id_capture"
+    )
+    with pytest.raises(InputError, match=r"unknown placeholder \{date\} \(known: \{ds\}, \{yyyy\}"):
+        fill("/x/{date}", "2026-02-03", None)
+    assert Location.parse("s3://lab/gym/2026/*/r-?.jsonl", "rollouts") == Location(
+        "rollouts", "s3://lab/gym/2026", "*/r-?.jsonl"
+    )
+    with pytest.raises(InputError, match="plain folder before its first wildcard"):
+        Location.parse("s3://lab-*/x", "rollouts")
+    (tmp_path / "r.jsonl").write_text("")
+    assert Location.parse(str(tmp_path / "r.jsonl"), "rollouts") == Location("rollouts", str(tmp_path), "r.jsonl")
+    assert Location.parse(str(tmp_path) + "/", "ledger") == Location("ledger", str(tmp_path))
+    loc = Location("rollouts", "/x", "*/r-*.jsonl")
+    assert loc.matches("a/r-1.jsonl") and not loc.matches("r-1.jsonl") and not loc.matches("a/b/r-1.jsonl")
+    assert Inputs.of(Inputs("/in", "gym").text()) == Inputs("/in", "gym")
+    assert Inputs.of("/in").text() == "/in" and Inputs.of("/in").is_plain()
+
+
+def test_the_results_file_is_whole_only_once_gym_has_finished_it(tmp_path):
+    """The sensor's rule for the gym layout (formats/night.py: still_written)."""
+    night_dir = gym_folder(tmp_path / "gym", "gym-0.7.0", STAGED_DS)
+    inputs = Inputs(str(tmp_path / "gym" / "{ds}"), "gym")
+    results = night_dir / "rollouts.jsonl"
+    whole = results.read_bytes()
+    assert "changed in the last 30 s" in still_written(find_night(inputs, STAGED_DS))
+    old = time.time() - 60
+    os.utime(results, (old, old))
+    assert still_written(find_night(inputs, STAGED_DS)) is None
+    results.write_bytes(whole[:-20])  # torn: Gym is writing it
+    os.utime(results, (old, old))
+    assert "last line is not complete" in still_written(find_night(inputs, STAGED_DS))
+    results.write_bytes(b"")
+    os.utime(results, (old, old))
+    assert "results file is empty" in still_written(find_night(inputs, STAGED_DS))
+    results.unlink()
+    assert still_written(find_night(inputs, STAGED_DS)) == f"{night_dir}: no results file yet"
+    assert still_written(find_night(DATA / "gym-0.7.0", STAGED_DS)) is None  # the contract's layout: its own rule
