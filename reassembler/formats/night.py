@@ -70,6 +70,7 @@ def find_night(where, ds: str) -> NightFiles:
     for folder in remote.values():  # each bucket once: a clear error before any listing
         storage.check_bucket(folder)
     listings = _Listings()
+    listings.prefetch(sorted({loc.folder for loc in resolved.values() if storage.is_remote(loc.folder)}))
     found: dict[str, list[str]] = {}
     present: dict[str, bool] = {}
     for kind, (suffix, recursive) in _KINDS.items():
@@ -105,6 +106,11 @@ class _Listings:
 
     def __init__(self):
         self._seen: dict[tuple, list[str]] = {}
+
+    def prefetch(self, folders: list[str]) -> None:
+        """List these object-storage folders side by side (a round trip each, at once)."""
+        for folder, listed in zip(folders, storage.map_ahead(lambda f: storage.list_files(f, "", True), folders, True)):
+            self._seen[(folder,)] = listed
 
     def _list(self, folder: str, suffix, recursive: bool, exclude) -> list[str]:
         if storage.is_remote(folder):
