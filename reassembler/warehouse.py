@@ -119,7 +119,11 @@ def sql(name: str, **fragments: str) -> str:
 
 def run_script(con, name: str, params: dict | None = None, **fragments: str) -> None:
     """Run every statement of sql/<name>.sql (statements end with ';' at the end of a line)."""
-    text = sql(name, **fragments)
+    run_statements(con, sql(name, **fragments), params)
+
+
+def run_statements(con, text: str, params: dict | None = None) -> None:
+    """Run every statement of a SQL script's `text`, each given the `params` it names."""
     for statement in re.split(r";[ \t]*(?:\n|$)", text):
         body = "\n".join(line for line in statement.splitlines() if not line.strip().startswith("--"))
         if body.strip():

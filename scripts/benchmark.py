@@ -283,17 +283,13 @@ def report_seconds(workdir: Path, nights: int = 30, rollouts: int = 10_000, call
     """Time the capture-quality report over `nights` nights of `rollouts` rollouts each,
     written straight into a fresh warehouse (scripts/report_bench.sql): (seconds, HTML bytes)."""
     from reassembler.audit.report_html import write_reports
-    from reassembler.warehouse import connect
+    from reassembler.warehouse import connect, run_statements
 
     out = workdir / "report"
     shutil.rmtree(out, ignore_errors=True)
     with connect(out, DuckDBSettings(memory_limit="1GB")) as con:
         text = (Path(__file__).parent / "report_bench.sql").read_text()
-        for statement in text.split(";\n"):
-            body = "\n".join(line for line in statement.splitlines() if not line.startswith("--"))
-            if body.strip():
-                values = {"nights": nights, "rollouts": rollouts, "calls": calls}
-                con.execute(body, {k: v for k, v in values.items() if f"${k}" in body})
+        run_statements(con, text, {"nights": nights, "rollouts": rollouts, "calls": calls})
     with connect(out, read_only=True) as con:
         start = time.perf_counter()
         page = write_reports(con, out, "2026-11-28", nights)
@@ -593,13 +589,12 @@ PERSIST = """
 import os
 from pathlib import Path
 import duckdb
+from reassembler.warehouse import run_statements
 folder, database, memory, script = sys.argv[1:5]
 if os.path.exists(database):
     os.remove(database)
 con = duckdb.connect(database, config={"memory_limit": memory, "threads": 2, "preserve_insertion_order": False})
-lines = [line for line in Path(script).read_text().splitlines() if not line.startswith("--")]
-for statement in filter(str.strip, "\\n".join(lines).split(";\\n")):
-    con.execute(statement, {"folder": folder} if "$folder" in statement else None)
+run_statements(con, Path(script).read_text(), {"folder": folder})
 con.close()
 """
 SCALE_BEFORE = "e2d7ff2"  # the last revision whose load was one warehouse task
