@@ -295,7 +295,7 @@ def report_seconds(workdir: Path, nights: int = 30, rollouts: int = 10_000, call
         page = write_reports(con, out, "2026-11-28", nights)
         seconds = time.perf_counter() - start
     assert page is not None
-    return seconds, page.stat().st_size
+    return seconds, Path(page).stat().st_size
 
 
 def report_main(workdir: Path) -> None:
