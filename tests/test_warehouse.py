@@ -61,7 +61,7 @@ def test_a_warehouse_of_release_2_gets_the_token_rows_table(tmp_path):
     worked_example(n, "a_g0")
     summary = build_night(n.write(), out, DS)
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 7
         assert con.execute("SELECT count(*) FROM token_rows").fetchone()[0] == summary.load.tokens.read > 0
     assert summary.numbers.ok_rollouts == 1
 

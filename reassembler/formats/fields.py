@@ -71,11 +71,12 @@ ROLLOUT = (
     Field("source_file", S),
     Field("source_line", I64),
     # which capture the load read for the rollout (CONTRACT.md 9), and what it found there
-    Field("capture", S, doc="staged | local | rebuilt | none (no capture read)"),
-    Field("capture_reason", S, doc="a rollout check of the capture that failed (9.2-9.4, 9.10)"),
+    Field("capture", S, doc="staged | local | rebuilt | verifiers | none (no capture read)"),
+    Field("capture_reason", S, doc="a rollout check of the capture that failed (9.2-9.4, 9.10, 10.4)"),
     Field("capture_detail", S),
     Field("capture_call_id", S),
     Field("n_token_items", I32, doc="rebuilt: the line's token items"),
+    Field("trace", S, doc="verifiers: rows' node paths, node counts, policy versions (JSON)"),
 )
 
 LEDGER = (
@@ -104,8 +105,8 @@ LEDGER = (
     Field("failure_reason", S, group="poison"),
     Field("source_file", S, group="source"),
     Field("source_line", I64, group="source"),
-    # NeMo Gym's local mode and rebuilt lines: read into calls by the load, checked there
-    Field("capture", S, doc="null: a ledger line; local: an entry; rebuilt: a rebuilt line", group="capture"),
+    # NeMo Gym's local mode and rebuilt lines, verifiers' nodes: read into calls by the load, checked there
+    Field("capture", S, doc="null: a ledger line; else local, rebuilt, verifiers", group="capture"),
     Field("entry_fault", S, doc="local: the entry's first failing check (load/local_capture.py)", group="capture"),
     Field("entry_detail", S, group="capture"),
 )

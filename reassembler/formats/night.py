@@ -13,6 +13,7 @@ from .. import storage
 from ..errors import InputError
 from .gym_local import CAPTURE_SUFFIXES, capture_file
 from .locations import Inputs, Location
+from .verifiers import is_traces_file
 
 # NeMo Gym's local capture mode writes TokenEntry records as <rollout_id>.tokens.jsonl beside
 # the lineage files: token arrays, not ledger rows (CONTRACT.md 2, 9.2).
@@ -61,7 +62,8 @@ _KINDS: dict[str, tuple[str | tuple[str, ...], bool]] = {
 def find_night(where, ds: str) -> NightFiles:
     """The night's files, from `where`: an input root in the contract's layout, or the
     run's `Inputs` (formats/locations.py). The tokens location may be missing when the ledger
-    holds no ledger file (a NeMo Gym local-mode night: CONTRACT.md 9.2); every other missing
+    holds no ledger file (a NeMo Gym local-mode night: CONTRACT.md 9.2), and the ledger and
+    tokens locations when the rollouts hold a verifiers traces file (10.2); every other missing
     location, and a file pattern that matches nothing, is an InputError naming it; so is a
     file that two locations would both read."""
     inputs = Inputs.of(where)
@@ -81,9 +83,12 @@ def find_night(where, ds: str) -> NightFiles:
             if kind == "tokens" and not found["ledger"] and present["ledger"]:
                 found[kind] = []  # a night without ledger files needs no token store (9.2)
                 continue
+            if kind != "rollouts" and not present[kind] and any(map(is_traces_file, found["rollouts"])):
+                found[kind] = []  # a verifiers run writes neither ledger nor token store (10.2)
+                continue
             raise _missing(inputs, resolved, ds, kind)
         found[kind] = rels
-    captures, _ = listings.files(resolved["ledger"], tuple(CAPTURE_SUFFIXES), False)
+    captures = listings.files(resolved["ledger"], tuple(CAPTURE_SUFFIXES), False)[0] if present["ledger"] else []
     if resolved["rollouts"].pattern:
         found["rollouts"] = _with_sidecars(found["rollouts"], listings.everything(resolved["rollouts"]))
     _read_once(resolved, found, captures)

@@ -41,6 +41,7 @@ from .derived_tokens import DerivedTokens
 from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter, IntoWarehouse, Sink
 from .json_lines import DECODER, json_lines, reject
 from .local_capture import CaptureFiles, LocalRollout, TokenRow, read_capture, read_captures
+from .verifiers_traces import trace_calls
 
 CAPTURE_SEQ_BASE = 1 << 40  # calls derived here come after every ledger line
 GIVE_UP_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS (CONTRACT.md 2.1)
@@ -141,11 +142,20 @@ class GymCapture:
 
     def rollout(self, row: dict) -> dict:
         """Take a rollout row's NeMo Gym fields off (records.parse_rollout) before it is
-        inserted; a Gym-rebuilt line's calls and token rows are written here."""
+        inserted; a Gym-rebuilt line's calls and token rows are written here, and so are a
+        verifiers trace's (load/verifiers_traces.py)."""
         rid = row["rollout_id"]
         sample = row.pop("gym_sample", None)
         if sample is not None:
             self.samples.append({"rollout_id": rid, "task": sample[0], "sample": sample[1]})
+        trace = row.pop("verifiers", None)
+        if trace is not None:  # a verifiers trace's rows' nodes (CONTRACT.md 10)
+            calls, token_rows = trace_calls(row, trace)
+            for call in calls:
+                self._call(call)
+            for token_row in token_rows:
+                self.tokens.add(token_row)
+            return row
         gym = row.pop("gym_rebuilt", None)
         if gym is None or not (gym["marked"] or self._retired(rid)):
             return row
@@ -270,9 +280,9 @@ def decide(con, night: NightFiles, rollout_count: int, failures_read: int) -> tu
     con.unregister("capture_keys")
     columns: list[dict] = []
     owners: list[tuple[int, str, str]] = []
-    for key, entries, is_rollout, rebuilt, staged, part, n_lines, reason, detail, call_id, error in decisions:
-        if rebuilt:
-            continue  # read from its result line only (9.10)
+    for key, entries, is_rollout, from_line, staged, part, n_lines, reason, detail, call_id, error in decisions:
+        if from_line:
+            continue  # read from its own line only (a rebuilt line 9.10, a verifiers trace 10.3)
         if not is_rollout:
             if key not in failed:
                 summary.not_read.append(key)
@@ -310,7 +320,7 @@ def decide(con, night: NightFiles, rollout_count: int, failures_read: int) -> tu
     con.register("local_owners", owned)
     con.execute(
         "CREATE OR REPLACE TEMP TABLE derived_owners AS SELECT part, rollout_id, kind FROM local_owners "
-        "UNION ALL SELECT part, rollout_id, 'rebuilt' FROM m_kept WHERE capture = 'rebuilt'"
+        "UNION ALL SELECT part, rollout_id, capture FROM m_kept WHERE capture IN ('rebuilt', 'verifiers')"
     )
     con.unregister("local_owners")
     run_script(con, "merge_derived", {"ds": night.ds, "base": CAPTURE_SEQ_BASE})

@@ -202,22 +202,18 @@ def guess_ids(value, rel: str | None = None) -> tuple[str | None, str | None]:
     return rid, cid
 
 
-def read_lines(night: NightFiles, source: str, parse, add, rejects, max_line_bytes: int) -> int:
-    """Every line of a source ("rollouts" or "ledger"), files by path then lines: `parse(value,
-    rel)` turns it into a row, given to `add(number, row)` (number: the line's place in
-    reading order), or it raises RecordError and the line becomes a reject row. Returns the
-    number of lines read."""
-    number = 0
-    for rel in getattr(night, source):
-        number = read_file_lines(night, source, rel, number, parse, add, rejects, max_line_bytes)
-    return number
+def seen_before(value: str, what: str = "rollout_id") -> RecordError:
+    """A rollout id (or a verifiers Episode id) that an earlier line of the night had."""
+    return RecordError(f"{what} {value} already seen in this night")
 
 
 def read_file_lines(
     night: NightFiles, source: str, rel: str, number: int, parse, add, rejects, max_line_bytes, lines=None
 ) -> int:
-    """`read_lines` for one file (`lines`: a LineRange of it), whose first line read is
-    number + 1; returns the last number."""
+    """Every line of one file of a source ("rollouts" or "ledger"; `lines`: a LineRange of
+    it), whose first line read is number + 1: `parse(value, rel)` turns it into a row,
+    given to `add(number, row)`, or it raises RecordError and the line becomes a reject
+    row. Returns the last number."""
     decoder = ROLLOUT_DECODER if source == "rollouts" else DECODER
     for line, raw, value in json_lines(night.path(source, rel), rel, max_line_bytes, decoder, lines):
         number += 1

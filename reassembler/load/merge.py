@@ -31,11 +31,10 @@ from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script, sql
 from .gym_capture import decide
 from .inserter import REJECT_BATCH, Inserter, IntoWarehouse
-from .json_lines import ROLLOUT_DECODER, decode, guess_ids, reject
+from .json_lines import ROLLOUT_DECODER, decode, guess_ids, reject, seen_before
 from .part_load import MARKER
 from .parts import LoadPlan, part_folder
 from .read import LoadSummary, SourceCount, reject_orphans, token_dir
-from .rollout_lines import seen_before
 
 TABLES = (
     "rollouts",
@@ -109,6 +108,11 @@ def merge_parts(con, plan: LoadPlan, folder: str, settings: Settings = DEFAULTS)
         run_script(con, "merge_ledger", {"ds": ds})
         con.unregister("part_bases")
         [[rollouts_loaded]] = con.execute("SELECT count(*) FROM m_kept").fetchall()
+        [traces] = con.execute(
+            "SELECT count(*), count(capture_reason) FROM rollouts "
+            "WHERE ds = CAST($ds AS DATE) AND capture = 'verifiers'",
+            {"ds": ds},
+        ).fetchall()
         rollout_lines = sum(m["rollout_lines"] for m in markers)
         gym, failed = decide(con, night, rollouts_loaded, sum(m["failures_read"] for m in markers))
         rejects.flush()
@@ -146,6 +150,7 @@ def merge_parts(con, plan: LoadPlan, folder: str, settings: Settings = DEFAULTS)
         sidecars=tuple(night.sidecars),
         gym=gym,
         other_rejects=counts.get("failures", 0) + counts.get("capture", 0),
+        traces=traces,
     )
     for name in ("rollouts", "ledger", "tokens"):
         c = getattr(summary, name)
@@ -155,20 +160,22 @@ def merge_parts(con, plan: LoadPlan, folder: str, settings: Settings = DEFAULTS)
 
 
 def _reject_repeated(con, plan: LoadPlan, rejects: Inserter) -> None:
-    """The reject row of each line whose rollout_id an earlier part holds: the one a single
-    process writes for a repeated id, its raw line read again (a rare case)."""
+    """The reject row of each rollout whose id (or verifiers Episode id) an earlier part
+    holds: the one a single process writes for a repeated id, its raw line read again (a
+    rare case)."""
     repeated = con.execute(
-        "SELECT source_file, source_line, rollout_id FROM m_repeated ORDER BY part, source_file, source_line"
+        "SELECT source_file, source_line, rollout_id, episode FROM m_repeated ORDER BY part, source_file, source_line"
     ).fetchall()
-    by_file: dict[str, dict[int, str]] = {}
-    for rel, line, rid in repeated:
-        by_file.setdefault(rel, {})[line] = rid
-    for rel, lines in by_file.items():
-        raws = _lines_at(plan.night.path("rollouts", rel), set(lines))
-        for line, rid in sorted(lines.items()):
+    by_file: dict[str, list[tuple[int, str, str | None]]] = {}
+    for rel, line, rid, episode in repeated:
+        by_file.setdefault(rel, []).append((line, rid, episode))
+    for rel, rows in by_file.items():
+        raws = _lines_at(plan.night.path("rollouts", rel), {line for line, _, _ in rows})
+        for line, rid, episode in rows:
             raw = raws.get(line, b"")
-            ids = guess_ids(decode(raw, ROLLOUT_DECODER))
-            reject(rejects, "rollouts", rel, line, str(seen_before(rid)), raw, *ids)
+            problem = seen_before(episode, "Episode id") if episode is not None else seen_before(rid)
+            found, call = guess_ids(decode(raw, ROLLOUT_DECODER))
+            reject(rejects, "rollouts", rel, line, str(problem), raw, found or rid, call)
 
 
 def _lines_at(path: str, numbers: set[int]) -> dict[int, bytes]:

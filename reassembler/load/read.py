@@ -69,6 +69,7 @@ class LoadSummary:
     sidecars: tuple[str, ...] = ()  # Gym's files beside its results, not rollout lines (night.py)
     gym: GymSummary = field(default_factory=GymSummary)  # NeMo Gym's own capture (gym_capture.py)
     other_rejects: int = 0  # failures rows and capture files rejected
+    traces: tuple[int, int] = (0, 0)  # verifiers rollouts loaded, and masked by their trace's checks
 
     @property
     def n_rollouts(self) -> int:
@@ -85,6 +86,11 @@ class LoadSummary:
             for name, count in (("rollouts", self.rollouts), ("ledger", self.ledger), ("tokens", self.tokens))
         ]
         out += self.gym.lines()
+        if self.traces[0]:
+            out.append(
+                f"{'traces':<9}{self.traces[0]} rollouts from verifiers traces files "
+                f"({self.traces[1]} masked by their trace checks)"
+            )
         if self.sidecars:
             out.append(
                 f"{'not read':<9}{len(self.sidecars)} NeMo Gym sidecar files, not results: {', '.join(self.sidecars)}"

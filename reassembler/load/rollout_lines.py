@@ -26,9 +26,20 @@ from collections.abc import Callable
 
 from .. import storage
 from ..formats.night import NightFiles
-from ..formats.records import RecordError, parse_rollout
+from ..formats.records import parse_rollout
+from ..formats.verifiers import is_traces_file
 from .child_process import ChildProcess, Records
-from .json_lines import ROLLOUT_DECODER, LineRange, decode, guess_ids, line_ranges, read_file_lines, read_lines, reject
+from .json_lines import (
+    ROLLOUT_DECODER,
+    LineRange,
+    decode,
+    guess_ids,
+    line_ranges,
+    read_file_lines,
+    reject,
+    seen_before,
+)
+from .verifiers_traces import read_traces_file
 
 BACKGROUND_BYTES = 1 << 20  # rollout lines of a night above this are parsed by a child process
 PART_BYTES = 4 << 20  # and by one more child for each PART_BYTES more, up to one per core
@@ -39,10 +50,6 @@ CHUNK = 500  # rows per pickled chunk
 Part = list[tuple[str, LineRange]]  # runs of lines of the night's rollout files, in reading order
 
 
-def seen_before(rollout_id: str) -> RecordError:
-    return RecordError(f"rollout_id {rollout_id} already seen in this night")
-
-
 def parse_rollouts(
     night: NightFiles, max_line_bytes: int, add: Callable[[dict], None], rejects, part: Part | None = None
 ) -> int:
@@ -50,6 +57,7 @@ def parse_rollouts(
     then lines: a row for `add`, or a reject row for `rejects.add` (a rollout_id seen before
     keeps the first). Returns the lines read."""
     seen: set[str] = set()
+    episodes: set[str] = set()  # verifiers' Episode ids (load/verifiers_traces.py)
 
     def parse(value, rel: str) -> dict:
         row = parse_rollout(value, floats_marked=True)
@@ -59,10 +67,12 @@ def parse_rollouts(
         row["rollout_seq"] = len(seen)
         return row
 
-    if part is None:
-        return read_lines(night, "rollouts", parse, lambda _, row: add(row), rejects, max_line_bytes)
     number = 0
-    for rel, lines in part:
+    runs = [(rel, None) for rel in night.rollouts] if part is None else part
+    for rel, lines in runs:
+        if is_traces_file(rel):  # verifiers' traces.jsonl (CONTRACT.md 10)
+            number = read_traces_file(night, rel, number, seen, add, rejects, max_line_bytes, lines, episodes)
+            continue
         number = read_file_lines(
             night, "rollouts", rel, number, parse, lambda _, row: add(row), rejects, max_line_bytes, lines
         )

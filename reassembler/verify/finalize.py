@@ -19,9 +19,14 @@ from .calls import Call
 
 @dataclass(frozen=True)
 class Segment:
-    """A verified chain: one training row."""
+    """A verified chain: one training row. `call_ids`: the row's model_call_ids when they
+    are not its calls' ids (a rebuilt line has none, a verifiers branch its sampled nodes);
+    `versions`: its weight versions (min, max) when its calls declare none (verifiers: the
+    Episode's policy span)."""
 
     calls: list[Call]
+    call_ids: list[str] | None = None
+    versions: tuple[int, int] | None = None
 
     @property
     def token_rows(self) -> list[int]:

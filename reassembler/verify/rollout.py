@@ -8,6 +8,7 @@ passed.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -121,6 +122,8 @@ def reassemble_rollout(
     batch (checks.BatchChecks)."""
     if rollout.get("capture") == "rebuilt":
         return _rebuilt(rollout, [c for c in calls if c.capture == "rebuilt"], checks, options, trace)
+    if rollout.get("capture") == "verifiers":
+        return _verifiers(rollout, [c for c in calls if c.capture == "verifiers"], checks, options, trace)
     out = Outcome(rollout, n_ledger_calls=len(calls), n_roots=sum(c.is_root for c in calls))
     try:
         _rollout_checks(rollout, calls, options)
@@ -168,7 +171,42 @@ def _rebuilt(rollout: dict, items: list[Call], checks, options: Options, trace: 
             checks.record(call)
         if trace is not None:
             trace.append(f"Gym-rebuilt line: one row from its {len(items)} token items")
-        out.segments = [Segment(items)]
+        out.segments = [Segment(items, call_ids=[])]  # its items are no calls of Gym's
+    except Masked as m:
+        out.reason, out.detail, out.failed_call_id = m.reason, m.detail, m.call_id
+        out.segments = []
+    return out
+
+
+def _verifiers(rollout: dict, nodes: list[Call], checks, options: Options, trace: list[str] | None) -> Outcome:
+    """A verifiers trace (CONTRACT.md 10): the load made its checks (10.4) and found its
+    rows (10.5), each a path of nodes root to leaf (`trace`: the shape it stored); its calls
+    are the nodes on them, each with its token row. Rows share the nodes of a common prefix.
+    Terminal mode keeps a trace of one row and masks one of several history_rewritten."""
+    shape = json.loads(rollout["trace"]) if rollout.get("trace") else {}
+    out = Outcome(rollout, n_ledger_calls=shape.get("sampled", 0), n_roots=shape.get("roots", 0))
+    try:
+        if rollout.get("capture_reason") is not None:
+            raise Masked(
+                Reason(rollout["capture_reason"]), rollout.get("capture_detail"), rollout.get("capture_call_id")
+            )
+        rows = shape["rows"]
+        if options.mode == "terminal" and len(rows) > 1:
+            raise Masked(Reason.HISTORY_REWRITTEN, f"the trace has {len(rows)} trainable branches (rows)")
+        by_id = {c.model_call_id: c for c in nodes}
+        policy = shape.get("policy")
+        segments = []
+        for k, path in enumerate(rows):
+            calls = [by_id[str(node)] for node in path]
+            for call in calls:
+                checks.record(call)
+            sampled = [c.model_call_id for c in calls if c.mode == "sampled"]
+            segments.append(Segment(calls, call_ids=sampled, versions=tuple(policy) if policy else None))
+            if trace is not None:
+                trace.append(f"verifiers: row {k} is the branch to leaf {path[-1]}: nodes {path}, sampled {sampled}")
+        out.n_selected = shape["selected"]
+        out.n_offchain, out.n_offchain_faults = out.n_ledger_calls - out.n_selected, 0
+        out.segments = segments
     except Masked as m:
         out.reason, out.detail, out.failed_call_id = m.reason, m.detail, m.call_id
         out.segments = []

@@ -88,17 +88,19 @@ def rows_table(outcomes, batch, ds: str) -> pa.Table:
             rows = seg.token_rows
             token_rows.extend(rows)
             segs_per_row.append(len(rows))
-            versions = [c.weight_version for c in seg.calls if c.weight_version is not None]
+            versions = list(seg.versions or (c.weight_version for c in seg.calls if c.weight_version is not None))
             meta["row_id"].append(f"{r['rollout_id']}_s{index}")
             meta["rollout_id"].append(r["rollout_id"])
             meta["group_id"].append(r["group_id"])
             meta["slot"].append(r["slot"])
             meta["segment_index"].append(index)
             meta["segment_count"].append(k)
-            meta["prompt_len"].append(int(batch.zeros[rows[0]]))
+            meta["prompt_len"].append(_prompt_len(batch, rows))
             meta["n_tokens"].append(int(batch.n_ids[rows].sum()))
             meta["n_generated"].append(int(batch.ones[rows].sum()))
-            meta["model_call_ids"].append([c.model_call_id for c in seg.calls if c.capture != "rebuilt"])
+            meta["model_call_ids"].append(
+                seg.call_ids if seg.call_ids is not None else [c.model_call_id for c in seg.calls]
+            )
             meta["weight_version_min"].append(min(versions) if versions else None)  # none in Gym's local capture
             meta["weight_version_max"].append(max(versions) if versions else None)
             meta["reward"].append(r["reward"])
@@ -114,6 +116,18 @@ def rows_table(outcomes, batch, ds: str) -> pa.Table:
     columns["loss_mask"] = pa.ListArray.from_arrays(off, pa.array(mask, type=pa.int8()))
     columns["logprobs"] = pa.ListArray.from_arrays(off, pa.array(lp, type=pa.float32()))
     return pa.table([columns[n] for n in ROW_SCHEMA.names], schema=ROW_SCHEMA)
+
+
+def _prompt_len(batch, rows: list[int]) -> int:
+    """The index of a row's first mask-1 token: its leading token rows without one (a
+    verifiers branch's prompt nodes), then the zeros of the first with one (each token row
+    holds its zeros before its ones). A chain's root has a 1: its zeros."""
+    before = 0
+    for r in rows:
+        if batch.ones[r]:
+            return before + int(batch.zeros[r])
+        before += int(batch.n_ids[r])
+    return before
 
 
 def _night(ds: str, n: int) -> pa.Array:

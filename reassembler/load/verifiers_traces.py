@@ -1,0 +1,132 @@
+"""A night's verifiers `traces.jsonl` files into rollout rows, derived calls and token rows
+(CONTRACT.md 10; the trace format and its checks: formats/verifiers.py).
+
+`read_traces_file` reads one file as the rollout lines are read (load/rollout_lines.py),
+sharing the night's rollout ids: each Episode line gives its trainable traces as rollout
+rows, checked as they are parsed, or a reject row (a line that is not an Episode, a torn
+final line, an Episode id or rollout id seen before). A rollout row carries its trace's
+shape (`trace`: the rows' node paths, counts and weight versions, as JSON) and, when every
+check passed, the nodes on its rows, which `trace_calls` turns into one derived call per
+node (model_call_id: the node's index, parent_call_id: its parent's) and its token row (the
+node's ids, mask and log probabilities, 0.0 where the mask is 0). From there the shards
+treat them as any derived call (load/gym_capture.py writes them with NeMo Gym's own).
+
+What is counted: a traces file's unit is a rollout (an Episode line may hold several, or
+none when every trace is untrainable), or a rejected line; `read = loaded + rejected`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from ..formats.fields import LEDGER
+from ..formats.night import NightFiles
+from ..formats.records import RecordError
+from ..formats.verifiers import DECODER, TORN_FINAL_LINE, TraceRollout, parse_episode
+from .json_lines import LineRange, guess_ids, json_lines, reject, seen_before
+from .local_capture import TokenRow
+
+CAPTURE = "verifiers"  # the rollouts' and their derived calls' capture kind
+
+
+def read_traces_file(
+    night: NightFiles,
+    rel: str,
+    number: int,
+    seen: set[str],
+    add: Callable[[dict], None],
+    rejects,
+    max_line_bytes: int,
+    lines: LineRange | None = None,
+    episodes: set[str] | None = None,
+) -> int:
+    """Every line of the traces file `rel` (`lines`: of that range only): its rollouts to
+    `add` (an id in `seen` is a reject row; the ids kept go into `seen`), or one reject row.
+    `episodes`: the Episode ids of the night read so far (a repeated one: the line is a
+    reject row). Returns `number` plus the units read (module docstring)."""
+    episodes = set() if episodes is None else episodes
+    for line, raw, value in json_lines(night.path("rollouts", rel), rel, max_line_bytes, DECODER, lines):
+        try:
+            if isinstance(value, RecordError):
+                if not raw.endswith(b"\n"):
+                    raise RecordError(f"{TORN_FINAL_LINE}: the last line has no newline and is not whole ({value})")
+                raise value
+            rollouts = parse_episode(value)
+        except RecordError as e:
+            number += 1
+            reject(rejects, "rollouts", rel, line, str(e), raw, *_ids(value))
+            continue
+        if value["id"] in episodes:  # the first line of an Episode id is the episode: one reject a rollout
+            for _ in range(max(1, len(rollouts))):
+                number += 1
+                reject(rejects, "rollouts", rel, line, str(seen_before(value["id"], "Episode id")), raw, *_ids(value))
+            continue
+        episodes.add(value["id"])
+        for r in rollouts:
+            number += 1
+            if r.rollout_id in seen:
+                reject(rejects, "rollouts", rel, line, str(seen_before(r.rollout_id)), raw, r.rollout_id)
+                continue
+            seen.add(r.rollout_id)
+            row = rollout_row(r)
+            row.update(source_file=rel, source_line=line, rollout_seq=len(seen))
+            add(row)
+    return number
+
+
+def _ids(value) -> tuple[str | None, None]:
+    """The id a rejected Episode line still tells."""
+    if isinstance(value, dict) and isinstance(value.get("id"), str) and value["id"]:
+        return guess_ids({"rollout_id": value["id"]})[0], None
+    return None, None
+
+
+def rollout_row(r: TraceRollout) -> dict:
+    """The rollout row of one trace (formats/fields.py's ROLLOUT), its slot given by the
+    merge (10.3), and `verifiers`: the checked trace, when it has rows."""
+    shape = r.shape()
+    shape["episode"] = r.episode_id
+    return {
+        "rollout_id": r.rollout_id,
+        "group_id": r.group_id,
+        "slot": 0,  # the merge numbers the group's rollouts in reading order
+        "reward": r.reward,
+        "reward_problem": r.reward_problem,
+        "failure_reason": None,
+        "terminal_model_call_id": None,
+        "terminal_response_id": None,
+        "generated_items": [],
+        "model_items": [],
+        "n_output_items": 0,
+        "metadata": r.metadata,
+        "capture": CAPTURE,
+        "capture_reason": None if r.reason is None else r.reason.value,
+        "capture_detail": r.detail,
+        "capture_call_id": r.call_id,
+        "trace": json.dumps(shape, separators=(",", ":")),
+        "verifiers": r if r.rows else None,
+    }
+
+
+def trace_calls(row: dict, trace: TraceRollout) -> tuple[list[dict], list[TokenRow]]:
+    """The derived calls (ledger rows, node order) and token rows of a trace's rows' nodes."""
+    rid = row["rollout_id"]
+    calls, tokens = [], []
+    for k in sorted(trace.nodes):
+        node = trace.nodes[k]
+        key = f"{rid}/{k}"
+        call: dict = {f.name: None for f in LEDGER}
+        call.update(
+            rollout_id=rid,
+            model_call_id=str(k),
+            parent_call_id=None if node.parent is None else str(node.parent),
+            mode="sampled" if node.sampled else "context",
+            staging_key=key,
+            source_file=row.get("source_file"),
+            source_line=row.get("source_line"),
+            capture=CAPTURE,
+        )
+        calls.append(call)
+        tokens.append(TokenRow(key, node.ids, node.mask, node.logprobs))
+    return calls, tokens
