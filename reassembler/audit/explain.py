@@ -22,12 +22,14 @@ from ..settings import Options
 from ..verify.batch import verify_batch
 from ..verify.calls import calls_from_table
 from ..verify.replay import ledger_line, selection_lines
+from ..verify.rows import prompt_len
 from ..warehouse import connect, sql, warehouse_path
 
 CAPTURES = {
     "staged": "staged (ledger rows and token rows)",
     "local": "NeMo Gym local mode (<rollout_id>.tokens.jsonl, checked entry by entry at the load)",
     "rebuilt": "a result line NeMo Gym rebuilt itself (its token items; no digest vouches for them)",
+    "verifiers": "a verifiers trace (traces.jsonl: its nodes' tokens, masks and log probabilities; no digest)",
     "none": "none (no capture of its own)",
 }
 
@@ -56,7 +58,12 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     )
     status, reason, detail, failed, *_, mode = published[:8]
     lines = [ledger_line([(c.model_call_id, c.parent_call_id, c.failure_reason) for c in calls])]
-    if mode != "terminal" and calls and not rollout["failure_reason"] and rollout["reward"] is not None:
+    if rollout.get("capture") == "verifiers":  # no selection: each trainable branch is a row (CONTRACT.md 10.5)
+        shape = json.loads(rollout["trace"] or "{}")
+        rows = [f"row {k}: nodes {path}" for k, path in enumerate(shape.get("rows") or [])]
+        lines = [f"verifiers trace: {shape.get('sampled', 0)} sampled nodes, {shape.get('roots', 0)} roots"]
+        lines += rows
+    elif mode != "terminal" and calls and not rollout["failure_reason"] and rollout["reward"] is not None:
         lines += selection_lines(rollout, calls)
     at = f" at call {failed}" if failed else ""
     lines.append(f"result (as built): {status}" + (f", {reason}{at}: {detail}" if reason else ""))
@@ -70,7 +77,7 @@ def rerun(con, night: NightFiles, rollout_id: str, options: Options):
     rollouts = _rollouts(con, params)
     if not rollouts:
         return None, [], None
-    derived = rollouts[0].get("capture") in ("local", "rebuilt")  # NeMo Gym's own capture (CONTRACT.md 9)
+    derived = rollouts[0].get("capture") in ("local", "rebuilt", "verifiers")  # derived at the load (9, 10)
     cursor = con.cursor()
     if not derived:  # the keys of the night's token files as they are now (the token lists unread)
         files = token_files(night)
@@ -162,12 +169,16 @@ def explain(output_dir, ds: str, rollout_id: str, warehouse=None) -> Replay:
         ledger = [dict(zip(names, row)) for row in cur.fetchall()]
 
     r = outcome.rollout
+    output = (
+        f"output: {len(r['generated_items'] or [])} generated items, "
+        f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)\n"
+        if r.get("capture") != "verifiers"  # a trace has no output to select by: its branches are its rows
+        else ""
+    )
     header = (
         f"rollout {rollout_id} (group {r['group_id']}, slot {r['slot']}), ds={ds}, mode {opts.mode}, "
         f"off-chain policy {opts.offchain}; published by run {run_id}\n"
-        f"output: {len(r['generated_items'] or [])} generated items, "
-        f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)\n"
-        f"capture: {CAPTURES.get(r.get('capture') or '', r.get('capture'))}"
+        f"{output}capture: {CAPTURES.get(r.get('capture') or '', r.get('capture'))}"
     )
     replay = Replay(rollout_id, ds, header, ledger, trace, {})
     if outcome.ok:
@@ -180,14 +191,17 @@ def explain(output_dir, ds: str, rollout_id: str, warehouse=None) -> Replay:
                     "calls": [c.model_call_id for c in seg.calls],
                     "tokens": int(batch.n_ids[rows].sum()),
                     "generated": int(batch.ones[rows].sum()),
-                    "prompt_len": int(batch.zeros[rows[0]]),
+                    "prompt_len": prompt_len(batch, rows),
                 }
             )
+        offchain = [c["model_call_id"] for c in ledger if c["model_call_id"] not in on_chain]
+        if r.get("capture") == "verifiers":  # its sampled nodes on no row (no call of the ledger's)
+            offchain = [str(node) for node in json.loads(r["trace"])["offchain"]]
         replay.result = {
             "status": "ok",
             "advantage": advantage,
             "offchain_faults": outcome.n_offchain_faults,
-            "offchain": [c["model_call_id"] for c in ledger if c["model_call_id"] not in on_chain],
+            "offchain": offchain,
         }
     else:
         source = next(

@@ -36,6 +36,7 @@ CAPTURE_LABELS = {  # which capture a rollout was read from (CONTRACT.md 9)
     "staged": "staged",
     "local": "NeMo Gym local mode",
     "rebuilt": "Gym-rebuilt line",
+    "verifiers": "verifiers trace",
     "none": "none (no capture; given-up samples)",
     "unknown": "unknown (past the retention)",
 }

@@ -112,11 +112,15 @@ class TraceRollout:
     reason: Reason | None = None  # the first check of 10.4 that failed
     detail: str | None = None
     call_id: str | None = None  # the node a check names
-    n_sampled: int = 0  # nodes with sampled: true (the audit's n_ledger_calls)
+    sampled: list[int] = field(default_factory=list)  # nodes with sampled: true (the audit's n_ledger_calls)
     n_roots: int = 0  # nodes without a parent
     policy: tuple[int, int] | None = None  # run.work.policy (start, end): the rows' weight versions
     rows: list[list[int]] = field(default_factory=list)  # each row's nodes, root to leaf
     nodes: dict[int, Node] = field(default_factory=dict)  # the nodes on the rows
+
+    @property
+    def n_sampled(self) -> int:
+        return len(self.sampled)
 
     @property
     def n_selected(self) -> int:
@@ -130,6 +134,7 @@ class TraceRollout:
             "sampled": self.n_sampled,
             "roots": self.n_roots,
             "selected": self.n_selected,
+            "offchain": [i for i in self.sampled if i not in self.nodes] if self.rows else None,
             "policy": list(self.policy) if self.policy is not None else None,
         }
 
@@ -255,7 +260,7 @@ def check_trace(episode: dict, trace, out: TraceRollout) -> None:
             raise Masked(Reason.INVALID_RECORD, f"trace {out.trace_index} of the Episode is not an object")
         nodes = trace.get("nodes", [])
         if isinstance(nodes, list):
-            out.n_sampled = sum(isinstance(n, dict) and n.get("sampled") is True for n in nodes)
+            out.sampled = [i for i, n in enumerate(nodes) if isinstance(n, dict) and n.get("sampled") is True]
             out.n_roots = sum(isinstance(n, dict) and n.get("parent") is None for n in nodes)
         out.reward, out.reward_problem = _reward(trace.get("rewards", {}))
         for what, obj in (("episode", episode), ("trace", trace)):  # check 1
@@ -441,12 +446,14 @@ def _rows(nodes: list[dict], parents: list[int | None], checked: list, out: Trac
                 out.nodes[k] = Node(k, parents[k], nodes[k].get("sampled", False) is True, ids, mask, logprobs)
 
 
-def describe(value) -> list[str]:
-    """A trace walked node by node for `reassembler explain`: each rollout of the line, its
-    nodes (parent, sampled, tokens, links), its leaves and which became which row, or why a
-    branch is not one."""
+def describe(value, rollout_id: str | None = None) -> list[str]:
+    """A trace walked node by node for `reassembler explain`: each rollout of the line (or
+    the one of `rollout_id`), its nodes (parent, sampled, tokens, links), its leaves and
+    which became which row, or why a branch is not one."""
     lines = []
     for r in parse_episode(value):
+        if rollout_id is not None and r.rollout_id != rollout_id:
+            continue
         lines.append(f"rollout {r.rollout_id} (trace {r.trace_index} of Episode {r.episode_id})")
         traces = value.get("traces") or []
         trace = traces[r.trace_index] if r.trace_index is not None else None

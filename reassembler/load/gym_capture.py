@@ -420,9 +420,15 @@ def _rebuilt_call(rid: str, call_id: str, parent: str | None, key: str, rollout:
 
 
 def derive_again(night: NightFiles, rollout: dict) -> tuple[dict[str, TokenRow], list[str]]:
-    """The token rows a local-mode or Gym-rebuilt rollout's calls were derived with, read
-    again from the night's files as they are now, by staging key; and the entries' walk."""
+    """The token rows a local-mode, Gym-rebuilt or verifiers rollout's calls were derived
+    with, read again from the night's files as they are now, by staging key; and the
+    entries' (or the trace's nodes') walk."""
     rid = rollout["rollout_id"]
+    if rollout.get("capture") == "verifiers":
+        from . import verifiers_traces
+
+        raw = _line(night.path("rollouts", rollout["source_file"]), rollout["source_line"])
+        return verifiers_traces.derive_again(raw, rid)
     if rollout.get("capture") == "rebuilt":
         from ..formats.gym_rebuilt import rebuild
         from .json_lines import ROLLOUT_DECODER, decode

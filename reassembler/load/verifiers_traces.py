@@ -23,7 +23,7 @@ from collections.abc import Callable
 from ..formats.fields import LEDGER
 from ..formats.night import NightFiles
 from ..formats.records import RecordError
-from ..formats.verifiers import DECODER, TORN_FINAL_LINE, TraceRollout, parse_episode
+from ..formats.verifiers import DECODER, TORN_FINAL_LINE, TraceRollout, describe, parse_episode
 from .json_lines import LineRange, guess_ids, json_lines, reject, seen_before
 from .local_capture import TokenRow
 
@@ -130,3 +130,14 @@ def trace_calls(row: dict, trace: TraceRollout) -> tuple[list[dict], list[TokenR
         calls.append(call)
         tokens.append(TokenRow(key, node.ids, node.mask, node.logprobs))
     return calls, tokens
+
+
+def derive_again(raw: bytes, rollout_id: str) -> tuple[dict[str, TokenRow], list[str]]:
+    """The token rows of one rollout's nodes read again from its Episode line as it is now
+    (`reassembler explain`), by staging key, and the trace walked node by node."""
+    value = DECODER.decode(raw.decode("utf-8"))
+    trace = next((r for r in parse_episode(value) if r.rollout_id == rollout_id), None)
+    if trace is None:
+        return {}, [f"the line holds no rollout {rollout_id} now"]
+    _, tokens = trace_calls({"rollout_id": rollout_id}, trace)
+    return {t.staging_key: t for t in tokens}, describe(value, rollout_id)

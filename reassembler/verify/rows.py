@@ -95,7 +95,7 @@ def rows_table(outcomes, batch, ds: str) -> pa.Table:
             meta["slot"].append(r["slot"])
             meta["segment_index"].append(index)
             meta["segment_count"].append(k)
-            meta["prompt_len"].append(_prompt_len(batch, rows))
+            meta["prompt_len"].append(prompt_len(batch, rows))
             meta["n_tokens"].append(int(batch.n_ids[rows].sum()))
             meta["n_generated"].append(int(batch.ones[rows].sum()))
             meta["model_call_ids"].append(
@@ -118,7 +118,7 @@ def rows_table(outcomes, batch, ds: str) -> pa.Table:
     return pa.table([columns[n] for n in ROW_SCHEMA.names], schema=ROW_SCHEMA)
 
 
-def _prompt_len(batch, rows: list[int]) -> int:
+def prompt_len(batch, rows: list[int]) -> int:
     """The index of a row's first mask-1 token: its leading token rows without one (a
     verifiers branch's prompt nodes), then the zeros of the first with one (each token row
     holds its zeros before its ones). A chain's root has a 1: its zeros."""
