@@ -21,8 +21,9 @@ class SynthConfig:
     observation_tokens: tuple[int, int] = (20, 1200)
     generated_tokens: tuple[int, int] = (40, 700)
     vocab: int = 151_936
-    # plain, lineage, gym (staged), local (Gym's local mode), rebuilt (lines Gym rebuilt itself)
-    shape_shares: tuple[float, float, float, float, float] = (0.3, 0.1, 0.35, 0.15, 0.1)
+    # plain, lineage, gym (staged), local (Gym's local mode), rebuilt (lines Gym rebuilt
+    # itself), verifiers (traces.jsonl)
+    shape_shares: tuple[float, ...] = (0.28, 0.09, 0.33, 0.14, 0.09, 0.07)
     only_shape: str | None = None  # every group in this shape (the draws stay the same)
     local_delta: float = 0.5  # share of local-mode rollouts written with delta prompts
     rollouts_per_ledger_file: int = 50

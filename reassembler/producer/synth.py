@@ -24,7 +24,10 @@ Each group is written in one of five producer shapes (SHAPES):
   rollout `R.tokens.jsonl` with its intents, state and lock files in the flat capture
   folder, no ledger or token row; full prompts or delta prompts (`local_delta`);
 - `rebuilt`: result lines NeMo Gym rebuilt itself (9.10): the last chain's tokens in
-  `response.output`, `_ng_token_capture`, the capture retired (a state tombstone).
+  `response.output`, `_ng_token_capture`, the capture retired (a state tombstone);
+- `verifiers`: PrimeIntellect verifiers' Episode lines in `traces.jsonl` (10): each call an
+  observation node and a sampled node, each compaction a summary attempt that the next
+  root accepts (every other one after an attempt it does not), no ledger or token row.
 
 Token files of the other shapes cycle through every accepted column type.
 
@@ -60,8 +63,10 @@ from .capture import (
 )
 from .config import SynthConfig
 from .gym_local import local_entries, rebuilt_output, write_local_capture
+from .verifiers import FAULTS as VERIFIERS_FAULTS
+from .verifiers import call_nodes, episode, episode_line, inject, trace
 
-SHAPES = ("plain", "lineage", "gym", "local", "rebuilt")
+SHAPES = ("plain", "lineage", "gym", "local", "rebuilt", "verifiers")
 GYM_SHAPES = ("gym", "local", "rebuilt")  # result lines as NeMo Gym writes them
 
 # fault kind -> (reason under select mode, reason under terminal mode or None = not predicted,
@@ -122,6 +127,7 @@ SHAPE_FAULTS: dict[str, set[str]] = {
         "lineage_cycle",
     }
     | {"capture_incomplete", "capture_retired", "prefix_mismatch"},
+    "verifiers": set(VERIFIERS_FAULTS),
     "rebuilt": {
         "rollout_failed",
         "invalid_reward",
@@ -435,6 +441,13 @@ class _Writer:
         self.token_files = 0
         self.gym_token_files = 0
         self.gym_files = 0
+        self._traces: TextIO | None = None
+
+    def traces(self) -> TextIO:
+        """verifiers' traces.jsonl in the rollouts partition (CONTRACT.md 10)."""
+        if self._traces is None:
+            self._traces = open(self.part["rollouts"] / "traces.jsonl", "w")
+        return self._traces
 
     def ledger_lines(self, rid: str, lines: list[dict], shape: str) -> None:
         if shape == "gym":  # Gym's flat capture folder: lineage file, lock file, maybe local tokens
@@ -501,7 +514,7 @@ class _Writer:
         self.flush_gym_tokens()
         if any(f.suffix == ".jsonl" and not f.name.endswith(".tokens.jsonl") for f in self.part["ledger"].rglob("*")):
             self.part["tokens"].mkdir(parents=True, exist_ok=True)  # staged capture: its token store, maybe empty
-        for fh in (self.rollouts, self.expected, self.plain_ledger):
+        for fh in (self.rollouts, self.expected, self.plain_ledger, self._traces):
             if fh:
                 fh.close()
 
@@ -566,6 +579,9 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
             fault_count[shape] += 1
             totals["faults"][fault] = totals["faults"].get(fault, 0) + 1
         ro = gen.rollout(rid, fault)
+        if shape == "verifiers":
+            _verifiers_trace(writer, gen, ro, fault, group, totals)
+            continue
         if shape in ("local", "rebuilt"):
             _gym_own_capture(writer, gen, cfg, ro, shape, fault, group, slot, totals)
             continue
@@ -875,6 +891,44 @@ def _gym_own_capture(
         result["response"]["id"] = f"resp_{ro.accepted[-1].call_id}"
     writer.rollouts.write(json.dumps(result) + "\n")
     writer.expected.write(json.dumps({"rollout_id": rid, "shape": shape, "fault": fault, **expected}) + "\n")
+
+
+def _verifiers_trace(writer: _Writer, gen: _Gen, ro: _Rollout, fault: str | None, group: int, totals: dict) -> None:
+    """A rollout of the `verifiers` shape: an Episode line of one trace, its accepted calls
+    and compaction summaries as nodes (retries, twins and poison rows are not written: a
+    verifiers graph would train them as branches of their own), and its expected outcome
+    (CONTRACT.md 10)."""
+    rid = hashlib.md5(f"verifiers-{ro.rid}".encode()).hexdigest()
+    nodes: list[dict] = []
+    accepted = {c.call_id for c in ro.accepted}
+    last: int | None = None  # the last accepted call's sampled node
+    summary: int | None = None  # a compaction's accepted attempt, for the next root to name
+    for c in ro.calls:
+        if c.call_id.startswith("sum-"):
+            assert last is not None
+            attempt = [(last, "compaction_attempt")]
+            if len(nodes) % 2:  # an attempt the harness did not accept, first
+                call_nodes(nodes, last, c, attempt)
+            summary = call_nodes(nodes, last, c, attempt)
+        elif c.call_id in accepted:
+            links = [(summary, "compaction")] if c.parent is None and summary is not None else []
+            last = call_nodes(nodes, None if c.parent is None else last, c, links)
+            summary = None if c.parent is None else summary
+    rewards = {"correct": {"score": float(np.round(gen.rng.random(), 3)), "weight": 1.0}}
+    ep = episode(rid, [trace(nodes, rewards, trace_id=f"trace-{rid[:8]}")], group=f"vf{group:05d}")
+    if fault is not None:
+        inject(ep, fault, gen.rng)
+    writer.traces().write(episode_line(ep))
+    reason = R(VERIFIERS_FAULTS[fault]) if fault else None
+    rows = sum(c.parent is None for c in ro.accepted)
+    expected = {
+        "select": _expect(reason, rows),
+        "strict": _expect(reason, rows),
+        "terminal": _expect(reason or (R.HISTORY_REWRITTEN if rows > 1 else None), 1),
+    }
+    writer.expected.write(json.dumps({"rollout_id": rid, "shape": "verifiers", "fault": fault, **expected}) + "\n")
+    totals["calls"] += sum(n["sampled"] is True for n in nodes)
+    totals["tokens"] += sum(len(n["token_ids"]) for n in nodes)
 
 
 def read_expected(output: str | Path, ds: str) -> dict[str, dict]:
