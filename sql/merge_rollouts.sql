@@ -27,7 +27,7 @@ FROM (SELECT rollout_id, CAST(row_number() OVER (PARTITION BY group_id ORDER BY 
       FROM rollouts WHERE ds = CAST($ds AS DATE) AND capture = 'verifiers') v
 WHERE rollouts.ds = CAST($ds AS DATE) AND rollouts.rollout_id = v.rollout_id;
 CREATE OR REPLACE TEMP TABLE m_repeated AS
-SELECT part, source_file, source_line, rollout_id,
-       CASE WHEN occurrence = 1 THEN episode END AS episode
+SELECT part, source_file, source_line, rollout_id, capture,
+       CASE WHEN NOT first_episode THEN episode END AS episode
 FROM m_ranked WHERE occurrence > 1 OR NOT first_episode;
 DROP TABLE m_ranked;

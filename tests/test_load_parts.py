@@ -38,19 +38,26 @@ PER_CALL = {
 
 
 def _damaged(root: Path, seed: int, shape: str | None) -> Path:
-    """A synth night (every fault synth injects), its rollout file cut in three and then:
+    """A synth night (every fault synth injects), its rollout file cut in three (its traces
+    file in two, the second repeating an Episode of the first) and then:
     a fourth file repeating some rollout ids of the first (an id an earlier part holds), a
     broken line, a NeMo Gym failures file with a given-up sample and a failed attempt, a
     ledger line of no rollout and a capture of no rollout."""
     synth_night(root, DS, SynthConfig(rollouts=24, group_size=4, seed=seed, only_shape=shape, max_calls=12))
     folder = root / "rollouts" / f"ds={DS}"
-    [only] = sorted(folder.glob("*.jsonl"))
+    traces = folder / "traces.jsonl"  # verifiers' Episodes: cut in two runs' files, the second repeating one
+    if traces.exists():
+        episodes = traces.read_bytes().splitlines(keepends=True)
+        traces.unlink()
+        (folder / "runA.traces.jsonl").write_bytes(b"".join(episodes[: len(episodes) // 2]))
+        (folder / "runB.traces.jsonl").write_bytes(b"".join(episodes[len(episodes) // 2 :] + episodes[:1]))
+    [only] = sorted(folder.glob("rollouts-*.jsonl"))
     lines = only.read_bytes().splitlines(keepends=True)
     only.unlink()
     third = max(1, len(lines) // 3)
     for k, chunk in enumerate((lines[:third], lines[third : 2 * third], lines[2 * third :])):
         (folder / f"results-{k}.jsonl").write_bytes(b"".join(chunk))
-    (folder / "results-3.jsonl").write_bytes(b"".join(lines[:2]) + b'{"rollout_id": "torn\n' + lines[-1])
+    (folder / "results-3.jsonl").write_bytes(b"".join(lines[:2]) + b'{"rollout_id": "torn\n' + b"".join(lines[-1:]))
     failures = [
         {"_ng_task_index": 900, "_ng_rollout_index": 0, "_ng_failure_terminal": True, "_ng_failure_class": "timeout"},
         {"_ng_task_index": 901, "_ng_rollout_index": 1, "_ng_failure_terminal": False, "_ng_failure_class": "x"},
@@ -85,7 +92,7 @@ def _build(inp: Path, out: Path, parts: int, workers: int = 1) -> dict:
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     seed=st.integers(0, 10_000),
-    shape=st.sampled_from([None, "plain", "gym", "local", "rebuilt"]),
+    shape=st.sampled_from([None, "plain", "gym", "local", "rebuilt", "verifiers"]),
     parts=st.integers(2, 5),
     workers=st.sampled_from([1, 2]),
 )

@@ -14,9 +14,9 @@ from reassembler.settings import Options, Settings
 
 DS = "2026-11-28"
 CFG = SynthConfig(
-    rollouts=160,
+    rollouts=200,
     seed=11,
-    fault_rate=0.4,
+    fault_rate=0.5,
     min_calls=5,
     max_calls=12,
     prompt_tokens=(20, 60),
@@ -129,9 +129,15 @@ def test_the_night_holds_every_producer_shape_as_written(synth):
     shapes = {}
     for e in expected.values():
         shapes.setdefault(e["shape"], []).append(e)
-    assert set(shapes) == {"plain", "lineage", "gym", "local", "rebuilt"}
+    assert set(shapes) == {"plain", "lineage", "gym", "local", "rebuilt", "verifiers"}
     assert len({e["fault"] for e in shapes["gym"]} - {None}) >= 10  # faults reach Gym's shape too
     assert len({e["fault"] for e in shapes["local"]} - {None}) >= 8
+    assert len({e["fault"] for e in shapes["verifiers"]} - {None}) >= 6  # verifiers traces (CONTRACT.md 10)
+    traces = [json.loads(line) for line in open(root / "input" / "rollouts" / f"ds={DS}" / "traces.jsonl")]
+    assert len(traces) == len(shapes["verifiers"]) and all(len(t["traces"]) == 1 for t in traces)
+    assert any(
+        x["type"] == "compaction" for t in traces for n in t["traces"][0]["nodes"] for x in n["semantic_parents"]
+    )
     ledger = root / "input" / "ledger" / f"ds={DS}"
     gym_files = sorted(ledger.glob("*.lineage.jsonl"))  # the flat capture folder
     assert gym_files and all(f.with_name(f.name.replace(".lineage.jsonl", ".tokens.lock")).exists() for f in gym_files)

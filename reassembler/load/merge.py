@@ -164,18 +164,23 @@ def _reject_repeated(con, plan: LoadPlan, rejects: Inserter) -> None:
     holds: the one a single process writes for a repeated id, its raw line read again (a
     rare case)."""
     repeated = con.execute(
-        "SELECT source_file, source_line, rollout_id, episode FROM m_repeated ORDER BY part, source_file, source_line"
+        "SELECT source_file, source_line, rollout_id, capture, episode FROM m_repeated "
+        "ORDER BY part, source_file, source_line"
     ).fetchall()
-    by_file: dict[str, list[tuple[int, str, str | None]]] = {}
-    for rel, line, rid, episode in repeated:
-        by_file.setdefault(rel, []).append((line, rid, episode))
+    by_file: dict[str, list[tuple[int, str, str | None, str | None]]] = {}
+    for rel, line, rid, capture, episode in repeated:
+        by_file.setdefault(rel, []).append((line, rid, capture, episode))
     for rel, rows in by_file.items():
-        raws = _lines_at(plan.night.path("rollouts", rel), {line for line, _, _ in rows})
-        for line, rid, episode in rows:
+        raws = _lines_at(plan.night.path("rollouts", rel), {line for line, *_ in rows})
+        for line, rid, capture, episode in rows:
             raw = raws.get(line, b"")
-            problem = seen_before(episode, "Episode id") if episode is not None else seen_before(rid)
-            found, call = guess_ids(decode(raw, ROLLOUT_DECODER))
-            reject(rejects, "rollouts", rel, line, str(problem), raw, found or rid, call)
+            if capture != "verifiers":
+                ids = guess_ids(decode(raw, ROLLOUT_DECODER))
+                reject(rejects, "rollouts", rel, line, str(seen_before(rid)), raw, *ids)
+            elif episode is not None:  # a repeated Episode: as load/verifiers_traces.py rejects it
+                reject(rejects, "rollouts", rel, line, str(seen_before(episode, "Episode id")), raw, episode)
+            else:
+                reject(rejects, "rollouts", rel, line, str(seen_before(rid)), raw, rid)
 
 
 def _lines_at(path: str, numbers: set[int]) -> dict[int, bytes]:
