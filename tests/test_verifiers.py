@@ -1,0 +1,528 @@
+"""PrimeIntellect verifiers 0.4.0 traces (CONTRACT.md 10): the night verifiers' own code wrote
+(tests/data/verifiers-0.4.0/, its expected outcome taken from verifiers' own reader), each
+check of 10.4 on a trace with its tokens written out, rows built as verifiers' branches,
+the ids and groups of 10.3, a torn and an empty file, a night mixing verifiers with NeMo
+Gym, the command line and explain."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+from commands import cli, one_line_error
+from conftest import read_partition
+from reassembler.build import build_night
+from reassembler.errors import InputError
+from reassembler.producer.verifiers import episode, episode_line, prompt_node, sampled_node, trace
+from reassembler.settings import Options, Settings
+
+FIXTURE = Path(__file__).parent / "data" / "verifiers-0.4.0"
+EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
+DS = EXPECTED["ds"]
+GYM = Path(__file__).parent / "data" / "gym-0.7.0"
+
+
+def write_traces(root: Path, episodes: list, name: str = "traces.jsonl", ds: str = DS, tail: str = "") -> Path:
+    """A night of one verifiers traces file (no ledger or tokens folder, as verifiers writes)."""
+    folder = root / "rollouts" / f"ds={ds}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / name, "a") as fh:
+        for ep in episodes:
+            fh.write(episode_line(ep) if isinstance(ep, dict) else ep)
+        fh.write(tail)
+    return root
+
+
+def build(root: Path, out: Path, options: Options = Options(), **kw):
+    summary = build_night(root, out, DS, Settings(options=options, **kw))
+    rows = read_partition(out, "rows", DS)
+    audit = {a["rollout_id"]: a for a in read_partition(out, "audit", DS)}
+    return summary, rows, audit
+
+
+def rejects(out: Path) -> list[tuple]:
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        return con.execute("SELECT file, line, error, rollout_id FROM rejects ORDER BY file, line").fetchall()
+
+
+# ---------------------------------------------------------------- the night verifiers wrote
+
+
+@pytest.fixture(scope="module", params=["select", "terminal"])
+def fixture_night(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"verifiers-{request.param}")
+    return (request.param, out, *build(FIXTURE, out, Options(mode=request.param)))
+
+
+def test_the_fixture_night_builds_exactly_its_expected_rows_and_audit(fixture_night):
+    mode, out, summary, rows, audit = fixture_night
+    assert not (FIXTURE / "ledger").exists() and not (FIXTURE / "tokens").exists()
+    assert len(audit) == len(EXPECTED["rollouts"]) == summary.load.n_rollouts
+    by_row = {r["row_id"]: r for r in rows}
+    expected_rows = 0
+    for e in EXPECTED["rollouts"]:
+        got = audit[e["rollout_id"]]
+        assert (got["group_id"], got["slot"]) == (e["group_id"], e["slot"])
+        if mode == "terminal" and len(e.get("rows", [])) > 1:  # several branches: several chains (10.5)
+            assert (got["status"], got["reason"]) == ("masked", "history_rewritten")
+            continue
+        assert (got["status"], got["reason"], got["failed_call_id"]) == (e["status"], e["reason"], e["failed_call_id"])
+        if e["status"] == "masked":
+            assert got["detail"] == e["detail"] and got["advantage"] is None
+            continue
+        for key in ("n_ledger_calls", "n_selected", "n_segments", "n_offchain", "n_offchain_faults", "n_roots"):
+            assert got[key] == e[key], key
+        assert (got["n_tokens"], got["n_generated"]) == (e["n_tokens"], e["n_generated"])
+        assert got["reward"] == pytest.approx(e["reward"], abs=1e-12)
+        if mode == "select":
+            assert got["advantage"] == pytest.approx(e["advantage"], abs=1e-9)
+        for want in e["rows"]:
+            row = by_row.pop(want["row_id"])
+            expected_rows += 1
+            assert row["input_ids"] == want["input_ids"]
+            assert row["loss_mask"] == want["loss_mask"]
+            assert np.array_equal(np.asarray(row["logprobs"], np.float32), np.asarray(want["logprobs"], np.float32))
+            for key in ("prompt_len", "n_tokens", "n_generated", "model_call_ids", "segment_index", "segment_count"):
+                assert row[key] == want[key], key
+            assert row["rollout_weight"] == want["rollout_weight"]
+            assert (row["weight_version_min"], row["weight_version_max"]) == (
+                want["weight_version_min"],
+                want["weight_version_max"],
+            )
+            assert row["advantage"] == got["advantage"] and row["reward"] == got["reward"]
+    assert not by_row and expected_rows == (5 if mode == "select" else 1)
+
+
+def test_the_torn_final_line_is_a_rejected_input_line(fixture_night):
+    _, out, summary, _, audit = fixture_night
+    [(file, line, error, rollout_id)] = rejects(out)
+    [torn] = EXPECTED["not_rollouts"]
+    assert (file, line) == (torn["file"], torn["line"]) and error.startswith("torn_final_line")
+    assert torn["episode_id"] not in audit
+    assert str(summary.load.rollouts) == "7 read = 6 loaded + 1 rejected"
+
+
+def test_the_empty_traces_file_builds_an_empty_night_only_when_allowed(tmp_path):
+    empty = FIXTURE / "empty-night"
+    assert (empty / "rollouts" / f"ds={DS}" / "traces.jsonl").stat().st_size == 0
+    with pytest.raises(InputError, match="no rollout could be read .*--allow-empty"):
+        build_night(empty, tmp_path / "refused", DS)
+    summary, rows, audit = build(empty, tmp_path / "out", allow_empty=True)
+    assert (rows, audit, summary.load.n_rejects) == ([], {}, 0)
+
+
+# ---------------------------------------------------------------- rows, tokens written out
+
+
+def _compaction_episode() -> dict:
+    """Node 0 system, 1 user, 2 sampled (scaffold 9, then 10 11), 3 tool, 4 a compaction
+    attempt the harness did not accept, 5 the accepted one, 6 the new context's user turn,
+    7 sampled naming 5 as its compaction; 8 a fork of 2's answer (re-sent: its own row)."""
+    nodes = [
+        prompt_node([1, 2, 3], None, "system"),
+        prompt_node([4, 5], 0),
+        sampled_node([9], [10, 11], [-0.5, -0.25], 1),
+        prompt_node([12], 2, "tool"),
+        sampled_node([], [20, 21], [-1.0, -2.0], 3, [(2, "compaction_attempt")]),
+        sampled_node([], [22], [-0.125], 3, [(2, "compaction_attempt")]),
+        prompt_node([30, 31], 0),
+        sampled_node([9], [40], [-0.0625], 6, [(5, "compaction")]),
+        sampled_node([], [50, 51, 52], [-1.5, -0.5, -0.75], 1),
+    ]
+    return episode("ep-compact", [trace(nodes, {"a": {"score": 2.0, "weight": 0.5}, "b": None})], group="gc")
+
+
+def test_rows_are_the_trainable_branches_with_their_tokens(tmp_path):
+    root = write_traces(tmp_path / "in", [_compaction_episode()])
+    summary, rows, audit = build(root, tmp_path / "out")
+    a = audit["ep-compact"]
+    assert (a["status"], a["n_segments"], a["n_ledger_calls"], a["n_selected"], a["n_offchain"]) == ("ok", 3, 5, 4, 1)
+    assert (a["n_roots"], a["reward"], a["advantage"]) == (1, 1.0, 0.0)  # one rollout in its group
+    assert [r["row_id"] for r in rows] == ["ep-compact_s0", "ep-compact_s1", "ep-compact_s2"]
+    s0, s1, s2 = rows  # leaves in index order: 5 (4 is not accepted), 7, 8
+    assert s0["input_ids"] == [1, 2, 3, 4, 5, 9, 10, 11, 12, 22]
+    assert s0["loss_mask"] == [0, 0, 0, 0, 0, 0, 1, 1, 0, 1]
+    assert s0["logprobs"] == [0, 0, 0, 0, 0, 0, -0.5, -0.25, 0, -0.125]
+    assert (s0["prompt_len"], s0["model_call_ids"]) == (6, ["2", "5"])
+    assert s1["input_ids"] == [1, 2, 3, 30, 31, 9, 40] and s1["loss_mask"] == [0, 0, 0, 0, 0, 0, 1]
+    assert (s1["prompt_len"], s1["model_call_ids"], s1["logprobs"][-1]) == (6, ["7"], -0.0625)
+    assert s2["input_ids"] == [1, 2, 3, 4, 5, 50, 51, 52] and s2["loss_mask"] == [0, 0, 0, 0, 0, 1, 1, 1]
+    assert (s2["prompt_len"], s2["model_call_ids"]) == (5, ["8"])
+    assert {
+        (r["segment_count"], r["rollout_weight"], r["weight_version_min"], r["weight_version_max"]) for r in rows
+    } == {(3, 1 / 3, 6, 7)}
+    assert (a["n_tokens"], a["n_generated"]) == (10 + 7 + 8, 3 + 1 + 3)
+
+
+def test_a_frozen_policy_gives_null_weight_versions(tmp_path):
+    nodes = [prompt_node([1], None), sampled_node([], [2], [-1.0], 0)]
+    root = write_traces(tmp_path / "in", [episode("ep-eval", [trace(nodes)], policy=None)])
+    _, [row], _ = build(root, tmp_path / "out")
+    assert (row["weight_version_min"], row["weight_version_max"]) == (None, None)
+
+
+# ---------------------------------------------------------------- the checks of 10.4
+
+
+def _ok_nodes() -> list[dict]:
+    """A plain two-call trace: system [1 2], user [3], sampled [4 | 5 6], tool [7], sampled [8]."""
+    return [
+        prompt_node([1, 2], None, "system"),
+        prompt_node([3], 0),
+        sampled_node([4], [5, 6], [-0.5, -1.0], 1),
+        prompt_node([7], 2, "tool"),
+        sampled_node([], [8], [-0.25], 3),
+    ]
+
+
+def _with(change) -> dict:
+    ep = episode("x", [trace(_ok_nodes())])
+    change(ep, ep["traces"][0], ep["traces"][0]["nodes"])
+    return ep
+
+
+def _set(obj: dict, key: str, value):
+    obj[key] = value
+
+
+# (name, the change, reason, failed_call_id, a part of the detail)
+CHECKS = [
+    ("episode_not_ok", lambda e, t, n: _set(e, "ok", False), "rollout_failed", None, "episode ok is not true"),
+    (
+        "trace_not_ok",
+        lambda e, t, n: t.update(ok=False, errors=[{"type": "RuntimeError", "message": "sandbox died"}]),
+        "rollout_failed",
+        None,
+        "trace ok is not true: RuntimeError: sandbox died",
+    ),
+    ("no_traces", lambda e, t, n: _set(e, "traces", []), "rollout_failed", None, "holds no trace"),
+    ("trace_not_object", lambda e, t, n: _set(e, "traces", [7]), "invalid_record", None, "not an object"),
+    ("rewards_not_object", lambda e, t, n: _set(t, "rewards", [1.0]), "invalid_reward", None, "not an object"),
+    ("reward_nan", lambda e, t, n: _set(t, "rewards", {"a": None}), "invalid_reward", None, "no reward was scored"),
+    ("no_rewards", lambda e, t, n: _set(t, "rewards", {}), "invalid_reward", None, "no reward was scored"),
+    ("score_string", lambda e, t, n: _set(t, "rewards", {"a": {"score": "1"}}), "invalid_reward", None, "score"),
+    (
+        "weight_bool",
+        lambda e, t, n: _set(t, "rewards", {"a": {"score": 1, "weight": True}}),
+        "invalid_reward",
+        None,
+        "weight",
+    ),
+    (
+        "reward_overflow",
+        lambda e, t, n: _set(t, "rewards", {"a": {"score": 1e308, "weight": 10.0}}),
+        "invalid_reward",
+        None,
+        "inf",
+    ),
+    ("version_2", lambda e, t, n: _set(t, "version", 2), "unsupported_version", None, "version 2"),
+    ("version_float", lambda e, t, n: _set(t, "version", 1.0), "unsupported_version", None, "version 1.0"),
+    ("nodes_not_array", lambda e, t, n: _set(t, "nodes", {}), "invalid_record", None, "not an array"),
+    ("node_not_object", lambda e, t, n: n.__setitem__(3, "tool"), "invalid_record", "3", "node 3 is not an object"),
+    ("parent_float", lambda e, t, n: _set(n[1], "parent", 0.0), "invalid_record", "1", "parent 0.0"),
+    ("sampled_int", lambda e, t, n: _set(n[2], "sampled", 1), "invalid_record", "2", "sampled 1"),
+    ("mask_not_array", lambda e, t, n: _set(n[4], "mask", "true"), "invalid_record", "4", "mask is not an array"),
+    (
+        "link_negative",
+        lambda e, t, n: _set(n[4], "semantic_parents", [{"node": -1, "type": "compaction"}]),
+        "invalid_record",
+        "4",
+        "semantic_parents",
+    ),
+    ("parent_minus_one", lambda e, t, n: _set(n[1], "parent", -1), "missing_parent", "1", "parent -1"),
+    ("parent_past_end", lambda e, t, n: _set(n[4], "parent", 5), "missing_parent", "4", "parent 5"),
+    ("cycle", lambda e, t, n: _set(n[1], "parent", 3), "lineage_cycle", "1", "node 1: its parent walk meets node 1"),
+    (
+        "no_token_ids",
+        lambda e, t, n: [x.update(token_ids=[], mask=[], logprobs=[]) for x in n],
+        "missing_tokens",
+        None,
+        "no node holds a token id",
+    ),
+    ("no_nodes", lambda e, t, n: _set(t, "nodes", []), "missing_tokens", None, "no node"),
+    ("mask_short", lambda e, t, n: n[2]["mask"].pop(), "length_mismatch", "2", "2 mask values for 3 token ids"),
+    ("token_negative", lambda e, t, n: n[3]["token_ids"].__setitem__(0, -1), "invalid_token", "3", "token id -1"),
+    ("token_2_31", lambda e, t, n: n[0]["token_ids"].__setitem__(1, 2**31), "invalid_token", "0", "2147483648"),
+    ("token_float", lambda e, t, n: n[4]["token_ids"].__setitem__(0, 8.0), "invalid_token", "4", "not an integer"),
+    ("token_bool", lambda e, t, n: n[1]["token_ids"].__setitem__(0, True), "invalid_token", "1", "not an integer"),
+    ("token_huge", lambda e, t, n: n[1]["token_ids"].__setitem__(0, 10**30), "invalid_token", "1", "not an integer"),
+    ("mask_int", lambda e, t, n: n[2]["mask"].__setitem__(0, 0), "invalid_mask", "2", "not a boolean"),
+    ("mask_on_prompt", lambda e, t, n: n[3]["mask"].__setitem__(0, True), "invalid_mask", "3", "not sampled"),
+    (
+        "mask_true_then_false",
+        lambda e, t, n: _set(n[2], "mask", [True, True, False]),
+        "invalid_mask",
+        "2",
+        "false after a true",
+    ),
+    (
+        "sampled_nothing",
+        lambda e, t, n: n[4].update(mask=[False], logprobs=[]),
+        "empty_generation",
+        "4",
+        "sampled, but no token",
+    ),
+    ("logprob_missing", lambda e, t, n: n[2]["logprobs"].pop(), "length_mismatch", "2", "1 logprobs for 2 sampled"),
+    ("logprob_extra", lambda e, t, n: n[4]["logprobs"].append(-1.0), "length_mismatch", "4", "2 logprobs for 1"),
+    ("logprob_null", lambda e, t, n: n[2]["logprobs"].__setitem__(1, None), "invalid_logprob", "2", "null"),
+    ("logprob_positive", lambda e, t, n: n[4]["logprobs"].__setitem__(0, 0.5), "invalid_logprob", "4", "0.5 > 0"),
+    ("logprob_string", lambda e, t, n: n[4]["logprobs"].__setitem__(0, "-1"), "invalid_logprob", "4", "not a number"),
+    (
+        "only_a_rejected_attempt",
+        lambda e, t, n: _set(n[4], "semantic_parents", [{"node": 2, "type": "compaction_attempt"}]),
+        "empty_selection",
+        None,
+        "no trainable branch",
+    ),
+    (
+        "no_sampled_token_on_a_branch",
+        lambda e, t, n: [x.update(sampled=False, mask=[False] * len(x["mask"]), logprobs=[]) for x in n],
+        "empty_selection",
+        None,
+        "no trainable branch",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    """Every case of CHECKS as an Episode of its own (its id the case's name), one night."""
+    root = tmp_path_factory.mktemp("checks")
+    episodes = []
+    for name, change, *_ in CHECKS:
+        ep = _with(change)
+        ep["id"] = name
+        episodes.append(ep)
+    write_traces(root / "in", episodes + [dict(_with(lambda e, t, n: None), id="sound")])
+    return build(root / "in", root / "out")
+
+
+@pytest.mark.parametrize("name, change, reason, call, detail", CHECKS, ids=[c[0] for c in CHECKS])
+def test_each_check_masks_its_rollout_with_its_reason(checked, name, change, reason, call, detail):
+    _, rows, audit = checked
+    got = audit[name]
+    assert (got["status"], got["reason"], got["failed_call_id"]) == ("masked", reason, call), got["detail"]
+    assert detail in got["detail"]
+    assert got["advantage"] is None and not [r for r in rows if r["rollout_id"] == name]
+    assert audit["sound"]["status"] == "ok"
+
+
+def test_the_reward_is_kept_when_its_check_passed(checked):
+    _, _, audit = checked
+    assert audit["episode_not_ok"]["reward"] == 1.0 and audit["mask_int"]["reward"] == 1.0
+    assert audit["reward_nan"]["reward"] is None and audit["trace_not_object"]["reward"] is None
+
+
+def test_the_checks_run_in_the_contracts_order():
+    """A trace failing several checks is masked by the first (10.4's order; 8 node by node)."""
+    from reassembler.formats.verifiers import parse_episode
+
+    def first(*changes) -> tuple:
+        ep = _with(lambda e, t, n: [c(e, t, n) for c in changes])
+        [r] = parse_episode(json.loads(json.dumps(ep)))
+        return r.reason.value, r.call_id
+
+    lp_null = lambda e, t, n: n[2]["logprobs"].__setitem__(1, None)  # noqa: E731
+    assert first(lambda e, t, n: _set(e, "ok", False), lambda e, t, n: _set(t, "rewards", {})) == (
+        "rollout_failed",
+        None,
+    )
+    assert first(lambda e, t, n: _set(t, "rewards", {}), lambda e, t, n: _set(t, "version", 3)) == (
+        "invalid_reward",
+        None,
+    )
+    assert first(lambda e, t, n: _set(t, "version", 3), lambda e, t, n: _set(n[0], "sampled", 1)) == (
+        "unsupported_version",
+        None,
+    )
+    assert first(lambda e, t, n: _set(n[4], "parent", 9), lambda e, t, n: _set(n[3], "sampled", 1)) == (
+        "invalid_record",
+        "3",
+    )
+    assert first(lambda e, t, n: _set(n[4], "parent", 9), lambda e, t, n: _set(n[1], "parent", 3)) == (
+        "missing_parent",
+        "4",
+    )
+    assert first(lp_null, lambda e, t, n: n[4]["token_ids"].__setitem__(0, -3)) == ("invalid_logprob", "2")
+    assert first(lambda e, t, n: n[2]["mask"].pop(), lambda e, t, n: n[2]["token_ids"].__setitem__(0, -3)) == (
+        "length_mismatch",
+        "2",
+    )
+    # within a node: tokens before the mask, the mask before the log probabilities
+    assert first(lp_null, lambda e, t, n: n[2]["token_ids"].__setitem__(0, -3)) == ("invalid_token", "2")
+    assert first(lp_null, lambda e, t, n: n[2]["mask"].__setitem__(0, 1)) == ("invalid_mask", "2")
+
+
+# ---------------------------------------------------------------- ids, groups, slots (10.3)
+
+
+def test_ids_groups_and_slots_follow_the_reading_order(tmp_path):
+    nodes = _ok_nodes
+    judge = trace(nodes(), agent="judge", trainable=False)
+    root = tmp_path / "in"
+    write_traces(
+        root,
+        [
+            episode("A", [trace(nodes()), judge, trace(nodes())], group="g"),  # A-t0, A-t2 (the judge counts in i)
+            episode("B", [trace(nodes())], group=None),  # a group of its own
+            episode("A", [trace(nodes())], group="g"),  # an Episode id seen before: rejected
+            episode("C", [judge], group="g"),  # no trainable trace: no rollout, not a reject
+        ],
+        name="runA.traces.jsonl",
+    )
+    write_traces(
+        root,
+        [
+            episode("D", [dict(trace(nodes()), ok=False)], group="g"),
+            episode("A-t0", [trace(nodes())], group="g"),  # a derived id seen before: rejected
+            "\n   \n",  # blank lines are skipped
+            '{"id": "E", "traces": [], "id": "E2"}\n',  # a repeated key: rejected
+            '{"id": "F", "traces": [{"rewards": {"a": {"score": NaN}}}]}\n',  # NaN is not JSON
+            '{"id": "G"}\n',  # not an Episode
+            '{"id": "", "traces": []}\n',
+            '{"id": "H", "traces": {}}\n',
+            '{"id": "I", "traces": [], "group": {"id": 5}}\n',
+        ],
+        name="runB.traces.jsonl",
+    )
+    summary, rows, audit = build(root, tmp_path / "out", allow_empty=True)
+    assert {rid: (a["group_id"], a["slot"]) for rid, a in audit.items()} == {
+        "A-t0": ("g", 0),
+        "A-t2": ("g", 1),
+        "B": ("B", 0),
+        "D": ("g", 2),
+    }
+    assert audit["B"]["advantage"] == 0.0 and audit["A-t0"]["advantage"] == 0.0  # equal rewards in the group
+    assert audit["D"]["reason"] == "rollout_failed"
+    want = [
+        ("runA.traces.jsonl", 3, "Episode id A already seen in this night", "A"),
+        ("runB.traces.jsonl", 2, "rollout_id A-t0 already seen in this night", "A-t0"),
+        ("runB.traces.jsonl", 5, "duplicate key 'id' in a JSON object", None),
+        ("runB.traces.jsonl", 6, "not valid JSON", None),
+        ("runB.traces.jsonl", 7, "not a verifiers Episode", "G"),
+        ("runB.traces.jsonl", 8, "the Episode's id is not a non-empty string", None),
+        ("runB.traces.jsonl", 9, "the Episode's traces is not an array", "H"),
+        ("runB.traces.jsonl", 10, "the Episode's group is not an object with a", "I"),
+    ]
+    got = rejects(tmp_path / "out")
+    assert [(f, line, rid) for f, line, _, rid in got] == [(f, line, rid) for f, line, _, rid in want]
+    assert all(error.startswith(start) for (_, _, error, _), (_, _, start, _) in zip(got, want)), got
+    assert str(summary.load.rollouts) == "12 read = 4 loaded + 8 rejected"
+
+
+def test_only_files_named_traces_are_read_as_verifiers(tmp_path):
+    """`traces.jsonl` and `*.traces.jsonl` (10.2); `mytraces.jsonl` is a rollout file, whose
+    Episode lines are rejected as rollout records."""
+    from reassembler.formats.verifiers import is_traces_file
+
+    assert [is_traces_file(n) for n in ("traces.jsonl", "a/traces.jsonl", "runA.traces.jsonl")] == [True] * 3
+    assert [is_traces_file(n) for n in ("mytraces.jsonl", ".traces.jsonl", "traces.json", "rollouts.jsonl")] == [
+        False
+    ] * 4
+    root = write_traces(tmp_path / "in", [episode("A", [trace(_ok_nodes())])], name="mytraces.jsonl")
+    (root / "ledger" / f"ds={DS}").mkdir(parents=True)
+    (root / "tokens" / f"ds={DS}").mkdir(parents=True)
+    summary, _, audit = build(root, tmp_path / "out", allow_empty=True)
+    assert audit == {} and summary.load.rollouts.rejected == 1
+
+
+# ---------------------------------------------------------------- a night that mixes producers
+
+
+def test_a_night_mixing_verifiers_and_gym_builds_each_as_alone(tmp_path):
+    gym_ds = json.loads((GYM / "expected.json").read_text())["ds"]
+    mixed = tmp_path / "mixed"
+    shutil.copytree(GYM, mixed, ignore=shutil.ignore_patterns("expected.json", "README.md"))
+    traces = (FIXTURE / "rollouts" / f"ds={DS}" / "traces.jsonl").read_bytes()
+    (mixed / "rollouts" / f"ds={gym_ds}" / "traces.jsonl").write_bytes(traces)
+    # a ledger row carrying a verifiers rollout's id produces nothing (10.3): not read, not a reject
+    [ledger] = sorted((mixed / "ledger" / f"ds={gym_ds}").glob("*.lineage.jsonl"))[:1]
+    row = json.loads(ledger.read_text().splitlines()[0])
+    (mixed / "ledger" / f"ds={gym_ds}" / "496652fef1314e1d2a00f9049a9ae3dc.lineage.jsonl").write_text(
+        json.dumps(row) + "\n"
+    )
+    vf = tmp_path / "vf"
+    shutil.copytree(FIXTURE / "rollouts", vf / "rollouts")
+    (vf / "rollouts" / f"ds={DS}").rename(vf / "rollouts" / f"ds={gym_ds}")
+
+    def outcome(root: Path, out: Path):
+        build_night(root, out, gym_ds)
+        rows = {r["row_id"]: r for r in read_partition(out, "rows", gym_ds)}
+        audit = {a["rollout_id"]: a for a in read_partition(out, "audit", gym_ds)}
+        for a in audit.values():
+            a.pop("run_id")
+        return rows, audit
+
+    both_rows, both_audit = outcome(mixed, tmp_path / "out-mixed")
+    gym_rows, gym_audit = outcome(GYM, tmp_path / "out-gym")
+    vf_rows, vf_audit = outcome(vf, tmp_path / "out-vf")
+    assert both_rows == {**gym_rows, **vf_rows} and len(vf_rows) == 5 and gym_rows
+    assert both_audit == {**gym_audit, **vf_audit}
+    with duckdb.connect(str(tmp_path / "out-mixed" / "warehouse.duckdb"), read_only=True) as con:
+        captures = dict(con.execute("SELECT capture, count(*) FROM rollouts GROUP BY ALL").fetchall())
+        [[torn]] = con.execute("SELECT count(*) FROM rejects WHERE error LIKE 'torn_final_line%'").fetchall()
+        [[orphans]] = con.execute("SELECT count(*) FROM rejects WHERE source = 'ledger'").fetchall()
+    assert captures["verifiers"] == 6 and captures["staged"] >= 1
+    assert (torn, orphans) == (1, 0)
+
+
+# ---------------------------------------------------------------- as a user runs it
+
+
+def test_the_command_builds_explains_and_reports_a_verifiers_night(tmp_path):
+    out = tmp_path / "out"
+    res = cli("build", "--input", FIXTURE, "--output", out, "--ds", DS)
+    assert res.returncode == 0, res.stderr
+    assert "traces   6 rollouts from verifiers traces files (3 masked by their trace checks)" in res.stdout
+    res = cli("explain", "--output", out, "--ds", DS, "18137f8f87631c6139429bc57ba9a2b9")
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    assert "capture: a verifiers trace" in text and "node 7: parent 6, assistant, sampled" in text
+    assert "branch to leaf 7 [0 -> 1 -> 2 -> 3 -> 4 -> 5 -> 6 -> 7]: no row, an unaccepted compaction attempt" in text
+    assert "branch to leaf 8 [0 -> 1 -> 2 -> 3 -> 4 -> 5 -> 6 -> 8]: row 18137f8f87631c6139429bc57ba9a2b9_s0" in text
+    assert "row 18137f8f87631c6139429bc57ba9a2b9_s1: calls [0, 9, 10, 11, 12], 68 tokens, 18 generated" in text
+    assert "off-chain: 7 (0 faulty)" in text and "result: ok, 2 rows" in text
+    res = cli("explain", "--output", out, "--ds", DS, "35857c33bf405e0683a0acb6fb6077f2", "--json")
+    assert res.returncode == 0, res.stderr
+    replay = json.loads(res.stdout)
+    assert replay["result"]["reason"] == "length_mismatch" and replay["result"]["failed_call_id"] == "4"
+    assert any("masked length_mismatch: node 4: 20 logprobs for 21 sampled tokens" in s for s in replay["steps"])
+    res = cli("report", "--output", out, "--html")
+    assert res.returncode == 0, res.stderr
+    page = (out / "reports" / f"ds={DS}" / "index.html").read_text()
+    assert "Rollouts by capture" in page and "verifiers trace" in page
+    res = cli("build", "--input", tmp_path / "nowhere", "--output", tmp_path / "o2", "--ds", DS)
+    assert res.returncode == 2 and "input partition folder is missing" in one_line_error(res)
+
+
+def test_the_rollout_parse_in_child_processes_reads_traces_the_same(tmp_path, monkeypatch):
+    from reassembler.load import rollout_lines
+
+    monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
+    monkeypatch.setattr(rollout_lines, "PART_BYTES", 1)
+    _, rows, audit = build(FIXTURE, tmp_path / "children")
+    monkeypatch.undo()
+    _, rows_here, audit_here = build(FIXTURE, tmp_path / "here")
+    for a in (*audit.values(), *audit_here.values()):
+        a.pop("run_id")
+    assert (rows, audit) == (rows_here, audit_here) and len(rows) == 5
+
+
+def test_a_warehouse_of_release_6_gets_the_trace_column(tmp_path):
+    from reassembler.warehouse import SCHEMA_VERSION, connect
+
+    out = tmp_path / "out"
+    with connect(out) as con:  # a current warehouse taken back to version 6
+        con.execute("ALTER TABLE rollouts DROP COLUMN trace")
+        con.execute("DELETE FROM schema_version")
+        con.execute("INSERT INTO schema_version VALUES (6, now()::TIMESTAMP)")
+    _, rows, _ = build(FIXTURE, out)
+    assert len(rows) == 5
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert con.execute("SELECT count(trace) FROM rollouts").fetchone()[0] == 6
