@@ -174,6 +174,7 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     expected = read_expected(inp, DS)
     audit = {a["rollout_id"]: a for a in pq.read_table(out / "audit" / f"ds={DS}").to_pylist()}
     assert set(audit) == set(expected)
+    assert {"plain", "gym", "verifiers"} <= {e["shape"] for e in expected.values()}  # verifiers traces too
     for rid, e in expected.items():
         assert (audit[rid]["status"], audit[rid]["reason"]) == (e["select"]["status"], e["select"]["reason"]), rid
     rows_dir = out / "rows" / f"ds={DS}"
