@@ -63,9 +63,7 @@ class Inputs:
             object.__setattr__(self, "input", storage.location(self.input))
         if self.layout not in LAYOUTS:
             raise InputError(f"unknown input layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}")
-        if self.input is None and any(
-            "{input}" in self.template(kind) for kind in KINDS if getattr(self, kind) is None
-        ):
+        if self.input is None and "{input}" in self.template("rollouts"):
             raise InputError("no input root: give --input, or a location for each of --rollouts, --ledger, --tokens")
 
     @classmethod
@@ -96,8 +94,14 @@ class Inputs:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)
 
     def resolve(self, ds: str) -> dict[str, Location]:
-        """Each kind's location for night `ds`."""
-        return {kind: Location.parse(fill(self.template(kind), ds, self.input), kind) for kind in KINDS}
+        """Each kind's location for night `ds`. Without an input root, `{input}` is the
+        folder of the rollouts location (a verifiers run given as `--rollouts` alone: its
+        ledger and tokens folders are missing, as verifiers writes none)."""
+        rollouts = Location.parse(fill(self.template("rollouts"), ds, self.input), "rollouts")
+        root = self.input if self.input is not None else rollouts.folder
+        return {"rollouts": rollouts} | {
+            kind: Location.parse(fill(self.template(kind), ds, root), kind) for kind in KINDS[1:]
+        }
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,8 @@ def _missing(inputs: Inputs, resolved: dict[str, Location], ds: str, kind: str) 
     if not inputs.is_plain():
         problem = "matches no file" if loc.pattern else "is missing"
         origin = inputs.template(kind) + ("" if getattr(inputs, kind) else f", layout {inputs.layout}")
+        if inputs.input is None and "{input}" in inputs.template(kind):
+            origin += "; no --input: {input} is the rollouts location's folder"
         return InputError(f"{loc.where}: the {kind} location of night {ds} {problem} (from {origin})")
     root = str(inputs.input)
     part = loc.folder
