@@ -20,7 +20,8 @@ as CPU seconds (the whole process, and its main thread alone):
            the revision is taken from this clone's git history, skipped when it is not there
 
 Also times the capture-quality report over 30 nights of 10,000 rollouts each, NeMo Gym's
-local capture mode against its staged capture (`--local-only`), and the night built from and
+local capture mode against its staged capture (`--local-only`), verifiers traces against NeMo
+Gym's rebuilt lines, per token of the rows (`--verifiers-only`), and the night built from and
 to a local S3-compatible server against the local build (`--s3-only`: wall and CPU ratios,
 peak RSS, bytes read from the store over the token files' size; the load, one shard and the
 publish timed on their own), the same with 0, 20 and 100 ms added to every request through
@@ -32,7 +33,7 @@ shard of each, the same from S3, then T(N tokens, W workers) modelled from those
 
 Usage: python scripts/benchmark.py [--tokens 10e6] [--rounds 3] [--workdir bench-out] [--workers 2]
                                   [--reuse] [--against REV]
-                                  [--local-only | --s3-only | --latency-only | --scale-only]
+                                  [--local-only | --verifiers-only | --s3-only | --latency-only | --scale-only]
        python scripts/benchmark.py --report-only
 """
 
@@ -338,6 +339,45 @@ def local_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
     ratio = lw / sw
     print(f"speed ratio  local / staged, wall      = {ratio:.2f}   (goal <= 1.5)  {_met(ratio <= 1.5)}")
     print(f"             local / staged, CPU       = {lc / sc:.2f}   per round, wall {paired(b, a, 'wall')}")
+
+
+def verifiers_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str) -> None:
+    """verifiers traces against NeMo Gym's rebuilt lines, one night of each from the same
+    seed (the same rollouts, calls and tokens drawn), loads and builds interleaved (issue 36:
+    a verifiers night reads at least as fast per token as a Gym-rebuilt night). Per token of
+    the rows built (what each producer's night trains on) and per MiB of input."""
+    rebuilt, _ = night(work, "gym-rebuilt", tokens, seed=3, reuse=reuse, shape="rebuilt")
+    traces, _ = night(work, "verifiers", tokens, seed=3, reuse=reuse, shape="verifiers")
+    step = lambda root: run(  # noqa: E731  the load step alone, into a warehouse of its own
+        S3_STEP, "load", root / "input", root / "load-output", DS, root / "load-output" / "warehouse.duckdb"
+    )
+    for root in (rebuilt, traces):
+        shutil.rmtree(root / "load-output", ignore_errors=True)
+    loads_r, loads_v = interleaved(rounds, lambda: step(rebuilt), lambda: step(traces))
+    builds_r, builds_v = interleaved(
+        rounds, lambda: build(rebuilt, 1, 1, memory_limit), lambda: build(traces, 1, 1, memory_limit)
+    )
+    per: dict[str, dict[str, float]] = {}
+    nights = (("rebuilt", rebuilt, loads_r, builds_r), ("verifiers", traces, loads_v, builds_v))
+    for name, root, loads, builds in nights:
+        agree, total = outcomes_match(root)
+        audit = pq.read_table(root / "output" / "audit" / f"ds={DS}", columns=["n_tokens"])
+        n = int(pc.sum(audit.column("n_tokens")).as_py() or 0)
+        mib = _size(root / "input") / 2**20
+        lw, bw = statistics.median(r["wall"] for r in loads), statistics.median(r["wall"] for r in builds)
+        lc = statistics.median(r["cpu"] for r in loads)
+        per[name] = {"load": lw / n * 1e6, "build": bw / n * 1e6, "load_cpu": lc / n * 1e6}
+        print(
+            f"{name:<10}{total} rollouts ({agree} as synth recorded), {n / 1e6:.2f}M tokens in rows, input "
+            f"{mib:.0f} MiB: load wall {spread(loads, 'wall')}, CPU {spread(loads, 'cpu')}; "
+            f"build wall {spread(builds, 'wall')}; load {lw / mib * 1e3:.1f} ms/MiB"
+        )
+    for what in ("load", "load_cpu", "build"):
+        ratio = per["verifiers"][what] / per["rebuilt"][what]
+        print(
+            f"per token    verifiers / rebuilt, {what:<9}= {ratio:.2f}  ({per['verifiers'][what]:.2f} against "
+            f"{per['rebuilt'][what]:.2f} s per M tokens; goal <= 1.00)  {_met(ratio <= 1.0)}"
+        )
 
 
 S3_BUILD = """
@@ -894,6 +934,9 @@ def main() -> None:
         "--s3-only", action="store_true", help="only compare the build on a local S3 server with the local build"
     )
     p.add_argument("--celery-only", action="store_true", help="only the fixed cost of a task under Celery")
+    p.add_argument(
+        "--verifiers-only", action="store_true", help="only verifiers traces against NeMo Gym's rebuilt lines"
+    )
     p.add_argument("--scale-only", action="store_true", help="only the load in parts: part, merge, 1 vs 2 parts")
     p.add_argument(
         "--latency-only", action="store_true", help="only the build on S3 with 0, 20 and 100 ms added to each request"
@@ -911,6 +954,8 @@ def main() -> None:
         return local_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     if args.celery_only:
         return celery_main(work, args.tokens, args.reuse)
+    if args.verifiers_only:
+        return verifiers_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     if args.scale_only:
         scale_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
         return
@@ -988,6 +1033,7 @@ def main() -> None:
     else:
         _print_against(args.against, vs)
     local_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
+    verifiers_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     s3_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit, args.s3_latency_ms)
     latency_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     scale_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)

@@ -250,7 +250,7 @@ CHECKS = [
     ("token_2_31", lambda e, t, n: n[0]["token_ids"].__setitem__(1, 2**31), "invalid_token", "0", "2147483648"),
     ("token_float", lambda e, t, n: n[4]["token_ids"].__setitem__(0, 8.0), "invalid_token", "4", "not an integer"),
     ("token_bool", lambda e, t, n: n[1]["token_ids"].__setitem__(0, True), "invalid_token", "1", "not an integer"),
-    ("token_huge", lambda e, t, n: n[1]["token_ids"].__setitem__(0, 10**30), "invalid_token", "1", "not an integer"),
+    ("token_huge", lambda e, t, n: n[1]["token_ids"].__setitem__(0, 10**30), "invalid_token", "1", "token id 1000000"),
     ("mask_int", lambda e, t, n: n[2]["mask"].__setitem__(0, 0), "invalid_mask", "2", "not a boolean"),
     ("mask_on_prompt", lambda e, t, n: n[3]["mask"].__setitem__(0, True), "invalid_mask", "3", "not sampled"),
     (

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..reasons import Reason
-from .gym_local import float_array, int_array
 from .records import RecordError, has_surrogate, storable_text
 
 if TYPE_CHECKING:
@@ -349,45 +348,54 @@ def _no_cycle(parents: list[int | None]) -> None:
             reaches_root[j] = True
 
 
+_INTS, _BOOLS, _NUMBERS = {int}, {bool}, {int, float}  # the exact Python types of JSON's values (bool is no int)
+
+
 def _check_node(i: int, node: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Check 8 for one node, in its order; returns its ids (int64), mask (bool) and log
-    probabilities (float64, one per sampled token)."""
+    probabilities (float64, one per sampled token). A list's values are judged by their
+    exact types first (`set(map(type, ...))`, in C), then converted in one call."""
     import numpy as np
 
     token_ids, mask, logprobs = node.get("token_ids", []), node.get("mask", []), node.get("logprobs", [])
     sampled = node.get("sampled", False)
     if len(mask) != len(token_ids):
         raise Masked(Reason.LENGTH_MISMATCH, f"node {i}: {len(mask)} mask values for {len(token_ids)} token ids", i)
+    if not set(map(type, token_ids)) <= _INTS:
+        raise Masked(Reason.INVALID_TOKEN, f"node {i}: a token id is not an integer in [0, 2**31)", i)
     try:
-        ids = int_array(token_ids, strict=True)
-    except (TypeError, OverflowError):
-        raise Masked(Reason.INVALID_TOKEN, f"node {i}: a token id is not an integer in [0, 2**31)", i) from None
-    if ids.size and (ids.min() < 0 or ids.max() >= TOKEN_LIMIT):
-        bad = ids[(ids < 0) | (ids >= TOKEN_LIMIT)][0]
-        raise Masked(Reason.INVALID_TOKEN, f"node {i}: token id {bad} outside [0, 2**31)", i)
-    m = np.array(mask) if mask else np.zeros(0, dtype=bool)
-    if m.dtype != np.bool_ or m.ndim != 1:
+        ids = np.fromiter(token_ids, np.int64, len(token_ids))
+    except OverflowError:  # beyond int64: found in Python (rare)
+        bad = next(v for v in token_ids if not 0 <= v < TOKEN_LIMIT)
+        raise Masked(Reason.INVALID_TOKEN, f"node {i}: token id {bad} outside [0, 2**31)", i) from None
+    out = (ids < 0) | (ids >= TOKEN_LIMIT)
+    if out.any():
+        raise Masked(Reason.INVALID_TOKEN, f"node {i}: token id {ids[out][0]} outside [0, 2**31)", i)
+    if not set(map(type, mask)) <= _BOOLS:
         raise Masked(Reason.INVALID_MASK, f"node {i}: a mask value is not a boolean", i)
-    ones = int(m.sum())
+    m = np.fromiter(mask, np.bool_, len(mask))
+    ones = int(np.count_nonzero(m))
     if ones and sampled is not True:
         raise Masked(Reason.INVALID_MASK, f"node {i}: mask true on a node that was not sampled", i)
-    if m.size > 1 and bool((m[1:] < m[:-1]).any()):
+    if ones and not m[len(m) - ones :].all():
         raise Masked(Reason.INVALID_MASK, f"node {i}: a mask false after a true", i)
     if sampled and not ones:
         raise Masked(Reason.EMPTY_GENERATION, f"node {i}: sampled, but no token has mask true", i)
     if len(logprobs) != ones:
         raise Masked(Reason.LENGTH_MISMATCH, f"node {i}: {len(logprobs)} logprobs for {ones} sampled tokens", i)
+    kinds = set(map(type, logprobs))
+    if type(None) in kinds:
+        raise Masked(Reason.INVALID_LOGPROB, f"node {i}: a log probability is null (NaN or infinite as written)", i)
     try:
-        lp = float_array(logprobs, strict=True)
-    except TypeError:
+        if not kinds <= _NUMBERS:
+            raise TypeError
+        lp = np.fromiter(logprobs, np.float64, len(logprobs))
+    except (TypeError, OverflowError):
         raise Masked(Reason.INVALID_LOGPROB, f"node {i}: a log probability is not a number in float64", i) from None
-    if lp.size:
-        if np.isnan(lp).any():
-            raise Masked(Reason.INVALID_LOGPROB, f"node {i}: a log probability is null (NaN or infinite as written)", i)
-        if not np.isfinite(lp).all():
-            raise Masked(Reason.INVALID_LOGPROB, f"node {i}: a log probability is not finite", i)
-        if (lp > 0).any():
-            raise Masked(Reason.INVALID_LOGPROB, f"node {i}: log probability {lp[lp > 0][0]:g} > 0", i)
+    if not np.isfinite(lp).all():
+        raise Masked(Reason.INVALID_LOGPROB, f"node {i}: a log probability is not finite", i)
+    if (lp > 0).any():
+        raise Masked(Reason.INVALID_LOGPROB, f"node {i}: log probability {lp[lp > 0][0]:g} > 0", i)
     return ids, m, lp
 
 
