@@ -14,7 +14,8 @@ tree's files, committed or not); each mutation is applied to it, tested, and und
 when a mutation survives or no longer applies (the code it names changed: update the list).
 The list covers the contract's check families: digests, select, cut, finalize, the
 per-token checks, advantages, the publish invariants, the version and gate defaults, and
-NeMo Gym's own capture (local-mode entries, rebuilt lines, failures files); and around them
+NeMo Gym's own capture (local-mode entries, rebuilt lines, failures files), verifiers traces;
+and around them
 the publish protocol (grace periods, path-safe run ids, recovery), the output lease, object
 storage (retries, batch deletes, conditional writes), the shard plan, a token row group's
 pages against its footer, and the report server's path guards. A mutation names the one
@@ -48,6 +49,8 @@ class Mutant:
 REASONS = "tests/test_reason_codes.py"
 GYM = "tests/test_gym_local.py"
 CHILDREN = "tests/test_capture_children.py"
+VERIFIERS = "tests/test_verifiers.py"
+VERIFIERS_PROPERTY = "tests/test_verifiers_properties.py"
 UI = "plugins/reassembler_airflow/quality_ui.py"
 MUTANTS = [
     # versions and defaults (the four survivors of the independent mutation run)
@@ -801,6 +804,98 @@ MUTANTS = [
         "                if files.entries is not None:",
         "                if False:",
         (GYM, REASONS),
+    ),
+    # verifiers traces (CONTRACT.md 10)
+    Mutant(
+        "an unaccepted compaction attempt trains",
+        "reassembler/formats/verifiers.py",
+        "    return attempts - accepted",
+        "    return attempts - attempts",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "an accepted compaction attempt trains nothing",
+        "reassembler/formats/verifiers.py",
+        "    return attempts - accepted",
+        "    return attempts",
+        (VERIFIERS_PROPERTY,),
+    ),
+    Mutant(
+        "a parent -1 read as the last node, as verifiers' walk does",
+        "reassembler/formats/verifiers.py",
+        "        if p is not None and not 0 <= p < n:",
+        "        if p is not None and not -n <= p < n:",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "a mask false after a true accepted",
+        "reassembler/formats/verifiers.py",
+        "    if ones and not m[len(m) - ones :].all():",
+        "    if False:",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "mask true on an unsampled node accepted",
+        "reassembler/formats/verifiers.py",
+        "    if ones and sampled is not True:",
+        "    if False:",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "a positive log probability accepted",
+        "reassembler/formats/verifiers.py",
+        "    if (lp > 0).any():",
+        "    if False:",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "a branch without a sampled token is a row",
+        "reassembler/formats/verifiers.py",
+        "        if not any(checked[k][1].any() for k in path):",
+        "        if False:",
+        (VERIFIERS_PROPERTY,),
+    ),
+    Mutant(
+        "an untrainable trace is a rollout",
+        "reassembler/formats/verifiers.py",
+        '        if isinstance(agent, dict) and agent.get("trainable") is False:',
+        "        if False:",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "a repeated Episode id read again across parts",
+        "sql/merge_rollouts.sql",
+        "FROM m_ranked WHERE occurrence = 1 AND first_episode;",
+        "FROM m_ranked WHERE occurrence = 1;",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "a repeated Episode id read again after a line of no trainable trace",
+        "reassembler/load/verifiers_traces.py",
+        '        if value["id"] in episodes:  # the first line of an Episode id is the episode: one reject a rollout',
+        "        if False:",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "verifiers slots against the reading order",
+        "sql/merge_rollouts.sql",
+        "PARTITION BY group_id ORDER BY rollout_seq) - 1 AS INTEGER) AS slot",
+        "PARTITION BY group_id ORDER BY rollout_seq DESC) - 1 AS INTEGER) AS slot",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "a row's prompt_len from its first token row alone",
+        "reassembler/verify/rows.py",
+        '            meta["prompt_len"].append(prompt_len(batch, rows))',
+        '            meta["prompt_len"].append(int(batch.zeros[rows[0]]))',
+        (VERIFIERS_PROPERTY,),
+    ),
+    Mutant(
+        "a trace's policy versions dropped",
+        "reassembler/verify/rows.py",
+        "versions = list(seg.versions or (c.weight_version",
+        "versions = list((c.weight_version",
+        (VERIFIERS,),
     ),
 ]
 

@@ -361,7 +361,10 @@ def test_the_checks_run_in_the_contracts_order():
 # ---------------------------------------------------------------- ids, groups, slots (10.3)
 
 
-def test_ids_groups_and_slots_follow_the_reading_order(tmp_path):
+@pytest.mark.parametrize("parts", [1, 2])
+def test_ids_groups_and_slots_follow_the_reading_order(tmp_path, parts):
+    """The same night in one load part and in two (each file in a part of its own: an id
+    repeated across them is the merge's to find)."""
     nodes = _ok_nodes
     judge = trace(nodes(), agent="judge", trainable=False)
     root = tmp_path / "in"
@@ -372,12 +375,14 @@ def test_ids_groups_and_slots_follow_the_reading_order(tmp_path):
             episode("B", [trace(nodes())], group=None),  # a group of its own
             episode("A", [trace(nodes())], group="g"),  # an Episode id seen before: rejected
             episode("C", [judge], group="g"),  # no trainable trace: no rollout, not a reject
+            episode("C", [trace(nodes())], group="g"),  # but its id was seen: rejected
         ],
         name="runA.traces.jsonl",
     )
     write_traces(
         root,
         [
+            episode("B", [trace(nodes()), trace(nodes())], group=None),  # an Episode id seen: 2 rejects
             episode("D", [dict(trace(nodes()), ok=False)], group="g"),
             episode("A-t0", [trace(nodes())], group="g"),  # a derived id seen before: rejected
             "\n   \n",  # blank lines are skipped
@@ -390,7 +395,7 @@ def test_ids_groups_and_slots_follow_the_reading_order(tmp_path):
         ],
         name="runB.traces.jsonl",
     )
-    summary, rows, audit = build(root, tmp_path / "out", allow_empty=True)
+    summary, rows, audit = build(root, tmp_path / "out", allow_empty=True, load_parts=parts)
     assert {rid: (a["group_id"], a["slot"]) for rid, a in audit.items()} == {
         "A-t0": ("g", 0),
         "A-t2": ("g", 1),
@@ -401,18 +406,21 @@ def test_ids_groups_and_slots_follow_the_reading_order(tmp_path):
     assert audit["D"]["reason"] == "rollout_failed"
     want = [
         ("runA.traces.jsonl", 3, "Episode id A already seen in this night", "A"),
-        ("runB.traces.jsonl", 2, "rollout_id A-t0 already seen in this night", "A-t0"),
-        ("runB.traces.jsonl", 5, "duplicate key 'id' in a JSON object", None),
-        ("runB.traces.jsonl", 6, "not valid JSON", None),
-        ("runB.traces.jsonl", 7, "not a verifiers Episode", "G"),
-        ("runB.traces.jsonl", 8, "the Episode's id is not a non-empty string", None),
-        ("runB.traces.jsonl", 9, "the Episode's traces is not an array", "H"),
-        ("runB.traces.jsonl", 10, "the Episode's group is not an object with a", "I"),
+        ("runA.traces.jsonl", 5, "Episode id C already seen in this night", "C"),
+        ("runB.traces.jsonl", 1, "Episode id B already seen in this night", "B"),
+        ("runB.traces.jsonl", 1, "Episode id B already seen in this night", "B"),
+        ("runB.traces.jsonl", 3, "rollout_id A-t0 already seen in this night", "A-t0"),
+        ("runB.traces.jsonl", 6, "duplicate key 'id' in a JSON object", None),
+        ("runB.traces.jsonl", 7, "not valid JSON", None),
+        ("runB.traces.jsonl", 8, "not a verifiers Episode", "G"),
+        ("runB.traces.jsonl", 9, "the Episode's id is not a non-empty string", None),
+        ("runB.traces.jsonl", 10, "the Episode's traces is not an array", "H"),
+        ("runB.traces.jsonl", 11, "the Episode's group is not an object with a", "I"),
     ]
     got = rejects(tmp_path / "out")
     assert [(f, line, rid) for f, line, _, rid in got] == [(f, line, rid) for f, line, _, rid in want]
     assert all(error.startswith(start) for (_, _, error, _), (_, _, start, _) in zip(got, want)), got
-    assert str(summary.load.rollouts) == "12 read = 4 loaded + 8 rejected"
+    assert str(summary.load.rollouts) == "15 read = 4 loaded + 11 rejected"
 
 
 def test_only_files_named_traces_are_read_as_verifiers(tmp_path):
@@ -526,30 +534,3 @@ def test_a_warehouse_of_release_6_gets_the_trace_column(tmp_path):
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 7
         assert con.execute("SELECT count(trace) FROM rollouts").fetchone()[0] == 6
-
-
-@pytest.mark.timeout(600)
-def test_the_dag_builds_a_verifiers_run_pointed_at_by_one_setting(tmp_path):
-    """A deployment reading verifiers' run folders as they are: REASSEMBLER_ROLLOUTS names
-    their traces files (a glob under the input root); no ledger or tokens folder exists."""
-    from test_dag import _airflow, _airflow_env
-
-    runs, out, home = tmp_path / "runs", tmp_path / "output", tmp_path / "airflow"
-    home.mkdir()
-    (runs / DS / "rl-7f3a").mkdir(parents=True)
-    shutil.copy(FIXTURE / "rollouts" / f"ds={DS}" / "traces.jsonl", runs / DS / "rl-7f3a" / "traces.jsonl")
-    env = _airflow_env(home, runs, out)
-    env["REASSEMBLER_ROLLOUTS"] = "{input}/{ds}/*/traces.jsonl"
-    _airflow(env, "db", "migrate")
-    relaxed = {"ds": DS, "gate_max_mask_rate": None, "gate_max_reason_rate": None, "gate_max_rejects": None}
-    log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-12-02", "-c", json.dumps(relaxed))
-    assert "state=success" in log, log[-3000:]
-    audit = {a["rollout_id"]: a for a in read_partition(out, "audit", DS)}
-    assert {rid: (a["status"], a["reason"]) for rid, a in audit.items()} == {
-        e["rollout_id"]: (e["status"], e["reason"]) for e in EXPECTED["rollouts"]
-    }
-    rows = read_partition(out, "rows", DS)
-    want = {r["row_id"]: r["input_ids"] for e in EXPECTED["rollouts"] for r in e.get("rows", [])}
-    assert {r["row_id"]: r["input_ids"] for r in rows} == want
-    page = (out / "reports" / f"ds={DS}" / "index.html").read_text()
-    assert "verifiers trace" in page and f"{runs}/{DS}/*/traces.jsonl" in page  # the report names where it read
