@@ -53,10 +53,14 @@ def rejects(out: Path) -> list[tuple]:
 # ---------------------------------------------------------------- the night verifiers wrote
 
 
-@pytest.fixture(scope="module", params=["select", "terminal"])
+BUILDS = {"select": Options(), "strict": Options(offchain="strict"), "terminal": Options(mode="terminal")}
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
 def fixture_night(request, tmp_path_factory):
+    """The fixture night in each build (`--offchain` has no effect on a trace: 10.3)."""
     out = tmp_path_factory.mktemp(f"verifiers-{request.param}")
-    return (request.param, out, *build(FIXTURE, out, Options(mode=request.param)))
+    return (request.param, out, *build(FIXTURE, out, BUILDS[request.param]))
 
 
 def test_the_fixture_night_builds_exactly_its_expected_rows_and_audit(fixture_night):
@@ -79,7 +83,7 @@ def test_the_fixture_night_builds_exactly_its_expected_rows_and_audit(fixture_ni
             assert got[key] == e[key], key
         assert (got["n_tokens"], got["n_generated"]) == (e["n_tokens"], e["n_generated"])
         assert got["reward"] == pytest.approx(e["reward"], abs=1e-12)
-        if mode == "select":
+        if mode != "terminal":
             assert got["advantage"] == pytest.approx(e["advantage"], abs=1e-9)
         for want in e["rows"]:
             row = by_row.pop(want["row_id"])
@@ -95,7 +99,7 @@ def test_the_fixture_night_builds_exactly_its_expected_rows_and_audit(fixture_ni
                 want["weight_version_max"],
             )
             assert row["advantage"] == got["advantage"] and row["reward"] == got["reward"]
-    assert not by_row and expected_rows == (5 if mode == "select" else 1)
+    assert not by_row and expected_rows == (1 if mode == "terminal" else 5)
 
 
 def test_the_torn_final_line_is_a_rejected_input_line(fixture_night):
@@ -534,3 +538,19 @@ def test_a_warehouse_of_release_6_gets_the_trace_column(tmp_path):
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 7
         assert con.execute("SELECT count(trace) FROM rollouts").fetchone()[0] == 6
+
+
+def test_the_report_counts_what_terminal_mode_would_mask(fixture_night):
+    """Capture quality (audit/quality.py): a verifiers trace of several rows is what
+    compaction-aware reading keeps and terminal mode masks history_rewritten."""
+    from reassembler.audit.quality import night_quality
+    from reassembler.warehouse import connect
+
+    mode, out, *_ = fixture_night
+    with connect(out, read_only=True) as con:
+        q = night_quality(con, DS)
+    assert {g["value"]: (g["rollouts"], g["masked"]) for g in q["breakdowns"]["capture"]} == {
+        "verifiers trace": (6, 3 if mode != "terminal" else 5)
+    }
+    saved = q["compaction"]
+    assert (saved["saved_rollouts"], saved["saved_rows"]) == ((2, 4) if mode != "terminal" else (0, 0))

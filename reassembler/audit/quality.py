@@ -96,7 +96,8 @@ def _breakdowns(rollouts: list[dict], by: list[str] | None) -> tuple[dict[str, l
 
 def _compaction(rollouts: list[dict]) -> dict:
     ok = [r for r in rollouts if r["status"] == "ok"]
-    saved = [r for r in ok if (r["n_roots"] or 0) > 1]  # terminal mode: history_rewritten
+    # terminal mode masks these history_rewritten: several roots, or a verifiers trace of several rows
+    saved = [r for r in ok if (r["n_roots"] or 0) > 1 or (r.get("capture") == "verifiers" and r["n_segments"] > 1)]
     return {
         "compacted": sum((r["n_roots"] or 0) > 1 for r in rollouts),
         "segments": dict(sorted(Counter(r["n_segments"] for r in ok).items())),

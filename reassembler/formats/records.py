@@ -32,6 +32,19 @@ class RecordError(ValueError):
     """A JSON line that does not have the shape of its record."""
 
 
+def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict (json's object_pairs_hook); RecordError naming a key
+    written twice, at any depth."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise RecordError(f"duplicate key {key!r} in a JSON object")
+            seen.add(key)
+    return obj
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

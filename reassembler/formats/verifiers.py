@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..reasons import Reason
-from .records import RecordError, has_surrogate, storable_text
+from .records import RecordError, has_surrogate, no_duplicate_keys, storable_text
 
 if TYPE_CHECKING:
     import numpy as np
@@ -50,19 +50,8 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise RecordError(f"duplicate key {key!r} in a JSON object")
-            seen.add(key)
-    return obj
-
-
 # RFC 8259 exactly: NaN and Infinity literals refused, a repeated key refused, big integers kept
-DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant)
+DECODER = json.JSONDecoder(object_pairs_hook=no_duplicate_keys, parse_constant=_refuse_constant)
 
 
 def _is_int(v) -> bool:

@@ -18,7 +18,7 @@ from .. import storage
 from ..errors import InputError
 from ..formats.items import JsonFloat, UnmarkedFloats
 from ..formats.night import NightFiles
-from ..formats.records import RecordError, has_surrogate, rollout_id_from_path
+from ..formats.records import RecordError, has_surrogate, no_duplicate_keys, rollout_id_from_path
 from ..settings import MAX_JSON_DEPTH, MAX_LINE_BYTES
 
 RAW_CHARS = 300
@@ -65,19 +65,8 @@ def line_ranges(path: str, cuts: list[int]) -> list[LineRange]:
     return ranges
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise RecordError(f"duplicate key {key!r} in a JSON object")
-            seen.add(key)
-    return obj
-
-
-DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys)
-_MARKED = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_float=JsonFloat, parse_constant=JsonFloat)
+DECODER = json.JSONDecoder(object_pairs_hook=no_duplicate_keys)
+_MARKED = json.JSONDecoder(object_pairs_hook=no_duplicate_keys, parse_float=JsonFloat, parse_constant=JsonFloat)
 
 
 class _RolloutDecoder:
