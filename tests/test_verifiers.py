@@ -508,6 +508,8 @@ def test_the_command_builds_explains_and_reports_a_verifiers_night(tmp_path):
     assert res.returncode == 0, res.stderr
     page = (out / "reports" / f"ds={DS}" / "index.html").read_text()
     assert "Rollouts by capture" in page and "verifiers trace" in page
+    res = cli("gate", "--output", out, "--ds", DS)  # half the rollouts masked: the gate says so
+    assert res.returncode == 5 and "mask rate 0.500 (3/6) > 0.200" in res.stderr, res.stderr
     res = cli("build", "--input", tmp_path / "nowhere", "--output", tmp_path / "o2", "--ds", DS)
     assert res.returncode == 2 and "input partition folder is missing" in one_line_error(res)
 
@@ -554,3 +556,25 @@ def test_the_report_counts_what_terminal_mode_would_mask(fixture_night):
     }
     saved = q["compaction"]
     assert (saved["saved_rollouts"], saved["saved_rows"]) == ((2, 4) if mode != "terminal" else (0, 0))
+
+
+def test_verifiers_runs_on_the_s3_server_read_with_one_setting(tmp_path, s3):
+    """Runs kept on object storage (one folder per run under the night), pointed at by
+    `--rollouts` alone: built as the same files locally, explained from there."""
+    runs = tmp_path / "runs" / DS
+    (runs / "rl-a").mkdir(parents=True)
+    shutil.copy(FIXTURE / "rollouts" / f"ds={DS}" / "traces.jsonl", runs / "rl-a" / "traces.jsonl")
+    root = f"s3://{s3.bucket('runs')}/runs"
+    s3.upload(runs, f"{root}/{DS}")
+    out = tmp_path / "out"
+    res = cli("build", "--rollouts", root + "/{ds}/*/traces.jsonl", "--output", out, "--ds", DS)
+    assert res.returncode == 0, res.stderr
+    _, rows, audit = build(FIXTURE, tmp_path / "local")
+    got = {r["row_id"]: r for r in read_partition(out, "rows", DS)}
+    assert got == {r["row_id"]: r for r in rows} and len(got) == 5
+    assert {k: a["status"] for k, a in audit.items()} == {
+        a["rollout_id"]: a["status"] for a in read_partition(out, "audit", DS)
+    }
+    explained = cli("explain", "--output", out, "--ds", DS, "61f9479d9f65230d2db0765e897adc8c")
+    assert explained.returncode == 0, explained.stderr
+    assert "branch to leaf 5 [0 -> 1 -> 3 -> 4 -> 5]: row 61f9479d9f65230d2db0765e897adc8c_s1" in explained.stdout
