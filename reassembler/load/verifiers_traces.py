@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..formats.fields import LEDGER
 from ..formats.night import NightFiles
 from ..formats.records import RecordError
 from ..formats.verifiers import DECODER, TORN_FINAL_LINE, TraceRollout, describe, parse_episode
 from .json_lines import LineRange, guess_ids, json_lines, reject, seen_before
-from .local_capture import TokenRow
+
+if TYPE_CHECKING:  # the rollout parse's child processes import this module: nothing heavy at import
+    from .local_capture import TokenRow
 
 CAPTURE = "verifiers"  # the rollouts' and their derived calls' capture kind
 
@@ -111,6 +114,8 @@ def rollout_row(r: TraceRollout) -> dict:
 
 def trace_calls(row: dict, trace: TraceRollout) -> tuple[list[dict], list[TokenRow]]:
     """The derived calls (ledger rows, node order) and token rows of a trace's rows' nodes."""
+    from .local_capture import TokenRow
+
     rid = row["rollout_id"]
     calls, tokens = [], []
     for k in sorted(trace.nodes):
