@@ -93,3 +93,17 @@ def test_the_local_mode_comparison_builds_one_night_in_both_of_gyms_forms(tmp_pa
     local = tmp_path / "gym-local" / "input"
     assert list(staged.glob("*.parquet")) and not (local / "tokens").exists()
     assert list((local / "ledger" / f"ds={benchmark.DS}").glob("*.tokens.jsonl"))
+
+
+def test_the_verifiers_comparison_builds_one_seed_as_traces_and_as_rebuilt_lines(tmp_path, capsys):
+    """--verifiers-only: the same seed as verifiers traces and as NeMo Gym's rebuilt lines,
+    loaded and built interleaved; every audit row agrees with what synth recorded."""
+    benchmark.verifiers_main(tmp_path, 2e5, 1, reuse=False, memory_limit="256MB")
+    out = capsys.readouterr().out
+    for name in ("rebuilt", "verifiers"):
+        line = next(line for line in out.splitlines() if line.startswith(name))
+        total, agreed = line.split()[1], line.split("(")[1].split()[0]
+        assert total == agreed and int(total) >= 8, line
+    for what in ("load", "load_cpu", "build"):
+        assert f"per token    verifiers / rebuilt, {what}" in out
+    assert (tmp_path / "verifiers" / "input" / "rollouts" / f"ds={benchmark.DS}" / "traces.jsonl").stat().st_size
