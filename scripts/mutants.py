@@ -897,6 +897,20 @@ MUTANTS = [
         "versions = list((c.weight_version",
         (VERIFIERS,),
     ),
+    Mutant(
+        "the fast line reader trusts orjson with repeated keys",
+        "reassembler/load/verifiers_traces.py",
+        '    structure = decode(_FLAT.sub(b"[]", raw), DECODER)',
+        "    structure = None",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "the fast line reader trusts orjson with integers past 64 bits",
+        "reassembler/load/verifiers_traces.py",
+        "    return decode(raw, DECODER) if _float_for_int(value) else value",
+        "    return value",
+        (VERIFIERS,),
+    ),
 ]
 
 

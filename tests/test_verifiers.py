@@ -254,7 +254,7 @@ CHECKS = [
     ("token_2_31", lambda e, t, n: n[0]["token_ids"].__setitem__(1, 2**31), "invalid_token", "0", "2147483648"),
     ("token_float", lambda e, t, n: n[4]["token_ids"].__setitem__(0, 8.0), "invalid_token", "4", "not an integer"),
     ("token_bool", lambda e, t, n: n[1]["token_ids"].__setitem__(0, True), "invalid_token", "1", "not an integer"),
-    ("token_huge", lambda e, t, n: n[1]["token_ids"].__setitem__(0, 10**30), "invalid_token", "1", "token id 1000000"),
+    ("token_huge", lambda e, t, n: n[1]["token_ids"].__setitem__(0, 10**30), "invalid_token", "1", "not an integer"),
     ("mask_int", lambda e, t, n: n[2]["mask"].__setitem__(0, 0), "invalid_mask", "2", "not a boolean"),
     ("mask_on_prompt", lambda e, t, n: n[3]["mask"].__setitem__(0, True), "invalid_mask", "3", "not sampled"),
     (
@@ -578,3 +578,38 @@ def test_verifiers_runs_on_the_s3_server_read_with_one_setting(tmp_path, s3):
     explained = cli("explain", "--output", out, "--ds", DS, "61f9479d9f65230d2db0765e897adc8c")
     assert explained.returncode == 0, explained.stderr
     assert "branch to leaf 5 [0 -> 1 -> 3 -> 4 -> 5]: row 61f9479d9f65230d2db0765e897adc8c_s1" in explained.stdout
+
+
+TRICKY_LINES = [
+    b'{"id":"a","traces":[{"nodes":[{"parent":18446744073709551616,"token_ids":[1,2]}]}]}',
+    b'{"id":"a","traces":[{"version":18446744073709551617,"nodes":[]}]}',
+    b'{"id":"a","traces":[{"nodes":[{"semantic_parents":[{"node":18446744073709551616,"type":"compaction"}]}]}]}',
+    b'{"id":"a","id":"b","traces":[]}',
+    b'{"id":"a","traces":[{"nodes":[{"token_ids":[1,2],"token_ids":[3]}]}]}',
+    b'{"id":"a","traces":[{"rewards":{"x":{"score":NaN}}}]}',
+    b'{"id":"a","traces":[{"rewards":{"x":{"score":-Infinity}}}]}',
+    b'{"id":"\\ud800","traces":[]}',
+    b'{"id":"a","traces":[],"note":"[1,2] and [true] inside a string, \\"[3]\\""}',
+    b'{"id":"a","traces":[1e400, -0.0, 2.50]}',
+    b'{"id":"a","traces":[' + b"[" * 200 + b"]" * 200 + b"]}",
+    b'{"id":"a","traces":[{"mask":[true,false,tru]}]}',
+    b'{"id":"a","traces":[{"v":[1,]}]}',
+    b"\xff{}",
+    b'{"id":"a","traces":[{"nodes":[{"token_ids":[ 1 , 2 ],"mask":[ true , false ],"logprobs":[-1E-3]}]}]}',
+]
+
+
+@pytest.mark.parametrize("raw", TRICKY_LINES)
+def test_the_fast_line_reader_judges_a_line_as_the_strict_decoder(raw):
+    """load/verifiers_traces.py reads a line by orjson and its structure by the strict
+    decoder: the value (types included) or the reject's words are the strict decoder's."""
+    from reassembler.formats.records import RecordError
+    from reassembler.formats.verifiers import DECODER
+    from reassembler.load.json_lines import decode
+    from reassembler.load.verifiers_traces import decode_episode
+
+    fast, strict = decode_episode(raw), decode(raw, DECODER)
+    if isinstance(strict, RecordError):
+        assert isinstance(fast, RecordError) and str(fast) == str(strict)
+    else:
+        assert json.dumps(fast) == json.dumps(strict)  # big integers stay integers

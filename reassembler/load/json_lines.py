@@ -88,7 +88,9 @@ ROLLOUT_DECODER = _RolloutDecoder()
 def json_lines(path: str, rel: str, max_bytes: int = MAX_LINE_BYTES, decoder=DECODER, lines: LineRange | None = None):
     """(line number, raw bytes, decoded value or the error) of each non-blank line. A line
     longer than `max_bytes` is not decoded: it becomes a reject with its size. `lines`: only
-    the lines from byte `start` (a line's first byte, numbered `first_line`) up to byte `end`."""
+    the lines from byte `start` (a line's first byte, numbered `first_line`) up to byte `end`.
+    `decoder`: a json decoder (`decode` below runs it), or a function of the raw line that
+    returns the same (value or RecordError)."""
     try:
         fh = storage.open_input(path)
     except OSError as e:
@@ -116,7 +118,7 @@ def json_lines(path: str, rel: str, max_bytes: int = MAX_LINE_BYTES, decoder=DEC
                 continue
             if not raw.strip():
                 continue
-            yield number, raw, decode(raw, decoder)
+            yield number, raw, decoder(raw) if callable(decoder) else decode(raw, decoder)
 
 
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)

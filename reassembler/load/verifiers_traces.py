@@ -18,14 +18,17 @@ none when every trace is untrainable), or a rejected line; `read = loaded + reje
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+import orjson
 
 from ..formats.fields import LEDGER
 from ..formats.night import NightFiles
 from ..formats.records import RecordError
 from ..formats.verifiers import DECODER, TORN_FINAL_LINE, TraceRollout, describe, parse_episode
-from .json_lines import LineRange, guess_ids, json_lines, reject, seen_before
+from .json_lines import LineRange, decode, guess_ids, json_lines, reject, seen_before
 
 if TYPE_CHECKING:  # the rollout parse's child processes import this module: nothing heavy at import
     from .local_capture import TokenRow
@@ -49,7 +52,7 @@ def read_traces_file(
     `episodes`: the Episode ids of the night read so far (a repeated one: the line is a
     reject row). Returns `number` plus the units read (module docstring)."""
     episodes = set() if episodes is None else episodes
-    for line, raw, value in json_lines(night.path("rollouts", rel), rel, max_line_bytes, DECODER, lines):
+    for line, raw, value in json_lines(night.path("rollouts", rel), rel, max_line_bytes, decode_episode, lines):
         try:
             if isinstance(value, RecordError):
                 if not raw.endswith(b"\n"):
@@ -76,6 +79,55 @@ def read_traces_file(
             row.update(source_file=rel, source_line=line, rollout_seq=len(seen))
             add(row)
     return number
+
+
+# an array of numbers or of booleans, as verifiers writes a node's lists (the bulk of a line)
+_FLAT = re.compile(rb"\[[-+0-9.eE, \t\r\n]*\]|\[[truefals, \t\r\n]*\]")
+
+
+def decode_episode(raw: bytes):
+    """One line's JSON value, or the RecordError that makes it a reject row: exactly as the
+    strict decoder (formats/verifiers.py's DECODER, with json_lines.decode's depth guard)
+    judges it, faster. orjson reads the line; the strict decoder reads its structure, the
+    line with every flat array of numbers or booleans emptied (a few KiB: keys written twice,
+    nesting); wherever the two might disagree, the strict decoder reads the whole line:
+    orjson refuses it (its error is not ours to word; NaN, a lone surrogate, bytes that are
+    not UTF-8 all land here), or an integer past 64 bits came back a float where an integer
+    is judged (a parent, a link's node, a version; a token id's verdict is the same)."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return decode(raw, DECODER)
+    structure = decode(_FLAT.sub(b"[]", raw), DECODER)
+    if isinstance(structure, RecordError):
+        return structure
+    return decode(raw, DECODER) if _float_for_int(value) else value
+
+
+def _float_for_int(value) -> bool:
+    """Whether a field whose integers are judged holds a float (orjson reads an integer past
+    64 bits as one)."""
+    traces = value.get("traces") if isinstance(value, dict) else None
+    for t in traces if isinstance(traces, list) else ():
+        if not isinstance(t, dict):
+            continue
+        if isinstance(t.get("version"), float):
+            return True
+        nodes = t.get("nodes")
+        for node in nodes if isinstance(nodes, list) else ():
+            if isinstance(node, dict) and (
+                isinstance(node.get("parent"), float)
+                or any(
+                    isinstance(x, dict) and isinstance(x.get("node"), float) for x in _list(node, "semantic_parents")
+                )
+            ):
+                return True
+    return False
+
+
+def _list(node: dict, key: str) -> list:
+    v = node.get(key)
+    return v if isinstance(v, list) else []
 
 
 def _ids(value) -> tuple[str | None, None]:
@@ -140,7 +192,9 @@ def trace_calls(row: dict, trace: TraceRollout) -> tuple[list[dict], list[TokenR
 def derive_again(raw: bytes, rollout_id: str) -> tuple[dict[str, TokenRow], list[str]]:
     """The token rows of one rollout's nodes read again from its Episode line as it is now
     (`reassembler explain`), by staging key, and the trace walked node by node."""
-    value = DECODER.decode(raw.decode("utf-8"))
+    value = decode_episode(raw)
+    if isinstance(value, RecordError):
+        return {}, [f"the line is now a rejected input line: {value}"]
     trace = next((r for r in parse_episode(value) if r.rollout_id == rollout_id), None)
     if trace is None:
         return {}, [f"the line holds no rollout {rollout_id} now"]
