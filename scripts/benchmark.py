@@ -345,7 +345,8 @@ def verifiers_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_l
     """verifiers traces against NeMo Gym's rebuilt lines, one night of each from the same
     seed (the same rollouts, calls and tokens drawn), loads and builds interleaved (issue 36:
     a verifiers night reads at least as fast per token as a Gym-rebuilt night). Per token of
-    the rows built (what each producer's night trains on) and per MiB of input."""
+    the rows built (what each producer's night trains on); then the loads of a verifiers
+    night as large in bytes as the rebuilt one, per MiB of input."""
     rebuilt, _ = night(work, "gym-rebuilt", tokens, seed=3, reuse=reuse, shape="rebuilt")
     traces, _ = night(work, "verifiers", tokens, seed=3, reuse=reuse, shape="verifiers")
     step = lambda root: run(  # noqa: E731  the load step alone, into a warehouse of its own
@@ -378,6 +379,21 @@ def verifiers_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_l
             f"per token    verifiers / rebuilt, {what:<9}= {ratio:.2f}  ({per['verifiers'][what]:.2f} against "
             f"{per['rebuilt'][what]:.2f} s per M tokens; goal <= 1.00)  {_met(ratio <= 1.0)}"
         )
+    # the same size in bytes: a rebuilt line repeats its prompts, so a verifiers night of as
+    # many bytes holds several times its tokens; the loads of the two, interleaved
+    scale = _size(rebuilt / "input") / _size(traces / "input")
+    same, _ = night(work, "verifiers-same-bytes", tokens * scale, seed=3, reuse=reuse, shape="verifiers")
+    shutil.rmtree(same / "load-output", ignore_errors=True)
+    loads_r, loads_s = interleaved(rounds, lambda: step(rebuilt), lambda: step(same))
+    mib_r, mib_s = _size(rebuilt / "input") / 2**20, _size(same / "input") / 2**20
+    median = lambda runs, what, mib: statistics.median(r[what] for r in runs) / mib  # noqa: E731
+    wall = median(loads_s, "wall", mib_s) / median(loads_r, "wall", mib_r)
+    cpu = median(loads_s, "cpu", mib_s) / median(loads_r, "cpu", mib_r)
+    print(
+        f"same bytes   verifiers {mib_s:.0f} MiB / rebuilt {mib_r:.0f} MiB, load per MiB: wall {wall:.2f}, "
+        f"CPU {cpu:.2f} (goal <= 1.00)  {_met(wall <= 1.0)}; verifiers load wall {spread(loads_s, 'wall')}, "
+        f"rebuilt {spread(loads_r, 'wall')}"
+    )
 
 
 S3_BUILD = """

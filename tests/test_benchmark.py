@@ -106,4 +106,6 @@ def test_the_verifiers_comparison_builds_one_seed_as_traces_and_as_rebuilt_lines
         assert total == agreed and int(total) >= 8, line
     for what in ("load", "load_cpu", "build"):
         assert f"per token    verifiers / rebuilt, {what}" in out
+    assert "same bytes   verifiers " in out  # a verifiers night as large as the rebuilt one
+    assert "same bytes   verifiers " in out  # a verifiers night as large as the rebuilt one
     assert (tmp_path / "verifiers" / "input" / "rollouts" / f"ds={benchmark.DS}" / "traces.jsonl").stat().st_size
