@@ -613,3 +613,31 @@ def test_the_fast_line_reader_judges_a_line_as_the_strict_decoder(raw):
         assert isinstance(fast, RecordError) and str(fast) == str(strict)
     else:
         assert json.dumps(fast) == json.dumps(strict)  # big integers stay integers
+
+
+def test_a_child_hands_traces_over_in_chunks_bounded_by_their_tokens(monkeypatch):
+    """A verifiers rollout row carries its nodes' token arrays: a child's chunk of rows ends
+    at CHUNK_TOKENS tokens as well as at CHUNK rows."""
+    from reassembler.formats.verifiers import DECODER, parse_episode
+    from reassembler.load import rollout_lines
+    from reassembler.load.verifiers_traces import rollout_row
+
+    class Records:
+        def __init__(self):
+            self.sizes: list[int] = []
+
+        def put(self, kind, payload):
+            if kind == "rows":
+                self.sizes.append(len(payload))
+
+    lines = (FIXTURE / "rollouts" / f"ds={DS}" / "traces.jsonl").read_bytes().splitlines()[:3]
+    rows = [rollout_row(r) for raw in lines for r in parse_episode(DECODER.decode(raw.decode()))]
+    tokens = [sum(len(n.ids) for n in row["verifiers"].nodes.values()) for row in rows]
+    for bound, want in ((10**9, [3]), (min(tokens), [1, 1, 1]), (tokens[0] + tokens[1], [2, 1])):
+        monkeypatch.setattr(rollout_lines, "CHUNK_TOKENS", bound)
+        records = Records()
+        chunks = rollout_lines._Chunks(records)  # type: ignore[arg-type]
+        for row in rows:
+            chunks.add_row(row)
+        chunks.put("lines", len(rows))
+        assert records.sizes == want, (bound, tokens)

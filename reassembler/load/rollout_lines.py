@@ -45,6 +45,7 @@ BACKGROUND_BYTES = 1 << 20  # rollout lines of a night above this are parsed by 
 PART_BYTES = 4 << 20  # and by one more child for each PART_BYTES more, up to one per core
 MAX_PARTS = 4
 CHUNK = 500  # rows per pickled chunk
+CHUNK_TOKENS = 1 << 22  # or fewer: a verifiers rollout row carries its rows' nodes' token arrays
 
 
 Part = list[tuple[str, LineRange]]  # runs of lines of the night's rollout files, in reading order
@@ -237,11 +238,14 @@ class _Chunks:
         self.records = records
         self.rows: list[dict] = []
         self.rejects: list[dict] = []
+        self.tokens = 0  # token ids the rows buffered carry
 
     def add_row(self, row: dict) -> None:
         self._flush_rejects()
         self.rows.append(row)
-        if len(self.rows) >= CHUNK:
+        trace = row.get("verifiers")
+        self.tokens += sum(len(node.ids) for node in trace.nodes.values()) if trace is not None else 0
+        if len(self.rows) >= CHUNK or self.tokens >= CHUNK_TOKENS:
             self._flush_rows()
 
     def add(self, reject: dict) -> None:
@@ -258,7 +262,7 @@ class _Chunks:
     def _flush_rows(self) -> None:
         if self.rows:
             self.records.put("rows", self.rows)
-            self.rows = []
+            self.rows, self.tokens = [], 0
 
     def _flush_rejects(self) -> None:
         if self.rejects:
