@@ -394,7 +394,7 @@ MUTANTS = [
     Mutant(
         "a shard's planned tokens not recorded",
         "reassembler/load/shard_plan.py",
-        'self.tokens += max(0, pc.sum(batch.column("delta_len")).as_py() or 0)',
+        'self.tokens += max(0, pc.sum(table.column("delta_len")).as_py() or 0)',
         "pass",
         ("tests/test_progress.py",),
     ),
@@ -660,8 +660,8 @@ MUTANTS = [
     Mutant(
         "this process's share read out of key order",
         "reassembler/load/capture_children.py",
-        "        yield from read_captures(folder, shares[0])",
-        "        yield from read_captures(folder, shares[0][::-1])",
+        "        yield from read_captures(folder, shares[0], threads=1)",
+        "        yield from read_captures(folder, shares[0][::-1], threads=1)",
         (CHILDREN,),
     ),
     Mutant(
@@ -758,15 +758,15 @@ MUTANTS = [
     Mutant(
         "only a sample's first failure may be terminal",
         "reassembler/load/gym_capture.py",
-        'if not (any(r["terminal"] for _, _, r in rows) or len(rows) >= GIVE_UP_ATTEMPTS):',
-        'if not (rows[0][2]["terminal"] or len(rows) >= GIVE_UP_ATTEMPTS):',
+        'if not (any(r["terminal"] for _, _, r in attempts) or len(attempts) >= GIVE_UP_ATTEMPTS):',
+        'if not (attempts[0][2]["terminal"] or len(attempts) >= GIVE_UP_ATTEMPTS):',
         (GYM,),
     ),
     Mutant(
         "a given-up sample named after its first attempt",
         "reassembler/load/gym_capture.py",
-        "rel, line, last = rows[-1]",
-        "rel, line, last = rows[0]",
+        "rel, line, last = attempts[-1]",
+        "rel, line, last = attempts[0]",
         (GYM,),
     ),
     Mutant(
@@ -801,7 +801,7 @@ MUTANTS = [
     Mutant(
         "mixed capture read as staged",
         "reassembler/load/gym_capture.py",
-        "                if files.entries is not None:",
+        "            if entries is not None:",
         "                if False:",
         (GYM, REASONS),
     ),
