@@ -641,3 +641,34 @@ def test_a_child_hands_traces_over_in_chunks_bounded_by_their_tokens(monkeypatch
             chunks.add_row(row)
         chunks.put("lines", len(rows))
         assert records.sizes == want, (bound, tokens)
+
+
+def test_episodes_repeated_across_parse_children_are_the_reject_rows_of_one_process(tmp_path, monkeypatch):
+    """Two runs' files, the second repeating Episodes of the first (one with another number
+    of traces): parsed by two child processes, the night and its reject rows are the ones a
+    single process gives."""
+    from reassembler.load import rollout_lines
+
+    lines = (FIXTURE / "rollouts" / f"ds={DS}" / "traces.jsonl").read_bytes().splitlines(keepends=True)[:6]
+    again = json.loads(lines[1])
+    again["traces"] = again["traces"] * 2  # the same Episode id, its rollouts now ...-t0 and ...-t1
+    root = write_traces(tmp_path / "in", [line.decode() for line in lines], name="runA.traces.jsonl")
+    write_traces(root, [lines[0].decode(), again, lines[2].decode()], name="runB.traces.jsonl")
+
+    def outcome(out: Path):
+        _, rows, audit = build(root, out)
+        for a in audit.values():
+            a.pop("run_id")
+        return rows, audit, rejects(out)
+
+    here = outcome(tmp_path / "here")
+    monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
+    monkeypatch.setattr(rollout_lines, "PART_BYTES", 1)
+    monkeypatch.setattr(rollout_lines.os, "cpu_count", lambda: 2)
+    assert outcome(tmp_path / "children") == here
+    assert [(f, line, e.split(" already")[0]) for f, line, e, _ in here[2]] == [
+        ("runB.traces.jsonl", 1, f"Episode id {json.loads(lines[0])['id']}"),
+        ("runB.traces.jsonl", 2, f"Episode id {again['id']}"),
+        ("runB.traces.jsonl", 2, f"Episode id {again['id']}"),
+        ("runB.traces.jsonl", 3, f"Episode id {json.loads(lines[2])['id']}"),
+    ]

@@ -171,11 +171,17 @@ class InBackground:
         """Wait for the children, then hand their rows and reject rows over in order;
         returns the lines read."""
         seen: set[str] = set()
+        episodes: dict[str, tuple[str, int]] = {}  # a verifiers Episode id: the line that holds it
         lines = 0
         for child in self._children:
 
             def add_row(row: dict, part: Part | None = child.part) -> None:
                 rollout_id = row["rollout_id"]
+                episode = json.loads(row["trace"])["episode"] if row.get("capture") == "verifiers" else None
+                at = (row["source_file"], row["source_line"])
+                if episode is not None and episodes.setdefault(episode, at) != at:  # an earlier part's Episode
+                    self._reject_seen_before(row, part, rejects, episode)
+                    return
                 if rollout_id in seen:  # only when an earlier part holds it
                     self._reject_seen_before(row, part, rejects)
                     return
@@ -186,15 +192,21 @@ class InBackground:
             lines += child.results(add_row, rejects)
         return lines
 
-    def _reject_seen_before(self, row: dict, part: Part | None, rejects) -> None:
-        """The reject row `parse_rollouts` writes for a repeated rollout_id, for a row whose
-        first occurrence sits in an earlier part: its raw line read again."""
+    def _reject_seen_before(self, row: dict, part: Part | None, rejects, episode: str | None = None) -> None:
+        """The reject row `parse_rollouts` writes for a repeated rollout_id (or verifiers
+        Episode id, `episode`), for a row whose first occurrence sits in an earlier part: its
+        raw line read again (a verifiers row names its own id, as load/verifiers_traces.py)."""
         rel, line = row["source_file"], row["source_line"]
         assert part is not None  # one child over every line never repeats an id it kept
         lines = next(r for name, r in part if name == rel)  # a part holds one run of a file
         raw = _line_at(self.night.path("rollouts", rel), lines, line)
-        ids = guess_ids(decode(raw, ROLLOUT_DECODER))
-        reject(rejects, "rollouts", rel, line, str(seen_before(row["rollout_id"])), raw, *ids)
+        if episode is not None:
+            reject(rejects, "rollouts", rel, line, str(seen_before(episode, "Episode id")), raw, episode)
+        elif row.get("capture") == "verifiers":
+            reject(rejects, "rollouts", rel, line, str(seen_before(row["rollout_id"])), raw, row["rollout_id"])
+        else:
+            ids = guess_ids(decode(raw, ROLLOUT_DECODER))
+            reject(rejects, "rollouts", rel, line, str(seen_before(row["rollout_id"])), raw, *ids)
 
     def close(self) -> None:
         for child in self._children:
