@@ -26,7 +26,7 @@ from .errors import InputError, OutputBusy
 from .formats.fields import LEDGER, ROLLOUT, ddl
 from .settings import DuckDBSettings
 
-SCHEMA_VERSION = 7  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
+SCHEMA_VERSION = 8  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
 
 
 def _sql_dir() -> Path:

@@ -1,11 +1,11 @@
 -- Each local-mode capture key of the night (`capture_keys`: key and entries file, from the
 -- night's listing) with what the merge decides it on (gym_capture.decide): whether a
 -- rollout of the night has that id (a loaded line or a given-up sample), read from its
--- own line (a rebuilt line, a verifiers trace: CONTRACT.md 9.10, 10.3), or has ledger rows
+-- own line (a rebuilt line, a verifiers trace, an envelope line: CONTRACT.md 9.10, 10.3, 11.2), or has ledger rows
 -- of its own; and the outcome of the part that read it.
 SELECT c.rollout_id, c.entries,
        r.rollout_id IS NOT NULL AS is_rollout,
-       coalesce(r.capture IN ('rebuilt', 'verifiers'), false) AS from_line,
+       coalesce(r.capture IN ('rebuilt', 'verifiers', 'envelope'), false) AS from_line,
        s.rollout_id IS NOT NULL AS staged,
        o.part, o.n_lines, o.capture_reason, o.capture_detail, o.capture_call_id, o.error
 FROM capture_keys c

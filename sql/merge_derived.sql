@@ -1,4 +1,4 @@
--- The calls the load derived (NeMo Gym's rebuilt lines and local-mode captures, verifiers'
+-- The calls the load derived (NeMo Gym's rebuilt lines, envelope lines and local-mode captures, verifiers'
 -- trace nodes) that the night keeps: those of the part and kind `derived_owners` names for
 -- each rollout (the part of its kept line, or of the capture it is read from), numbered
 -- after every ledger line ($base): the calls of rollout lines in rollout order, then
@@ -9,7 +9,7 @@ SELECT l.*, row_number() OVER (ORDER BY l.capture = 'local', r.rollout_seq, l.ro
 FROM p_ledger l
 JOIN derived_owners o ON o.part = l.part AND o.rollout_id = l.rollout_id AND o.kind = l.capture
 LEFT JOIN (SELECT rollout_id, rollout_seq FROM rollouts WHERE ds = CAST($ds AS DATE)) r
-       ON l.capture IN ('rebuilt', 'verifiers') AND r.rollout_id = l.rollout_id
+       ON l.capture IN ('rebuilt', 'verifiers', 'envelope') AND r.rollout_id = l.rollout_id
 WHERE l.capture IS NOT NULL;
 INSERT INTO ledger BY NAME
 SELECT CAST($ds AS DATE) AS ds, * EXCLUDE (part, capture_seq, n), $base + n AS capture_seq FROM m_derived;

@@ -74,7 +74,9 @@ CREATE TABLE IF NOT EXISTS audit (
     advantage         DOUBLE,
     metadata          VARCHAR,
     run_id            VARCHAR,
-    n_roots           INTEGER
+    n_roots           INTEGER,
+    capture           VARCHAR,      -- contract 5.3 (version 5)
+    evidence          VARCHAR
 );
 
 -- One row per build (CLI or DAG run) that published a night.

@@ -30,6 +30,7 @@ CAPTURES = {
     "local": "NeMo Gym local mode (<rollout_id>.tokens.jsonl, checked entry by entry at the load)",
     "rebuilt": "a result line NeMo Gym rebuilt itself (its token items; no digest vouches for them)",
     "verifiers": "a verifiers trace (traces.jsonl: its nodes' tokens, masks and log probabilities; no digest)",
+    "envelope": "a NeMo Gym compaction-agent line (every call's token items, bound to its evidence record)",
     "none": "none (no capture of its own)",
 }
 
@@ -63,11 +64,19 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
         rows = [f"row {k}: nodes {path}" for k, path in enumerate(shape.get("rows") or [])]
         lines = [f"verifiers trace: {shape.get('sampled', 0)} sampled nodes, {shape.get('roots', 0)} roots"]
         lines += rows
+    elif rollout.get("capture") == "envelope":  # one row per declared segment (CONTRACT.md 11.5)
+        shape = json.loads(rollout["trace"] or "{}")
+        lines = [f"{shape.get('envelope')}: {shape.get('calls', 0)} calls, line {_line(rollout)}"]
+        lines += [f"row {k}: calls {ids}" for k, ids in enumerate(shape.get("call_ids") or [])]
     elif mode != "terminal" and calls and not rollout["failure_reason"] and rollout["reward"] is not None:
         lines += selection_lines(rollout, calls)
     at = f" at call {failed}" if failed else ""
     lines.append(f"result (as built): {status}" + (f", {reason}{at}: {detail}" if reason else ""))
     return lines
+
+
+def _line(rollout: dict) -> str:
+    return f"{rollout.get('source_file')}:{rollout.get('source_line')}"
 
 
 def rerun(con, night: NightFiles, rollout_id: str, options: Options):
@@ -77,7 +86,7 @@ def rerun(con, night: NightFiles, rollout_id: str, options: Options):
     rollouts = _rollouts(con, params)
     if not rollouts:
         return None, [], None
-    derived = rollouts[0].get("capture") in ("local", "rebuilt", "verifiers")  # derived at the load (9, 10)
+    derived = rollouts[0].get("capture") in ("local", "rebuilt", "verifiers", "envelope")  # at the load (9-11)
     cursor = con.cursor()
     if not derived:  # the keys of the night's token files as they are now (the token lists unread)
         files = token_files(night)
@@ -175,10 +184,11 @@ def explain(output_dir, ds: str, rollout_id: str, warehouse=None) -> Replay:
         if r.get("capture") != "verifiers"  # a trace has no output to select by: its branches are its rows
         else ""
     )
+    line = f", line {_line(r)}" if r.get("capture") in ("rebuilt", "verifiers", "envelope") else ""
     header = (
         f"rollout {rollout_id} (group {r['group_id']}, slot {r['slot']}), ds={ds}, mode {opts.mode}, "
         f"off-chain policy {opts.offchain}; published by run {run_id}\n"
-        f"{output}capture: {CAPTURES.get(r.get('capture') or '', r.get('capture'))}"
+        f"{output}capture: {CAPTURES.get(r.get('capture') or '', r.get('capture'))}{line}"
     )
     replay = Replay(rollout_id, ds, header, ledger, trace, {})
     if outcome.ok:
@@ -188,10 +198,11 @@ def explain(output_dir, ds: str, rollout_id: str, warehouse=None) -> Replay:
             replay.rows.append(
                 {
                     "row_id": f"{rollout_id}_s{i}",
-                    "calls": [c.model_call_id for c in seg.calls],
+                    # the row's model_call_ids: a verifiers branch's sampled nodes, an envelope's completion ids
+                    "calls": seg.call_ids if seg.call_ids is not None else [c.model_call_id for c in seg.calls],
                     "tokens": int(batch.n_ids[rows].sum()),
                     "generated": int(batch.ones[rows].sum()),
-                    "prompt_len": prompt_len(batch, rows),
+                    "prompt_len": seg.prompt_len if seg.prompt_len is not None else prompt_len(batch, rows),
                 }
             )
         offchain = [c["model_call_id"] for c in ledger if c["model_call_id"] not in on_chain]

@@ -71,12 +71,17 @@ ROLLOUT = (
     Field("source_file", S),
     Field("source_line", I64),
     # which capture the load read for the rollout (CONTRACT.md 9), and what it found there
-    Field("capture", S, doc="staged | local | rebuilt | verifiers | none (no capture read)"),
+    Field("capture", S, doc="staged | local | rebuilt | verifiers | envelope | none (no capture read)"),
     Field("capture_reason", S, doc="a rollout check of the capture that failed (9.2-9.4, 9.10, 10.4)"),
     Field("capture_detail", S),
     Field("capture_call_id", S),
     Field("n_token_items", I32, doc="rebuilt: the line's token items"),
-    Field("trace", S, doc="verifiers: rows' node paths, node counts, policy versions (JSON)"),
+    Field("trace", S, doc="verifiers, envelope: rows' node or call paths, counts, policy versions (JSON)"),
+    # where the rollout came from (CONTRACT.md 5.3): copied onto its rows
+    Field("evidence", S, doc="envelope: digest (version 3) | none (version 2); else by capture"),
+    Field("env", S, doc="the rollout's environment, where the capture records it"),
+    Field("agent", S, doc="the rollout's agent, where the capture records it"),
+    Field("temperature", F64, doc="the sampling temperature, where the capture records it"),
 )
 
 LEDGER = (
@@ -106,7 +111,7 @@ LEDGER = (
     Field("source_file", S, group="source"),
     Field("source_line", I64, group="source"),
     # NeMo Gym's local mode and rebuilt lines, verifiers' nodes: read into calls by the load, checked there
-    Field("capture", S, doc="null: a ledger line; else local, rebuilt, verifiers", group="capture"),
+    Field("capture", S, doc="null: a ledger line; else local, rebuilt, verifiers, envelope", group="capture"),
     Field("entry_fault", S, doc="local: the entry's first failing check (load/local_capture.py)", group="capture"),
     Field("entry_detail", S, group="capture"),
 )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .. import storage
 from ..errors import InputError
+from .gym_envelope import CONTRACT_KEYS
 from .gym_local import CAPTURE_SUFFIXES, capture_file
 from .locations import Inputs, Location
 from .verifiers import is_traces_file
@@ -63,7 +64,8 @@ def find_night(where, ds: str) -> NightFiles:
     """The night's files, from `where`: an input root in the contract's layout, or the
     run's `Inputs` (formats/locations.py). The tokens location may be missing when the ledger
     holds no ledger file (a NeMo Gym local-mode night: CONTRACT.md 9.2), and the ledger and
-    tokens locations when the rollouts hold a verifiers traces file (10.2); every other missing
+    tokens locations when the rollouts hold a verifiers traces file (10.2) or a NeMo Gym
+    compaction-envelope line (11.2.3); every other missing
     location, and a file pattern that matches nothing, is an InputError naming it; so is a
     file that two locations would both read."""
     inputs = Inputs.of(where)
@@ -83,8 +85,8 @@ def find_night(where, ds: str) -> NightFiles:
             if kind == "tokens" and not found["ledger"] and present["ledger"]:
                 found[kind] = []  # a night without ledger files needs no token store (9.2)
                 continue
-            if kind != "rollouts" and not present[kind] and any(map(is_traces_file, found["rollouts"])):
-                found[kind] = []  # a verifiers run writes neither ledger nor token store (10.2)
+            if kind != "rollouts" and not present[kind] and _carry_tokens(found["rollouts"], resolved["rollouts"]):
+                found[kind] = []  # a verifiers run, Gym's compaction agent: no ledger nor token store (10.2, 11.2)
                 continue
             raise _missing(inputs, resolved, ds, kind)
         found[kind] = rels
@@ -103,6 +105,30 @@ def find_night(where, ds: str) -> NightFiles:
         {kind: loc.where for kind, loc in resolved.items()},
         inputs.text(),
     )
+
+
+_ENVELOPE_KEYS = tuple(f'"{key}"'.encode() for key in CONTRACT_KEYS)
+
+
+def _carry_tokens(rels: list[str], rollouts: Location) -> bool:
+    """Whether the rollouts carry every call's tokens themselves: a verifiers traces file
+    (10.2, by its name), or a NeMo Gym compaction-envelope line (11.2.3: a contract key in
+    some line; read only when the ledger location is missing, a block at a time, up to the
+    first one found)."""
+    if any(map(is_traces_file, rels)):
+        return True
+    keep = max(map(len, _ENVELOPE_KEYS)) - 1
+    for rel in rels:
+        try:
+            with storage.open_input(storage.join(rollouts.folder, rel)) as fh:
+                tail = b""
+                while block := fh.read(1 << 20):
+                    if any(key in tail + block for key in _ENVELOPE_KEYS):
+                        return True
+                    tail = block[-keep:]
+        except OSError:
+            continue  # the load names the file
+    return False
 
 
 class _Listings:

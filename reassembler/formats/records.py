@@ -16,6 +16,7 @@ import re
 from typing import TypeGuard
 
 from .fields import LEDGER_DIGESTS, LEDGER_INTS, VERSION_DEFAULTS
+from .gym_envelope import contract_of, read_envelope
 from .gym_fingerprint import model_items
 from .gym_rebuilt import marked, rebuild, token_items
 from .items import UnmarkedFloats, generated_items
@@ -184,13 +185,14 @@ def parse_rollout(obj, floats_marked: bool = False) -> dict:
         reward, reward_problem = None, f"reward is an integer of {digits} digits, beyond float64"
     elif not math.isfinite(reward):
         reward, reward_problem = None, f"reward is {reward}"
-    metadata = obj.get("metadata")
     response = obj.get("response")
     response_id = _nonempty_str(response.get("id")) if isinstance(response, dict) else None
     failure = _opt_str(obj, "failure_reason")
     task, sample = obj.get("_ng_task_index"), obj.get("_ng_rollout_index")
     response_output = response.get("output") if isinstance(response, dict) else None
     carries_tokens = isinstance(response_output, list) and bool(token_items(response_output))
+    envelope = read_envelope(obj) if contract_of(obj) is not None else None
+    metadata = _audit_metadata(obj, None if envelope is None else envelope.metadata)
     return {
         "rollout_id": _unicode("rollout_id", rollout_id),
         "group_id": _unicode("group_id", group_id),
@@ -208,8 +210,65 @@ def parse_rollout(obj, floats_marked: bool = False) -> dict:
         "metadata": None
         if metadata is None
         else storable_text(json.dumps(metadata, sort_keys=True, ensure_ascii=False)),
+        **gym_origin(obj),
         "gym_sample": (task, sample) if _is_int(task) and _is_int(sample) and min(task, sample) >= 0 else None,
-        "gym_rebuilt": {"marked": marked(obj), "row": rebuild(obj)} if marked(obj) or carries_tokens else None,
+        "gym_rebuilt": {"marked": marked(obj), "row": rebuild(obj)}
+        if envelope is None and (marked(obj) or carries_tokens)
+        else None,
+        "gym_envelope": envelope,
+    }
+
+
+def _audit_metadata(obj: dict, envelope: dict | None):
+    """The rollout's `metadata` as the audit keeps it: the line's own, plus NeMo Gym's
+    diagnosis (`failure_kind`, `failure_reason`: CONTRACT.md 3.0 item 1) when it names one,
+    plus what an envelope line records (11.6). A `metadata` that is not an object is kept
+    under the key `metadata` when anything is added to it."""
+    metadata = obj.get("metadata")
+    extra = dict(envelope or {})
+    for key in ("failure_kind", "failure_reason"):
+        if obj.get(key) is not None:
+            extra[key] = obj[key]
+    if not extra:
+        return metadata
+    if metadata is None:
+        return extra
+    if isinstance(metadata, dict):
+        return {**metadata, **{k: v for k, v in extra.items() if k not in metadata}}
+    return {"metadata": metadata, **extra}
+
+
+def _number(v) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        try:
+            f = float(v)
+        except OverflowError:
+            return None
+        return f if math.isfinite(f) else None
+    return None
+
+
+def _named(v) -> str | None:
+    return storable_text(v) if isinstance(v, str) and v else None
+
+
+def gym_origin(obj: dict) -> dict:
+    """`env`, `agent` and `temperature` of a NeMo Gym result line (CONTRACT.md 5.3; sources
+    in docs/CONTRACT.md): `agent_ref.name` (rollout_collection copies the dataset row's
+    agent reference onto the line), the sampling request's `responses_create_params.
+    temperature` (else the response's `temperature`), and the line's `metadata.env` /
+    `metadata.agent` where Gym records nothing (it writes no environment name)."""
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    agent_ref = obj.get("agent_ref")
+    request, response = obj.get("responses_create_params"), obj.get("response")
+    temperature = _number(request.get("temperature")) if isinstance(request, dict) else None
+    if temperature is None and isinstance(response, dict):
+        temperature = _number(response.get("temperature"))
+    return {
+        "env": _named(metadata.get("env")),
+        "agent": (_named(agent_ref.get("name")) if isinstance(agent_ref, dict) else None)
+        or _named(metadata.get("agent")),
+        "temperature": temperature,
     }
 
 

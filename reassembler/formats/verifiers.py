@@ -8,12 +8,14 @@ sampled token. A **branch** is a root-to-leaf path; its tokens end to end are wh
 verifiers trains on (`Trace.branches`).
 
 Invariants this module holds a trace to, in the contract's order (10.4), the first failure
-masking the rollout: the episode and trace declare `ok`; the rewards are scored numbers;
+masking the rollout: the episode and trace declare `ok`; the trace is not `dropped`
+(verifiers 0.4.1); the rewards are scored numbers;
 the version is 1; every field has its JSON type; every parent is a node of the trace and
 no parent walk meets a node twice; some node holds tokens; and each node's lists agree
 (mask as long as the ids, ids in [0, 2**31), mask false then true and true only where
 sampled, a sampled node samples a token, one log probability <= 0 per sampled token).
-Then every trainable branch that holds a sampled token is a row (10.5).
+Then every trainable branch that holds a sampled token not trained on an earlier branch is a
+row (10.5): each sampled token of a trace is trained exactly once.
 
 Nothing vouches for the tokens beyond these checks (10.8): no digest, no call id.
 Nothing here touches the warehouse; numpy and pyarrow are imported where the token lists
@@ -104,7 +106,11 @@ class TraceRollout:
     n_roots: int = 0  # nodes without a parent
     policy: tuple[int, int] | None = None  # run.work.policy (start, end): the rows' weight versions
     rows: list[list[int]] = field(default_factory=list)  # each row's nodes, root to leaf
+    context: list[list[int]] = field(default_factory=list)  # per row: its sampled nodes an earlier row trains
     nodes: dict[int, Node] = field(default_factory=dict)  # the nodes on the rows
+    env: str | None = None  # the Episode's env.id (5.3)
+    agent: str | None = None  # the trace's agent.name
+    temperature: float | None = None  # the trace's agent.config.sampling.temperature
 
     @property
     def n_sampled(self) -> int:
@@ -119,12 +125,19 @@ class TraceRollout:
         """What the verification needs besides the nodes' calls (stored with the rollout)."""
         return {
             "rows": self.rows,
+            "context": self.context,
             "sampled": self.n_sampled,
             "roots": self.n_roots,
             "selected": self.n_selected,
             "offchain": [i for i in self.sampled if i not in self.nodes] if self.rows else None,
             "policy": list(self.policy) if self.policy is not None else None,
         }
+
+
+def context_call(node: int) -> str:
+    """The derived call of a sampled node's copy as context (mask 0, log probabilities 0.0)
+    on a row after the one that trains it (10.5, exactly-once ownership)."""
+    return f"{node}c"
 
 
 class Masked(Exception):
@@ -166,6 +179,7 @@ def parse_episode(value) -> list[TraceRollout]:
         rid = episode_id if len(traces) == 1 else f"{episode_id}-t{i}"
         out = TraceRollout(rid, group_id, episode_id, i, _metadata(value, trace, i))
         out.policy = policy
+        out.env, out.agent, out.temperature = origin(value, trace)
         check_trace(value, trace, out)
         rollouts.append(out)
     return rollouts
@@ -202,6 +216,31 @@ def _metadata(episode: dict, trace, i: int | None) -> str:
     if i is not None:
         out["trace_index"] = i
     return storable_text(json.dumps(out, sort_keys=True, ensure_ascii=False))
+
+
+def origin(episode: dict, trace) -> tuple[str | None, str | None, float | None]:
+    """env, agent and temperature of a trace (CONTRACT.md 5.3): the Episode's `env.id`
+    (else `env.name`), the trace's `agent.name` (AgentInfo.name, trace.py), and the sampling
+    temperature resolved into the agent's config that verifiers stamps on every trace
+    (`agent.config.sampling.temperature`: AgentConfig.sampling, configs/agent.py), null
+    where not recorded."""
+    env = episode.get("env")
+    env_id = None
+    if isinstance(env, dict):
+        env_id = next((env[k] for k in ("id", "name") if isinstance(env.get(k), str) and env[k]), None)
+    agent = trace.get("agent") if isinstance(trace, dict) else None
+    agent = agent if isinstance(agent, dict) else {}
+    name = agent.get("name") if isinstance(agent.get("name"), str) and agent.get("name") else None
+    config = agent.get("config")
+    sampling = config.get("sampling") if isinstance(config, dict) else None
+    temperature = sampling.get("temperature") if isinstance(sampling, dict) else None
+    if not (_is_number(temperature) and math.isfinite(float(temperature))):
+        temperature = None
+    return (
+        None if env_id is None else storable_text(env_id),
+        None if name is None else storable_text(name),
+        None if temperature is None else float(temperature),
+    )
 
 
 def _last_error(obj) -> str | None:
@@ -255,7 +294,12 @@ def check_trace(episode: dict, trace, out: TraceRollout) -> None:
             if obj.get("ok") is not True:
                 error = _last_error(trace) or _last_error(episode)
                 raise Masked(Reason.ROLLOUT_FAILED, f"{what} ok is not true" + (f": {error}" if error else ""))
-        if out.reward is None:  # check 2
+        dropped = trace.get("dropped")  # check 2 (verifiers 0.4.1's Trace.dropped)
+        if dropped is not None:
+            if not isinstance(dropped, str):
+                raise Masked(Reason.INVALID_RECORD, f"dropped {json.dumps(dropped)[:40]} is neither null nor a string")
+            raise Masked(Reason.PRODUCER_MASKED, f"dropped: {storable_text(dropped)}")
+        if out.reward is None:  # check 3
             raise Masked(Reason.INVALID_REWARD, out.reward_problem or "no reward")
         _check_graph(trace, out)
     except Masked as m:
@@ -422,16 +466,23 @@ def _link(x) -> str | None:
 
 
 def _rows(nodes: list[dict], parents: list[int | None], checked: list, out: TraceRollout) -> None:
-    """10.5: every trainable branch that holds a sampled token, in leaf order."""
+    """10.5: the trainable branches in leaf order; each sampled node is trained on the first
+    of them that holds it and is context on the later ones (exactly-once ownership); a
+    branch left with nothing to train is not a row."""
     import numpy as np
 
     rejected = untrainable_leaves(nodes)
+    owner: dict[int, int] = {}  # a sampled node: the row that trains it
     for leaf in leaves(parents):
         if leaf in rejected:
-            continue
+            continue  # set aside first: an unaccepted compaction attempt claims nothing
         path = path_to(leaf, parents)
-        if not any(checked[k][1].any() for k in path):
-            continue
+        sampled = [k for k in path if checked[k][1].any()]
+        if all(k in owner for k in sampled):
+            continue  # no sampled token, or every one trained on an earlier row
+        out.context.append([k for k in sampled if k in owner])
+        for k in sampled:
+            owner.setdefault(k, len(out.rows))
         out.rows.append(path)
         for k in path:
             if k not in out.nodes:
@@ -474,14 +525,24 @@ def describe(value, rollout_id: str | None = None) -> list[str]:
         nodes = nodes if isinstance(nodes, list) else []
         parents = [n.get("parent") for n in nodes]
         rows = {tuple(p): k for k, p in enumerate(r.rows)}
+        owners = {node: k for k in reversed(range(len(r.rows))) for node in r.rows[k] if r.nodes[node].mask.any()}
         rejected = untrainable_leaves(nodes)
         for leaf in leaves(parents):
             path = path_to(leaf, parents)
             where = " -> ".join(map(str, path))
             if tuple(path) in rows:
-                lines.append(f"  branch to leaf {leaf} [{where}]: row {r.rollout_id}_s{rows[tuple(path)]}")
+                k = rows[tuple(path)]
+                shared = ", ".join(f"node {n} (trained on row {r.rollout_id}_s{owners[n]})" for n in r.context[k])
+                lines.append(
+                    f"  branch to leaf {leaf} [{where}]: row {r.rollout_id}_s{k}"
+                    + (f"; context only: {shared}" if shared else "")
+                )
             elif leaf in rejected:
                 lines.append(f"  branch to leaf {leaf} [{where}]: no row, an unaccepted compaction attempt")
+            elif any(node in owners for node in path):
+                lines.append(
+                    f"  branch to leaf {leaf} [{where}]: no row, every sampled node on it is trained on an earlier row"
+                )
             else:
                 lines.append(f"  branch to leaf {leaf} [{where}]: no row, it holds no sampled token")
     return lines

@@ -38,6 +38,7 @@ from ..formats.records import RecordError, parse_failure
 from ..warehouse import run_script, sql
 from .capture_children import CaptureChildren
 from .derived_tokens import DerivedTokens
+from .envelope_lines import envelope_calls, envelope_columns
 from .inserter import LEDGER_BATCH, ROLLOUT_BATCH, Inserter, IntoWarehouse, Sink
 from .json_lines import DECODER, json_lines, reject
 from .local_capture import CaptureFiles, LocalRollout, TokenRow, read_capture, read_captures
@@ -149,8 +150,12 @@ class GymCapture:
         if sample is not None:
             self.samples.append({"rollout_id": rid, "task": sample[0], "sample": sample[1]})
         trace = row.pop("verifiers", None)
-        if trace is not None:  # a verifiers trace's rows' nodes (CONTRACT.md 10)
-            calls, token_rows = trace_calls(row, trace)
+        envelope = row.pop("gym_envelope", None)
+        if trace is not None or envelope is not None:
+            # a verifiers trace's rows' nodes (CONTRACT.md 10), an envelope line's calls (11)
+            if envelope is not None:
+                row.update(envelope_columns(envelope))
+            calls, token_rows = trace_calls(row, trace) if trace is not None else envelope_calls(row, envelope)
             for call in calls:
                 self._call(call)
             for token_row in token_rows:
@@ -320,7 +325,7 @@ def decide(con, night: NightFiles, rollout_count: int, failures_read: int) -> tu
     con.register("local_owners", owned)
     con.execute(
         "CREATE OR REPLACE TEMP TABLE derived_owners AS SELECT part, rollout_id, kind FROM local_owners "
-        "UNION ALL SELECT part, rollout_id, capture FROM m_kept WHERE capture IN ('rebuilt', 'verifiers')"
+        "UNION ALL SELECT part, rollout_id, capture FROM m_kept WHERE capture IN ('rebuilt', 'verifiers', 'envelope')"
     )
     con.unregister("local_owners")
     run_script(con, "merge_derived", {"ds": night.ds, "base": CAPTURE_SEQ_BASE})
@@ -420,10 +425,16 @@ def _rebuilt_call(rid: str, call_id: str, parent: str | None, key: str, rollout:
 
 
 def derive_again(night: NightFiles, rollout: dict) -> tuple[dict[str, TokenRow], list[str]]:
-    """The token rows a local-mode, Gym-rebuilt or verifiers rollout's calls were derived
+    """The token rows a local-mode, Gym-rebuilt, envelope or verifiers rollout's calls were derived
     with, read again from the night's files as they are now, by staging key; and the
     entries' (or the trace's nodes') walk."""
     rid = rollout["rollout_id"]
+    if rollout.get("capture") == "envelope":
+        from . import envelope_lines
+        from .json_lines import ROLLOUT_DECODER, decode
+
+        raw = _line(night.path("rollouts", rollout["source_file"]), rollout["source_line"])
+        return envelope_lines.derive_again(decode(raw, ROLLOUT_DECODER), rid)
     if rollout.get("capture") == "verifiers":
         from . import verifiers_traces
 

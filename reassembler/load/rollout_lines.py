@@ -45,7 +45,7 @@ BACKGROUND_BYTES = 1 << 20  # rollout lines of a night above this are parsed by 
 PART_BYTES = 4 << 20  # and by one more child for each PART_BYTES more, up to one per core
 MAX_PARTS = 4
 CHUNK = 500  # rows per pickled chunk
-CHUNK_TOKENS = 1 << 22  # or fewer: a verifiers rollout row carries its rows' nodes' token arrays
+CHUNK_TOKENS = 1 << 22  # or fewer: a verifiers or envelope rollout row carries its rows' token arrays
 
 
 Part = list[tuple[str, LineRange]]  # runs of lines of the night's rollout files, in reading order
@@ -255,8 +255,9 @@ class _Chunks:
     def add_row(self, row: dict) -> None:
         self._flush_rejects()
         self.rows.append(row)
-        trace = row.get("verifiers")
+        trace, envelope = row.get("verifiers"), row.get("gym_envelope")
         self.tokens += sum(len(node.ids) for node in trace.nodes.values()) if trace is not None else 0
+        self.tokens += envelope.n_tokens if envelope is not None else 0
         if len(self.rows) >= CHUNK or self.tokens >= CHUNK_TOKENS:
             self._flush_rows()
 

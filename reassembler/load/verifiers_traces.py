@@ -27,7 +27,7 @@ import orjson
 from ..formats.fields import LEDGER
 from ..formats.night import NightFiles
 from ..formats.records import RecordError
-from ..formats.verifiers import DECODER, TORN_FINAL_LINE, TraceRollout, describe, parse_episode
+from ..formats.verifiers import DECODER, TORN_FINAL_LINE, TraceRollout, context_call, describe, parse_episode
 from .json_lines import LineRange, decode, guess_ids, json_lines, reject, seen_before
 
 if TYPE_CHECKING:  # the rollout parse's child processes import this module: nothing heavy at import
@@ -160,32 +160,49 @@ def rollout_row(r: TraceRollout) -> dict:
         "capture_detail": r.detail,
         "capture_call_id": r.call_id,
         "trace": json.dumps(shape, separators=(",", ":")),
+        "env": r.env,
+        "agent": r.agent,
+        "temperature": r.temperature,
         "verifiers": r if r.rows else None,
     }
 
 
 def trace_calls(row: dict, trace: TraceRollout) -> tuple[list[dict], list[TokenRow]]:
-    """The derived calls (ledger rows, node order) and token rows of a trace's rows' nodes."""
+    """The derived calls (ledger rows, node order) and token rows of a trace's rows' nodes;
+    then, for each sampled node a later row holds as context (10.5, exactly-once ownership),
+    its copy with mask 0 and log probabilities 0.0 (formats/verifiers.py's context_call)."""
+    import numpy as np
+
     from .local_capture import TokenRow
 
     rid = row["rollout_id"]
     calls, tokens = [], []
-    for k in sorted(trace.nodes):
-        node = trace.nodes[k]
-        key = f"{rid}/{k}"
+
+    def add(call_id: str, node, mode: str, mask, logprobs) -> None:
+        key = f"{rid}/{call_id}"
         call: dict = {f.name: None for f in LEDGER}
         call.update(
             rollout_id=rid,
-            model_call_id=str(k),
+            model_call_id=call_id,
             parent_call_id=None if node.parent is None else str(node.parent),
-            mode="sampled" if node.sampled else "context",
+            mode=mode,
             staging_key=key,
             source_file=row.get("source_file"),
             source_line=row.get("source_line"),
             capture=CAPTURE,
         )
         calls.append(call)
-        tokens.append(TokenRow(key, node.ids, node.mask, node.logprobs))
+        tokens.append(TokenRow(key, node.ids, mask, logprobs))
+
+    for k in sorted(trace.nodes):
+        node = trace.nodes[k]
+        add(str(k), node, "sampled" if node.sampled else "context", node.mask, node.logprobs)
+    zeros = np.zeros(0, np.float32)
+    for k in sorted({k for context in trace.context for k in context}):
+        node = trace.nodes[k]
+        if len(zeros) < len(node.ids):
+            zeros = np.zeros(len(node.ids), np.float32)
+        add(context_call(k), node, "context", zeros[: len(node.ids)], zeros[: len(node.ids)])
     return calls, tokens
 
 

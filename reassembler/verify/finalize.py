@@ -22,11 +22,13 @@ class Segment:
     """A verified chain: one training row. `call_ids`: the row's model_call_ids when they
     are not its calls' ids (a rebuilt line has none, a verifiers branch its sampled nodes);
     `versions`: its weight versions (min, max) when its calls declare none (verifiers: the
-    Episode's policy span)."""
+    Episode's policy span); `prompt_len` when the capture defines it (an envelope segment:
+    its first call's prompt, CONTRACT.md 11.5)."""
 
     calls: list[Call]
     call_ids: list[str] | None = None
     versions: tuple[int, int] | None = None
+    prompt_len: int | None = None  # when the capture says it (an envelope segment: its first prompt)
 
     @property
     def token_rows(self) -> list[int]:

@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..formats.verifiers import context_call
 from ..reasons import Masked, Reason
 from ..settings import Options
 from .calls import Call
@@ -39,13 +40,20 @@ class Outcome:
         return self.reason is None
 
 
-def _rollout_checks(rollout: dict, calls: list[Call], options: Options) -> None:
-    if rollout["failure_reason"] is not None:
+def _line_checks(rollout: dict) -> None:
+    """CONTRACT.md 3.0 items 1 and 2, then the capture's own checks the load made (9, 10, 11).
+    `failure_reason` masks only without a usable reward: beside a finite one it is NeMo
+    Gym's diagnosis of a sample it still measured validly, kept in the audit's metadata."""
+    if rollout["failure_reason"] is not None and rollout["reward"] is None:
         raise Masked(Reason.ROLLOUT_FAILED, rollout["failure_reason"])
     if rollout["reward"] is None:
         raise Masked(Reason.INVALID_REWARD, rollout.get("reward_problem") or "reward is missing")
     if rollout.get("capture_reason") is not None:  # the checks of NeMo Gym's own capture (CONTRACT.md 9)
         raise Masked(Reason(rollout["capture_reason"]), rollout.get("capture_detail"), rollout.get("capture_call_id"))
+
+
+def _rollout_checks(rollout: dict, calls: list[Call], options: Options) -> None:
+    _line_checks(rollout)
     if rollout.get("capture") == "rebuilt":
         return  # a Gym-rebuilt line: the load checked it (9.10), its calls are its token items
     if rollout.get("n_rejected"):
@@ -122,8 +130,8 @@ def reassemble_rollout(
     batch (checks.BatchChecks)."""
     if rollout.get("capture") == "rebuilt":
         return _rebuilt(rollout, [c for c in calls if c.capture == "rebuilt"], checks, options, trace)
-    if rollout.get("capture") == "verifiers":
-        return _verifiers(rollout, [c for c in calls if c.capture == "verifiers"], checks, options, trace)
+    if rollout.get("capture") in ("verifiers", "envelope"):
+        return _derived_rows(rollout, [c for c in calls if c.capture == rollout["capture"]], checks, options, trace)
     out = Outcome(rollout, n_ledger_calls=len(calls), n_roots=sum(c.is_root for c in calls))
     try:
         _rollout_checks(rollout, calls, options)
@@ -178,34 +186,56 @@ def _rebuilt(rollout: dict, items: list[Call], checks, options: Options, trace: 
     return out
 
 
-def _verifiers(rollout: dict, nodes: list[Call], checks, options: Options, trace: list[str] | None) -> Outcome:
-    """A verifiers trace (CONTRACT.md 10): the load made its checks (10.4) and found its
-    rows (10.5), each a path of nodes root to leaf (`trace`: the shape it stored); its calls
-    are the nodes on them, each with its token row. Rows share the nodes of a common prefix.
-    Terminal mode keeps a trace of one row and masks one of several history_rewritten."""
+def _derived_rows(rollout: dict, calls: list[Call], checks, options: Options, trace: list[str] | None) -> Outcome:
+    """A verifiers trace (CONTRACT.md 10) or a NeMo Gym compaction envelope (11): the load
+    made its checks and found its rows (`trace`: the shape it stored, each row a path of
+    derived calls root to leaf); the calls are the nodes (verifiers) or model calls (envelope)
+    on them, each with its token row. Terminal mode keeps a rollout of one row and masks one
+    of several history_rewritten."""
     shape = json.loads(rollout["trace"]) if rollout.get("trace") else {}
-    out = Outcome(rollout, n_ledger_calls=shape.get("sampled", 0), n_roots=shape.get("roots", 0))
+    envelope = rollout.get("capture") == "envelope"
+    if envelope:
+        out = Outcome(rollout, n_ledger_calls=shape.get("calls", 0), n_roots=shape.get("segments", 0))
+    else:
+        out = Outcome(rollout, n_ledger_calls=shape.get("sampled", 0), n_roots=shape.get("roots", 0))
     try:
-        if rollout.get("capture_reason") is not None:
+        if envelope:
+            _line_checks(rollout)  # 11.4 checks 1 and 2 are the rollout's, then the envelope's
+        elif rollout.get("capture_reason") is not None:
             raise Masked(
                 Reason(rollout["capture_reason"]), rollout.get("capture_detail"), rollout.get("capture_call_id")
             )
         rows = shape["rows"]
         if options.mode == "terminal" and len(rows) > 1:
-            raise Masked(Reason.HISTORY_REWRITTEN, f"the trace has {len(rows)} trainable branches (rows)")
-        by_id = {c.model_call_id: c for c in nodes}
+            raise Masked(
+                Reason.HISTORY_REWRITTEN,
+                f"the envelope declares {len(rows)} segments (rows)"
+                if envelope
+                else f"the trace has {len(rows)} trainable branches (rows)",
+            )
+        by_id = {c.model_call_id: c for c in calls}
         policy = shape.get("policy")
         segments = []
         for k, path in enumerate(rows):
-            calls = [by_id[str(node)] for node in path]
-            for call in calls:
+            if envelope:
+                on_row = [by_id[call] for call in path]
+                segments.append(Segment(on_row, call_ids=shape["call_ids"][k], prompt_len=shape["prompt_lens"][k]))
+                described = f"envelope: row {k} is segment {k}: calls {path} ({', '.join(shape['call_ids'][k])})"
+            else:  # a sampled node an earlier row trains is context here: its copy with mask 0 (10.5)
+                context = set(shape["context"][k]) if shape.get("context") else set()
+                on_row = [by_id[context_call(node) if node in context else str(node)] for node in path]
+                sampled = [str(node) for node in path if by_id[str(node)].mode == "sampled"]
+                segments.append(Segment(on_row, call_ids=sampled, versions=tuple(policy) if policy else None))
+                described = f"verifiers: row {k} is the branch to leaf {path[-1]}: nodes {path}, sampled {sampled}" + (
+                    f"; trained on an earlier row, context here: {sorted(context)}" if context else ""
+                )
+            for call in on_row:
                 checks.record(call)
-            sampled = [c.model_call_id for c in calls if c.mode == "sampled"]
-            segments.append(Segment(calls, call_ids=sampled, versions=tuple(policy) if policy else None))
             if trace is not None:
-                trace.append(f"verifiers: row {k} is the branch to leaf {path[-1]}: nodes {path}, sampled {sampled}")
-        out.n_selected = shape["selected"]
-        out.n_offchain, out.n_offchain_faults = out.n_ledger_calls - out.n_selected, 0
+                trace.append(described)
+        out.n_selected = shape["calls"] if envelope else shape["selected"]
+        out.n_offchain = 0 if envelope else out.n_ledger_calls - out.n_selected
+        out.n_offchain_faults = 0
         out.segments = segments
     except Masked as m:
         out.reason, out.detail, out.failed_call_id = m.reason, m.detail, m.call_id

@@ -36,14 +36,19 @@ ROW_SCHEMA = pa.schema(
         ("reward", pa.float64()),
         ("advantage", pa.float64()),
         ("rollout_weight", pa.float64()),
+        ("capture", pa.string()),
+        ("evidence", pa.string()),
+        ("env", pa.string()),
+        ("agent", pa.string()),
+        ("temperature", pa.float64()),
     ]
 )
 
 # Parquet writer settings for training rows: dictionary encoding and statistics only on the
 # small identifying columns (on the token lists they cost time and buy nothing).
 ROW_WRITE_OPTIONS = {
-    "use_dictionary": ["row_id", "rollout_id", "group_id"],
-    "write_statistics": ["row_id", "rollout_id", "group_id", "slot", "segment_index"],
+    "use_dictionary": ["row_id", "rollout_id", "group_id", "capture", "evidence", "env", "agent"],
+    "write_statistics": ["row_id", "rollout_id", "group_id", "slot", "segment_index", "capture", "evidence", "env"],
 }
 
 AUDIT_SCHEMA = pa.schema(
@@ -67,9 +72,36 @@ AUDIT_SCHEMA = pa.schema(
         ("advantage", pa.float64()),
         ("metadata", pa.string()),
         ("run_id", pa.string()),
+        ("capture", pa.string()),
+        ("evidence", pa.string()),
         ("n_roots", pa.int32()),
     ]
 )
+
+# which capture vouched for its tokens with a digest recomputed from them (CONTRACT.md 5.3):
+# the staged record's digest and chain hash (4), local mode's nemo-gym-tokens digest (9.5);
+# an envelope line says which of its versions it is (11.4)
+DIGEST_CAPTURES = ("staged", "local")
+
+
+def capture_of(rollout: dict, n_ledger_calls: int | None) -> str | None:
+    """The audit's and rows' `capture` (5.3): the reading that built the rollout; a ledger
+    rollout is `staged`; null for one no reading applied to (a given-up sample, a rollout
+    with no ledger row and no other capture)."""
+    capture = rollout.get("capture")
+    if capture == "none":
+        return None
+    if capture is None:
+        return "staged" if n_ledger_calls else None
+    return capture
+
+
+def evidence_of(rollout: dict) -> str:
+    """`evidence` of an ok rollout's rows (5.3): `digest` or `none`."""
+    capture = rollout.get("capture") or "staged"
+    if capture == "envelope":
+        return rollout.get("evidence") or "none"
+    return "digest" if capture in DIGEST_CAPTURES else "none"
 
 
 def rows_table(outcomes, batch, ds: str) -> pa.Table:
@@ -84,6 +116,13 @@ def rows_table(outcomes, batch, ds: str) -> pa.Table:
             continue
         r = o.rollout
         k = len(o.segments)
+        origin = {
+            "capture": capture_of(r, o.n_ledger_calls),
+            "evidence": evidence_of(r),
+            "env": r.get("env"),
+            "agent": r.get("agent"),
+            "temperature": r.get("temperature"),
+        }
         for index, seg in enumerate(o.segments):
             rows = seg.token_rows
             token_rows.extend(rows)
@@ -95,7 +134,7 @@ def rows_table(outcomes, batch, ds: str) -> pa.Table:
             meta["slot"].append(r["slot"])
             meta["segment_index"].append(index)
             meta["segment_count"].append(k)
-            meta["prompt_len"].append(prompt_len(batch, rows))
+            meta["prompt_len"].append(seg.prompt_len if seg.prompt_len is not None else prompt_len(batch, rows))
             meta["n_tokens"].append(int(batch.n_ids[rows].sum()))
             meta["n_generated"].append(int(batch.ones[rows].sum()))
             meta["model_call_ids"].append(
@@ -106,6 +145,8 @@ def rows_table(outcomes, batch, ds: str) -> pa.Table:
             meta["reward"].append(r["reward"])
             meta["advantage"].append(o.advantage)
             meta["rollout_weight"].append(1.0 / k)
+            for name, value in origin.items():
+                meta[name].append(value)
     offsets, ids, mask, lp = batch.gather(
         np.asarray(token_rows, dtype=np.int64), np.asarray(segs_per_row, dtype=np.int64)
     )
@@ -159,6 +200,8 @@ def audit_table(outcomes, batch, run_id: str, ds: str) -> pa.Table:
                 "advantage": o.advantage,
                 "metadata": r["metadata"],
                 "run_id": run_id,
+                "capture": capture_of(r, o.n_ledger_calls),
+                "evidence": evidence_of(r) if o.ok else None,
                 "n_roots": o.n_roots,
             }
         )

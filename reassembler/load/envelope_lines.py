@@ -1,0 +1,72 @@
+"""NeMo Gym compaction-agent result lines into derived calls and token rows (CONTRACT.md 11;
+the line's format and its checks: formats/gym_envelope.py).
+
+An envelope line is read with the night's other rollout lines (records.parse_rollout checks
+it as it is parsed); its rollout row carries the envelope's shape (`trace`: each row's calls,
+their Gym completion ids, each row's prompt length) and its `evidence`. Here each call on a
+row becomes one derived call (model_call_id: the call's index in the line, parent: the call
+before it in its segment) with its token row: the tokens it adds to its segment, mask 0 on
+its carried prompt, then its generation. From there the shards treat them as any derived
+call (load/gym_capture.py writes them with NeMo Gym's other captures). Whatever other capture
+the rollout id has (ledger rows, local-mode files, a retired state file) is not read (11.2).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from ..formats.fields import LEDGER
+from ..formats.gym_envelope import CAPTURE, EnvelopeRollout, describe, read_envelope
+
+if TYPE_CHECKING:
+    from .local_capture import TokenRow
+
+
+def envelope_columns(envelope: EnvelopeRollout) -> dict:
+    """The rollout row's capture columns of an envelope line."""
+    return {
+        "capture": CAPTURE,
+        "capture_reason": None if envelope.reason is None else envelope.reason.value,
+        "capture_detail": envelope.detail,
+        "capture_call_id": envelope.call_id,
+        "n_token_items": envelope.n_calls,
+        "trace": json.dumps(envelope.shape(), separators=(",", ":")),
+        "evidence": envelope.evidence,
+    }
+
+
+def envelope_calls(row: dict, envelope: EnvelopeRollout) -> tuple[list[dict], list[TokenRow]]:
+    """The derived calls (ledger rows, call order) and token rows of the calls on the rows."""
+    from .local_capture import TokenRow
+
+    rid = row["rollout_id"]
+    calls, tokens = [], []
+    for segment in envelope.rows:
+        for j, k in enumerate(segment):
+            call = envelope.calls[k]
+            key = f"{rid}/{k}"
+            ledger: dict = {f.name: None for f in LEDGER}
+            ledger.update(
+                rollout_id=rid,
+                model_call_id=str(k),
+                parent_call_id=None if j == 0 else str(segment[j - 1]),
+                mode="text" if j == 0 else "token_in",
+                staging_key=key,
+                source_file=row.get("source_file"),
+                source_line=row.get("source_line"),
+                capture=CAPTURE,
+            )
+            calls.append(ledger)
+            tokens.append(TokenRow(key, call.ids, call.mask, call.logprobs))
+    return calls, tokens
+
+
+def derive_again(value, rollout_id: str) -> tuple[dict[str, TokenRow], list[str]]:
+    """The token rows of one envelope line's calls read again from the line as it is now
+    (`reassembler explain`), by staging key, and the line walked call by call."""
+    if not isinstance(value, dict):
+        return {}, [f"the line is now a rejected input line: {value}"]
+    envelope = read_envelope(value)
+    _, tokens = envelope_calls({"rollout_id": rollout_id}, envelope)
+    return {t.staging_key: t for t in tokens}, describe(value, envelope)
