@@ -35,7 +35,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..reasons import Reason
 
@@ -62,7 +62,7 @@ TOKEN_LIMIT = 2**31
 CAPTURE = "envelope"  # the rollouts' and their derived calls' capture kind
 
 
-def contract_of(obj) -> tuple[str, object] | None:
+def contract_of(obj) -> tuple[str, Any] | None:
     """(key, value) of the line's contract when it is an envelope line (11.2.1), else None.
     With both keys set the first is named (check 4 masks such a line)."""
     response = obj.get("response") if isinstance(obj, dict) else None
@@ -141,7 +141,7 @@ class _Masked(Exception):
         self.reason, self.detail, self.call_id = reason, detail, call_id
 
 
-def _is_int(v) -> bool:
+def _is_int(v) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -154,7 +154,7 @@ def read_envelope(obj: dict) -> EnvelopeRollout:
     reward, are the rollout's, verify/rollout.py), then the rows of 11.5."""
     found = contract_of(obj)
     assert found is not None, "read_envelope is for envelope lines"
-    key, contract = found
+    key, contract = found[0], found[1]
     version = contract.get("schema_version") if isinstance(contract, dict) else None
     kind = key if key == TRACE_CONTRACT else f"{key} v{json.dumps(version)[:20]}"
     v2 = key == COMPACTION_CONTRACT and _is_int(version) and version == 2
@@ -308,7 +308,8 @@ def _read_calls(response: dict, contract: dict, records: list, events: dict[int,
         def masked(reason: Reason, what: str, where: str = where, call_id: str | None = call_id) -> _Masked:
             return _Masked(reason, f"{where}: {what}", call_id)
 
-        p, g, lp = (item.get(name) for name in ("prompt_token_ids", TOKEN_KEY, "generation_log_probs"))
+        arrays: list[Any] = [item.get(name) for name in ("prompt_token_ids", TOKEN_KEY, "generation_log_probs")]
+        p, g, lp = arrays
         problem = _record_problem(p, g, lp, record, v2)  # 8.1
         if problem:
             raise masked(Reason.INVALID_RECORD, problem)
@@ -541,7 +542,7 @@ def describe(obj, rollout: EnvelopeRollout) -> list[str]:
     for k in range(max(len(items), len(records))):
         record = records[k] if k < len(records) and isinstance(records[k], dict) else {}
         where = f"output item {items[k]}" if k < len(items) else "no output item"
-        item = output[items[k]] if k < len(items) else {}
+        item = output[items[k]] if isinstance(output, list) and k < len(items) else {}
         g = item.get(TOKEN_KEY) if isinstance(item, dict) else None
         p = item.get("prompt_token_ids") if isinstance(item, dict) else None
         lines.append(

@@ -258,7 +258,8 @@ def gym_origin(obj: dict) -> dict:
     agent reference onto the line), the sampling request's `responses_create_params.
     temperature` (else the response's `temperature`), and the line's `metadata.env` /
     `metadata.agent` where Gym records nothing (it writes no environment name)."""
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    given = obj.get("metadata")
+    metadata: dict = given if isinstance(given, dict) else {}
     agent_ref = obj.get("agent_ref")
     request, response = obj.get("responses_create_params"), obj.get("response")
     temperature = _number(request.get("temperature")) if isinstance(request, dict) else None

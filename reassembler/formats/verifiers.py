@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..reasons import Reason
 from .records import RecordError, has_surrogate, no_duplicate_keys, storable_text
@@ -60,7 +60,7 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v) -> bool:
+def _is_number(v) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -233,13 +233,12 @@ def origin(episode: dict, trace) -> tuple[str | None, str | None, float | None]:
     name = agent.get("name") if isinstance(agent.get("name"), str) and agent.get("name") else None
     config = agent.get("config")
     sampling = config.get("sampling") if isinstance(config, dict) else None
-    temperature = sampling.get("temperature") if isinstance(sampling, dict) else None
-    if not (_is_number(temperature) and math.isfinite(float(temperature))):
-        temperature = None
+    value = sampling.get("temperature") if isinstance(sampling, dict) else None
+    temperature = float(value) if _is_number(value) and math.isfinite(value) else None
     return (
         None if env_id is None else storable_text(env_id),
         None if name is None else storable_text(name),
-        None if temperature is None else float(temperature),
+        temperature,
     )
 
 
