@@ -3,6 +3,8 @@ that code (and the call it names); the healthy rollout of the same group is unto
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from nights import answer, call, reasoning, tool_output, worked_example, worked_example_local
@@ -33,7 +35,7 @@ def _rollout(night, compaction=True, **record):
 
 
 def f_rollout_failed(n):
-    _rollout(n, failure_reason="sandbox crashed")
+    _rollout(n, failure_reason="sandbox crashed", reward=None)  # no measured reward: contract 3.0 item 1
 
 
 def f_invalid_reward(n):
@@ -291,6 +293,23 @@ def test_fault_masks_only_its_rollout(reason, night, build):
     assert good["status"] == "ok"
     assert good["advantage"] == 0.0  # the only valid rollout of its group
     assert [r["input_ids"] for r in built.rows_of("grp_g0")] == (GOOD_COMPACTED if compacted_good else GOOD_PLAIN)
+
+
+def test_a_diagnosis_beside_a_measured_reward_trains_and_counts_in_its_group(night, build):
+    """NeMo Gym's failure_kind / failure_reason on a sample it still measured validly
+    (contract 3.0 item 1, version 5): the rollout trains, its group's advantages include it,
+    and its audit row keeps the diagnosis in metadata."""
+    worked_example(night, "grp_g0", reward=1.0)
+    _rollout(night, reward=0.0, failure_reason="tool timed out twice", failure_kind="degraded_tool")
+    built = build(night)
+    degraded, other = built.audit["grp_g1"], built.audit["grp_g0"]
+    assert (degraded["status"], degraded["reason"]) == ("ok", None)
+    assert json.loads(degraded["metadata"]) == {
+        "failure_kind": "degraded_tool",
+        "failure_reason": "tool timed out twice",
+    }
+    assert other["advantage"] == pytest.approx(-degraded["advantage"]) and other["advantage"] > 0.5
+    assert [r["advantage"] for r in built.rows_of("grp_g1")] == [degraded["advantage"]] * 2
 
 
 def test_poison_row_off_chain_is_counted_not_masked_under_the_default_policy(night, build):

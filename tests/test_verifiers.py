@@ -163,6 +163,82 @@ def test_rows_are_the_trainable_branches_with_their_tokens(tmp_path):
     assert (a["n_tokens"], a["n_generated"]) == (10 + 7 + 8, 3 + 1 + 3)
 
 
+def _fork_episode() -> dict:
+    """A fork after a sampled turn (CONTRACT.md 10.5, exactly-once ownership): prompt [1 2],
+    sampled node 1 [3 | 4 5], then two tool answers each followed by a sampled turn (leaves 3
+    and 5), and a third branch that ends at a tool answer after node 1 (leaf 6)."""
+    nodes = [
+        prompt_node([1, 2], None, "system"),
+        sampled_node([3], [4, 5], [-0.5, -0.25], 0),
+        prompt_node([6], 1, "tool"),
+        sampled_node([], [7], [-1.0], 2),
+        prompt_node([8], 1, "tool"),
+        sampled_node([], [9, 10], [-2.0, -0.125], 4),
+        prompt_node([11], 1, "tool"),
+    ]
+    return episode("ep-fork", [trace(nodes)], group="gf")
+
+
+def test_a_shared_sampled_node_trains_on_its_first_row_only(tmp_path):
+    root = write_traces(tmp_path / "in", [_fork_episode()])
+    _, rows, audit = build(root, tmp_path / "out")
+    s0, s1 = rows  # leaf 6 holds no sampled token of its own: no row
+    assert s0["input_ids"] == [1, 2, 3, 4, 5, 6, 7] and s0["loss_mask"] == [0, 0, 0, 1, 1, 0, 1]
+    assert s0["logprobs"] == [0, 0, 0, -0.5, -0.25, 0, -1.0] and s0["prompt_len"] == 3
+    assert s1["input_ids"] == [1, 2, 3, 4, 5, 8, 9, 10] and s1["loss_mask"] == [0, 0, 0, 0, 0, 0, 1, 1]
+    assert s1["logprobs"] == [0, 0, 0, 0, 0, 0, -2.0, -0.125] and s1["prompt_len"] == 6
+    assert (s0["model_call_ids"], s1["model_call_ids"]) == (["1", "3"], ["1", "5"])  # every sampled node of the path
+    assert (s0["n_generated"], s1["n_generated"]) == (3, 2)
+    assert {(r["segment_count"], r["rollout_weight"]) for r in rows} == {(2, 0.5)}
+    a = audit["ep-fork"]
+    assert (a["n_segments"], a["n_ledger_calls"], a["n_selected"], a["n_generated"]) == (2, 3, 3, 5)
+
+
+def test_explain_says_which_row_owns_a_shared_node(tmp_path):
+    root = write_traces(tmp_path / "in", [_fork_episode()])
+    out = tmp_path / "out"
+    build(root, out)
+    res = cli("explain", "--output", out, "--ds", DS, "ep-fork")
+    assert res.returncode == 0, res.stderr
+    assert "branch to leaf 5 [0 -> 1 -> 4 -> 5]: row ep-fork_s1; context only: node 1 (trained on row ep-fork_s0)" in (
+        res.stdout
+    )
+    assert "branch to leaf 6 [0 -> 1 -> 6]: no row, every sampled node on it is trained on an earlier row" in (
+        res.stdout
+    )
+    assert "row ep-fork_s1: calls [1, 5], 8 tokens, 2 generated, prompt_len 6" in res.stdout
+
+
+def test_a_rejected_compaction_attempt_claims_none_of_the_prefix_it_shares(tmp_path):
+    """prime-rl #3478: untrainable branches are set aside before ownership, so the shared
+    sampled node trains on the accepted branch."""
+    nodes = [
+        prompt_node([1], None),
+        sampled_node([], [2, 3], [-0.5, -0.5], 0),
+        sampled_node([], [4], [-1.0], 1, links=[(1, "compaction_attempt")]),  # leaf 2: not accepted
+        sampled_node([], [5], [-1.0], 1),
+    ]
+    root = write_traces(tmp_path / "in", [episode("ep-a", [trace(nodes)], group="ga")])
+    _, [row], _ = build(root, tmp_path / "out")
+    assert row["input_ids"] == [1, 2, 3, 5] and row["loss_mask"] == [0, 1, 1, 1]
+
+
+def test_a_dropped_trace_is_masked_and_out_of_its_groups_statistics(tmp_path):
+    nodes = [prompt_node([1], None), sampled_node([], [2], [-1.0], 0)]
+
+    def ep(name: str, score: float, dropped: str | None = None) -> dict:
+        t = trace(nodes, {"r": {"score": score}})
+        if dropped is not None:
+            t["dropped"] = dropped
+        return episode(name, [t], group="gd")
+
+    root = write_traces(tmp_path / "in", [ep("a", 1.0), ep("b", 0.0), ep("c", 5.0, "judge: refused")])
+    _, rows, audit = build(root, tmp_path / "out")
+    assert (audit["c"]["reason"], audit["c"]["detail"]) == ("producer_masked", "dropped: judge: refused")
+    assert {r["rollout_id"] for r in rows} == {"a", "b"}
+    assert audit["a"]["advantage"] == pytest.approx(-audit["b"]["advantage"]) and audit["a"]["advantage"] > 0
+
+
 def test_a_frozen_policy_gives_null_weight_versions(tmp_path):
     nodes = [prompt_node([1], None), sampled_node([], [2], [-1.0], 0)]
     root = write_traces(tmp_path / "in", [episode("ep-eval", [trace(nodes)], policy=None)])
@@ -206,6 +282,15 @@ CHECKS = [
     ),
     ("no_traces", lambda e, t, n: _set(e, "traces", []), "rollout_failed", None, "holds no trace"),
     ("trace_not_object", lambda e, t, n: _set(e, "traces", [7]), "invalid_record", None, "not an object"),
+    ("dropped", lambda e, t, n: _set(t, "dropped", "judge: off-topic"), "producer_masked", None, "dropped: judge"),
+    (
+        "dropped_before_reward",
+        lambda e, t, n: t.update(dropped="judge dropped it", rewards={"judge": None}),
+        "producer_masked",
+        None,
+        "dropped: judge dropped it",
+    ),
+    ("dropped_not_string", lambda e, t, n: _set(t, "dropped", True), "invalid_record", None, "dropped true"),
     ("rewards_not_object", lambda e, t, n: _set(t, "rewards", [1.0]), "invalid_reward", None, "not an object"),
     ("reward_nan", lambda e, t, n: _set(t, "rewards", {"a": None}), "invalid_reward", None, "no reward was scored"),
     ("no_rewards", lambda e, t, n: _set(t, "rewards", {}), "invalid_reward", None, "no reward was scored"),
@@ -497,7 +582,9 @@ def test_the_command_builds_explains_and_reports_a_verifiers_night(tmp_path):
     assert "capture: a verifiers trace" in text and "node 7: parent 6, assistant, sampled" in text
     assert "branch to leaf 7 [0 -> 1 -> 2 -> 3 -> 4 -> 5 -> 6 -> 7]: no row, an unaccepted compaction attempt" in text
     assert "branch to leaf 8 [0 -> 1 -> 2 -> 3 -> 4 -> 5 -> 6 -> 8]: row 18137f8f87631c6139429bc57ba9a2b9_s0" in text
-    assert "row 18137f8f87631c6139429bc57ba9a2b9_s1: calls [0, 9, 10, 11, 12], 68 tokens, 18 generated" in text
+    assert (
+        "row 18137f8f87631c6139429bc57ba9a2b9_s1: calls [10, 12], 68 tokens, 18 generated" in text
+    )  # its model_call_ids
     assert "off-chain: 7 (0 faulty)" in text and "result: ok, 2 rows" in text
     res = cli("explain", "--output", out, "--ds", DS, "35857c33bf405e0683a0acb6fb6077f2", "--json")
     assert res.returncode == 0, res.stderr
@@ -538,7 +625,7 @@ def test_a_warehouse_of_release_6_gets_the_trace_column(tmp_path):
     _, rows, _ = build(FIXTURE, out)
     assert len(rows) == 5
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 8
         assert con.execute("SELECT count(trace) FROM rollouts").fetchone()[0] == 6
 
 

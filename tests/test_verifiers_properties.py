@@ -45,8 +45,11 @@ def graphs(draw) -> list[dict]:
     return nodes
 
 
-def expected_rows(nodes: list[dict]) -> list[dict]:
-    """verifiers' Trace.branches, then the rows of 10.5, from the graph alone."""
+def expected_rows(nodes: list[dict], exactly_once: bool = True) -> list[dict]:
+    """verifiers' Trace.branches, then the rows of 10.5, from the graph alone: a sampled node
+    trains on the first trainable branch that holds it, later ones carry it as context, and
+    a branch left with nothing to train is no row (`exactly_once` False: contract version 4,
+    every branch trains every sampled node on it)."""
     parents = [node.get("parent") for node in nodes]
     leaves = [i for i in range(len(nodes)) if i not in parents]
     attempts = {
@@ -54,6 +57,7 @@ def expected_rows(nodes: list[dict]) -> list[dict]:
     }
     accepted = {x["node"] for node in nodes for x in node["semantic_parents"] if x["type"] == "compaction"}
     rows = []
+    trained: set[int] = set()
     for leaf in leaves:
         if leaf in attempts and leaf not in accepted:
             continue
@@ -64,11 +68,13 @@ def expected_rows(nodes: list[dict]) -> list[dict]:
         ids, mask, logprobs = [], [], []
         for k in path:
             node = nodes[k]
+            owned_before = exactly_once and k in trained
             ids += node["token_ids"]
-            mask += [int(m) for m in node["mask"]]
+            mask += [int(m and not owned_before) for m in node["mask"]]
             lps = iter(node["logprobs"])
-            logprobs += [next(lps) if m else 0.0 for m in node["mask"]]
+            logprobs += [next(lps) if m and not owned_before else 0.0 for m in node["mask"]]
         if 1 in mask:
+            trained |= {k for k in path if True in nodes[k]["mask"]}
             rows.append(
                 {
                     "input_ids": ids,
@@ -118,3 +124,10 @@ def test_rows_are_the_trainable_branches_with_a_sampled_token(tmp_path_factory, 
         )
         assert a["n_roots"] == sum(node.get("parent") is None for node in nodes)
         assert a["n_tokens"] == sum(len(w["input_ids"]) for w in want)
+        # every sampled token on a trainable branch trains on exactly one row (10.5, version 5) ...
+        on_rows = {i for w in expected_rows(nodes, exactly_once=False) for i in w["nodes"]}
+        sampled_tokens = sum(sum(nodes[i]["mask"]) for i in on_rows)
+        assert sum(g["n_generated"] for g in got) == sum(sum(g["loss_mask"]) for g in got) == sampled_tokens
+        # ... and the rows are otherwise version 4's: the same branches' tokens, those left with nothing dropped
+        before = iter(w["input_ids"] for w in expected_rows(nodes, exactly_once=False))
+        assert all(any(g["input_ids"] == ids for ids in before) for g in got)  # a subsequence, in order

@@ -61,9 +61,39 @@ def test_a_warehouse_of_release_2_gets_the_token_rows_table(tmp_path):
     worked_example(n, "a_g0")
     summary = build_night(n.write(), out, DS)
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 8
         assert con.execute("SELECT count(*) FROM token_rows").fetchone()[0] == summary.load.tokens.read > 0
     assert summary.numbers.ok_rollouts == 1
+
+
+def test_a_warehouse_of_release_7_gets_where_rows_came_from_and_its_old_nights_stay_readable(tmp_path):
+    """Contract 5.3 (version 5): migration 008 adds rollouts' evidence, env, agent, temperature
+    and the audit's capture and evidence; a night published before keeps them null and is
+    still reported, a night built after fills them."""
+    from reassembler.audit.quality import night_quality
+
+    out = tmp_path / "out"
+    old = Night(tmp_path / "old", ds="2026-11-27")
+    worked_example(old, "a_g0")
+    build_night(old.write(), out, "2026-11-27")
+    with connect(out) as con:  # taken back to version 7, as a release before contract 5 left it
+        for table, columns in (
+            ("rollouts", ("evidence", "env", "agent", "temperature")),
+            ("audit", ("capture", "evidence")),
+        ):
+            for column in columns:
+                con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        con.execute("DELETE FROM schema_version")
+        con.execute("INSERT INTO schema_version VALUES (7, now()::TIMESTAMP)")
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0", metadata={"env": "swe", "agent": "solver"})
+    build_night(n.write(), out, DS)
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+        audit = dict(con.execute("SELECT CAST(ds AS VARCHAR), capture FROM audit").fetchall())
+        env = dict(con.execute("SELECT CAST(ds AS VARCHAR), env FROM rollouts").fetchall())
+        assert night_quality(con, "2026-11-27")["night"]["rollouts"] == 1
+    assert audit == {"2026-11-27": None, DS: "staged"} and env == {"2026-11-27": None, DS: "swe"}
 
 
 def test_a_warehouse_newer_than_this_release_is_refused(tmp_path):

@@ -37,6 +37,7 @@ CAPTURE_LABELS = {  # which capture a rollout was read from (CONTRACT.md 9)
     "local": "NeMo Gym local mode",
     "rebuilt": "Gym-rebuilt line",
     "verifiers": "verifiers trace",
+    "envelope": "Gym compaction envelope",
     "none": "none (no capture; given-up samples)",
     "unknown": "unknown (past the retention)",
 }
@@ -97,7 +98,11 @@ def _breakdowns(rollouts: list[dict], by: list[str] | None) -> tuple[dict[str, l
 def _compaction(rollouts: list[dict]) -> dict:
     ok = [r for r in rollouts if r["status"] == "ok"]
     # terminal mode masks these history_rewritten: several roots, or a verifiers trace of several rows
-    saved = [r for r in ok if (r["n_roots"] or 0) > 1 or (r.get("capture") == "verifiers" and r["n_segments"] > 1)]
+    saved = [
+        r
+        for r in ok
+        if (r["n_roots"] or 0) > 1 or (r.get("capture") in ("verifiers", "envelope") and r["n_segments"] > 1)
+    ]
     return {
         "compacted": sum((r["n_roots"] or 0) > 1 for r in rollouts),
         "segments": dict(sorted(Counter(r["n_segments"] for r in ok).items())),
@@ -107,6 +112,21 @@ def _compaction(rollouts: list[dict]) -> dict:
         "saved_rows": sum(r["n_segments"] for r in saved),
         "saved_tokens": sum(r["n_tokens"] for r in saved),
     }
+
+
+def _diagnosed(rollouts: list[dict]) -> list[dict]:
+    """Rollouts whose producer named a failure beside its verdict (NeMo Gym's `failure_kind`,
+    kept in the audit's metadata: CONTRACT.md 3.0 item 1), by kind: how many trained (a
+    degraded sample still measured validly) and how many were masked."""
+    kinds: dict[str, list[bool]] = defaultdict(list)
+    for r in rollouts:
+        m = json.loads(r["metadata"]) if r["metadata"] else None
+        if isinstance(m, dict) and (m.get("failure_kind") is not None or m.get("failure_reason") is not None):
+            kinds[str(m.get("failure_kind") or "(no kind)")].append(r["status"] == "ok")
+    return [
+        {"failure_kind": k, "rollouts": len(v), "ok": sum(v), "masked": len(v) - sum(v)}
+        for k, v in sorted(kinds.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    ]
 
 
 def night_quality(
@@ -171,6 +191,7 @@ def night_quality(
         "breakdowns": breakdowns,
         "metadata_keys": keys_used,
         "compaction": _compaction(rollouts),
+        "diagnosed": _diagnosed(rollouts),
         "rejects": rejects,
         "verdicts": verdicts,
     }

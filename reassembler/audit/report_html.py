@@ -209,6 +209,20 @@ def night_page(q: dict) -> str:
                 {1, 2, 3},
             )
         )
+    diagnosed = q.get("diagnosed") or []
+    if diagnosed:  # the producer's diagnosis beside a valid reward trains (CONTRACT.md 3.0 item 1)
+        parts.append(f"<h2>Diagnosed by the producer on {_e(ds)}</h2>")
+        parts.append(
+            "<p>Rollouts whose result line names a <code>failure_kind</code> / <code>failure_reason</code>. "
+            "Beside a valid reward it is a diagnosis of a sample the producer still measured: it trains.</p>"
+        )
+        parts.append(
+            _table(
+                ["failure_kind", "rollouts", "trained", "masked"],
+                [[_e(d["failure_kind"]), d["rollouts"], d["ok"], d["masked"]] for d in diagnosed],
+                {1, 2, 3},
+            )
+        )
     parts.append(f"<h2>Why rollouts were masked on {_e(ds)}</h2>")
     if q["reasons"]:
         fig = go.Figure(

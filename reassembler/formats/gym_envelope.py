@@ -340,7 +340,7 @@ def _read_calls(response: dict, contract: dict, records: list, events: dict[int,
         if not np.isfinite(la).all():
             raise masked(Reason.INVALID_LOGPROB, "a log probability is not finite")
         if (la > 0).any():
-            raise masked(Reason.INVALID_LOGPROB, f"log probability {la[la > 0][0]!r} > 0")
+            raise masked(Reason.INVALID_LOGPROB, f"log probability {float(la[la > 0][0])!r} > 0")
         recomputed = canonical_digest(p, g, lp)  # 8.6
         if v2:
             written = _v2_digest(record)

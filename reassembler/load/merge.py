@@ -108,11 +108,14 @@ def merge_parts(con, plan: LoadPlan, folder: str, settings: Settings = DEFAULTS)
         run_script(con, "merge_ledger", {"ds": ds})
         con.unregister("part_bases")
         [[rollouts_loaded]] = con.execute("SELECT count(*) FROM m_kept").fetchall()
-        [traces] = con.execute(
-            "SELECT count(*), count(capture_reason) FROM rollouts "
-            "WHERE ds = CAST($ds AS DATE) AND capture = 'verifiers'",
-            {"ds": ds},
-        ).fetchall()
+        counted = dict(
+            (capture, (n, masked))
+            for capture, n, masked in con.execute(
+                "SELECT capture, count(*), count(capture_reason) FROM rollouts "
+                "WHERE ds = CAST($ds AS DATE) AND capture IN ('verifiers', 'envelope') GROUP BY capture",
+                {"ds": ds},
+            ).fetchall()
+        )
         rollout_lines = sum(m["rollout_lines"] for m in markers)
         gym, failed = decide(con, night, rollouts_loaded, sum(m["failures_read"] for m in markers))
         rejects.flush()
@@ -150,7 +153,8 @@ def merge_parts(con, plan: LoadPlan, folder: str, settings: Settings = DEFAULTS)
         sidecars=tuple(night.sidecars),
         gym=gym,
         other_rejects=counts.get("failures", 0) + counts.get("capture", 0),
-        traces=traces,
+        traces=counted.get("verifiers", (0, 0)),
+        envelopes=counted.get("envelope", (0, 0)),
     )
     for name in ("rollouts", "ledger", "tokens"):
         c = getattr(summary, name)

@@ -70,6 +70,7 @@ class LoadSummary:
     gym: GymSummary = field(default_factory=GymSummary)  # NeMo Gym's own capture (gym_capture.py)
     other_rejects: int = 0  # failures rows and capture files rejected
     traces: tuple[int, int] = (0, 0)  # verifiers rollouts loaded, and masked by their trace's checks
+    envelopes: tuple[int, int] = (0, 0)  # NeMo Gym compaction-agent lines loaded, and masked by their checks
 
     @property
     def n_rollouts(self) -> int:
@@ -90,6 +91,11 @@ class LoadSummary:
             out.append(
                 f"{'traces':<9}{self.traces[0]} rollouts from verifiers traces files "
                 f"({self.traces[1]} masked by their trace checks)"
+            )
+        if self.envelopes[0]:
+            out.append(
+                f"{'envelope':<9}{self.envelopes[0]} NeMo Gym compaction-agent lines "
+                f"({self.envelopes[1]} masked by their envelope checks)"
             )
         if self.sidecars:
             out.append(

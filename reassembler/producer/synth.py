@@ -287,8 +287,9 @@ class _Injector:
         ]
 
     # rollout checks
-    def rollout_failed(self):
+    def rollout_failed(self):  # a failure with no measured reward (a diagnosis beside one trains: 3.0 item 1)
         self.record["failure_reason"] = "environment crashed"
+        self.record["reward"] = None
 
     def invalid_reward(self):
         self.record["reward"] = float("nan")
