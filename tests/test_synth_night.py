@@ -14,7 +14,7 @@ from reassembler.settings import Options, Settings
 
 DS = "2026-11-28"
 CFG = SynthConfig(
-    rollouts=200,
+    rollouts=260,
     seed=11,
     fault_rate=0.5,
     min_calls=5,
@@ -129,7 +129,8 @@ def test_the_night_holds_every_producer_shape_as_written(synth):
     shapes = {}
     for e in expected.values():
         shapes.setdefault(e["shape"], []).append(e)
-    assert set(shapes) == {"plain", "lineage", "gym", "local", "rebuilt", "verifiers"}
+    assert set(shapes) == {"plain", "lineage", "gym", "local", "rebuilt", "verifiers", "envelope"}
+    assert len({e["fault"] for e in shapes["envelope"]} - {None}) >= 6  # compaction-agent lines (CONTRACT.md 11)
     assert len({e["fault"] for e in shapes["gym"]} - {None}) >= 10  # faults reach Gym's shape too
     assert len({e["fault"] for e in shapes["local"]} - {None}) >= 8
     assert len({e["fault"] for e in shapes["verifiers"]} - {None}) >= 6  # verifiers traces (CONTRACT.md 10)
@@ -160,7 +161,7 @@ def test_the_night_holds_every_producer_shape_as_written(synth):
     assert sum("schema_version" in r for r in captured) <= 2  # only the unsupported_version fault
     results = [json.loads(line) for line in open(root / "input" / "rollouts" / f"ds={DS}" / "rollouts-00000.jsonl")]
     gym_results = [r for r in results if "_ng_task_index" in r]
-    assert len(gym_results) == len(shapes["gym"]) + len(shapes["local"]) + len(shapes["rebuilt"])
+    assert len(gym_results) == sum(len(shapes[s]) for s in ("gym", "local", "rebuilt", "envelope"))
     rebuilt = [r for r in gym_results if "_ng_token_capture" in r]
     assert len(rebuilt) == len(shapes["rebuilt"]) and all(
         any("generation_token_ids" in item for item in r["response"]["output"]) for r in rebuilt

@@ -23,7 +23,7 @@ class SynthConfig:
     vocab: int = 151_936
     # plain, lineage, gym (staged), local (Gym's local mode), rebuilt (lines Gym rebuilt
     # itself), verifiers (traces.jsonl)
-    shape_shares: tuple[float, ...] = (0.28, 0.09, 0.33, 0.14, 0.09, 0.07)
+    shape_shares: tuple[float, ...] = (0.26, 0.08, 0.3, 0.13, 0.08, 0.07, 0.08)
     only_shape: str | None = None  # every group in this shape (the draws stay the same)
     local_delta: float = 0.5  # share of local-mode rollouts written with delta prompts
     rollouts_per_ledger_file: int = 50

@@ -180,3 +180,78 @@ def compacting_calls(seed: int, n_calls: int, compact_at: Sequence[int], vocab: 
         calls.append(EnvelopeCall(prompt, generated, logprobs, starts_segment=k in compact_at))
         seen = prompt + generated
     return calls
+
+
+# fault kind (synth.FAULTS' names where one applies) -> the reason 11.4 gives it
+FAULTS = {
+    "rollout_failed": "rollout_failed",
+    "invalid_reward": "invalid_reward",
+    "producer_masked": "producer_masked",
+    "unsupported_version": "unsupported_version",
+    "invalid_record": "invalid_record",
+    "missing_tokens": "missing_tokens",
+    "unmatched_output": "unmatched_output",
+    "length_mismatch": "length_mismatch",
+    "empty_generation": "empty_generation",
+    "invalid_token": "invalid_token",
+    "invalid_logprob": "invalid_logprob",
+    "digest_mismatch": "digest_mismatch",
+    "field_mismatch": "field_mismatch",
+    "broken_chain": "broken_chain",
+    "prefix_mismatch": "prefix_mismatch",
+    "empty_selection": "empty_selection",
+}
+
+
+def inject(record: dict, fault: str, rng) -> None:
+    """One fault in an envelope line (FAULTS), on a call drawn from `rng` where it names one."""
+    response = record["response"]
+    items = [item for item in response["output"] if item.get("generation_token_ids") is not None]
+    evidence = response["model_call_metadata"]
+    k = int(rng.integers(len(items)))
+    item, meta = items[k], evidence[k]
+    if fault == "rollout_failed":
+        record.update(failure_kind="env_error", failure_reason="the resources server crashed", reward=None)
+    elif fault == "invalid_reward":
+        record["reward"] = None
+    elif fault == "producer_masked":
+        record.update(mask_sample=True, failure_kind="judge_refused", failure_reason="no verdict")
+    elif fault == "unsupported_version":
+        response["context_compaction_contract"]["schema_version"] = 4
+    elif fault == "invalid_record":
+        meta["turn_id"] = str(meta["turn_id"])
+    elif fault == "missing_tokens":
+        del item["generation_token_ids"]
+    elif fault == "unmatched_output":
+        evidence.pop()
+    elif fault == "length_mismatch":
+        item["generation_log_probs"].append(-1.0)
+    elif fault == "empty_generation":
+        item["generation_token_ids"], item["generation_log_probs"] = [], []
+    elif fault == "invalid_token":
+        item["generation_token_ids"][-1] = -5
+    elif fault == "invalid_logprob":
+        item["generation_log_probs"][-1] = None if rng.random() < 0.5 else 0.25
+    elif fault == "digest_mismatch":  # a generated token changed after Gym took the digest
+        item["generation_token_ids"][-1] = (item["generation_token_ids"][-1] + 1) % 2**31
+    elif fault == "field_mismatch":
+        meta["rollout_id"] = "another-rollout"
+    elif fault == "broken_chain":  # a call lost: the steps after it skip one
+        for later in evidence[k:]:
+            later["turn_id"] += 1
+    elif fault == "prefix_mismatch":  # a break no boundary event declares (or, without one, a rewritten prompt)
+        if response["boundary_events"]:
+            response["boundary_events"].pop(int(rng.integers(len(response["boundary_events"]))))
+        else:
+            target = items[-1] if len(items) > 1 else None
+            if target is None:  # one call: nothing to break from; a second call that does not extend it
+                raise ValueError("prefix_mismatch needs two calls")
+            target["prompt_token_ids"][0] = (target["prompt_token_ids"][0] + 1) % 2**31
+            evidence[-1]["generation_evidence_digest"] = canonical_digest(
+                target["prompt_token_ids"], target["generation_token_ids"], target["generation_log_probs"]
+            )
+    elif fault == "empty_selection":
+        for meta in evidence:
+            meta["eligible"] = False
+    else:
+        raise ValueError(f"no such envelope fault: {fault}")

@@ -6,7 +6,7 @@ next call's mask-0 tokens), ending with an assistant message. Some rollouts comp
 context (a summarizer call left off-chain, then a new root); some calls are retried (the
 rejected attempt stays off-chain); some rollouts carry a poison row.
 
-Each group is written in one of five producer shapes (SHAPES):
+Each group is written in one of seven producer shapes (SHAPES):
 
 - `plain`: the contract's own layout (rollout_id/group_id/slot, per-item `output_items`,
   shared ledger files);
@@ -27,7 +27,9 @@ Each group is written in one of five producer shapes (SHAPES):
   `response.output`, `_ng_token_capture`, the capture retired (a state tombstone);
 - `verifiers`: PrimeIntellect verifiers' Episode lines in `traces.jsonl` (10): each call an
   observation node and a sampled node, each compaction a summary attempt that the next
-  root accepts (every other one after an attempt it does not), no ledger or token row.
+  root accepts (every other one after an attempt it does not), no ledger or token row;
+- `envelope`: result lines NeMo Gym's compaction agent writes (11): every call's tokens in
+  `response.output`, its evidence digest, a boundary event at each compaction.
 
 Token files of the other shapes cycle through every accepted column type.
 
@@ -62,12 +64,15 @@ from .capture import (
     write_token_file,
 )
 from .config import SynthConfig
+from .gym_envelope import FAULTS as ENVELOPE_FAULTS
+from .gym_envelope import Envelope, EnvelopeCall, envelope_record
+from .gym_envelope import inject as inject_envelope
 from .gym_local import local_entries, rebuilt_output, write_local_capture
 from .verifiers import FAULTS as VERIFIERS_FAULTS
 from .verifiers import call_nodes, episode, episode_line, inject, trace
 
-SHAPES = ("plain", "lineage", "gym", "local", "rebuilt", "verifiers")
-GYM_SHAPES = ("gym", "local", "rebuilt")  # result lines as NeMo Gym writes them
+SHAPES = ("plain", "lineage", "gym", "local", "rebuilt", "verifiers", "envelope")
+GYM_SHAPES = ("gym", "local", "rebuilt", "envelope")  # result lines as NeMo Gym writes them
 
 # fault kind -> (reason under select mode, reason under terminal mode or None = not predicted,
 #                needs a rollout without compaction)
@@ -128,6 +133,7 @@ SHAPE_FAULTS: dict[str, set[str]] = {
     }
     | {"capture_incomplete", "capture_retired", "prefix_mismatch"},
     "verifiers": set(VERIFIERS_FAULTS),
+    "envelope": set(ENVELOPE_FAULTS),
     "rebuilt": {
         "rollout_failed",
         "invalid_reward",
@@ -583,6 +589,9 @@ def synth_night(output: str | Path, ds: str, cfg: SynthConfig = SynthConfig()) -
         if shape == "verifiers":
             _verifiers_trace(writer, gen, ro, fault, group, totals)
             continue
+        if shape == "envelope":
+            _envelope_line(writer, gen, ro, fault, group, slot, totals)
+            continue
         if shape in ("local", "rebuilt"):
             _gym_own_capture(writer, gen, cfg, ro, shape, fault, group, slot, totals)
             continue
@@ -930,6 +939,45 @@ def _verifiers_trace(writer: _Writer, gen: _Gen, ro: _Rollout, fault: str | None
     writer.expected.write(json.dumps({"rollout_id": rid, "shape": "verifiers", "fault": fault, **expected}) + "\n")
     totals["calls"] += sum(n["sampled"] is True for n in nodes)
     totals["tokens"] += sum(len(n["token_ids"]) for n in nodes)
+
+
+def _envelope_line(
+    writer: _Writer, gen: _Gen, ro: _Rollout, fault: str | None, group: int, slot: int, totals: dict
+) -> None:
+    """A rollout of the `envelope` shape: the result line NeMo Gym's compaction agent writes
+    (CONTRACT.md 11), its accepted calls as the agent's steps (each call's prompt the whole
+    request: the segment's tokens so far, then the call's new mask-0 tokens), a new segment
+    under a boundary event at every root after the first; retries, summaries and poison rows
+    are not written (the agent declares only the calls it kept). And its expected outcome."""
+    calls: list[EnvelopeCall] = []
+    seen: list[int] = []
+    for c in ro.accepted:
+        ids, mask, logprobs = np.asarray(c.ids), np.asarray(c.mask), np.asarray(c.logprobs)
+        new, generated = ids[mask == 0].tolist(), ids[mask == 1].tolist()
+        starts = c.parent is None
+        prompt = new if starts else seen + new
+        if starts and seen and prompt[: len(seen)] == seen:  # a rewrite shows as a break
+            prompt = [(prompt[0] + 1) % gen.cfg.vocab] + prompt[1:]
+        calls.append(EnvelopeCall(prompt, generated, logprobs[mask == 1].tolist(), starts_segment=starts))
+        seen = prompt + generated
+    if fault == "prefix_mismatch" and len(calls) < 2:
+        fault = "digest_mismatch"  # one call breaks from nothing
+    record = envelope_record(Envelope(group, slot, calls, reward=float(np.round(gen.rng.random(), 3))))
+    if fault is not None:
+        inject_envelope(record, fault, gen.rng)
+    writer.rollouts.write(json.dumps(record, separators=(",", ":")) + "\n")
+    reason = R(ENVELOPE_FAULTS[fault]) if fault else None
+    rows = len(record["response"]["boundary_events"]) + 1 if reason is None else 0
+    expected = {
+        "select": _expect(reason, rows),
+        "strict": _expect(reason, rows),
+        "terminal": _expect(reason or (R.HISTORY_REWRITTEN if rows > 1 else None), 1),
+    }
+    writer.expected.write(
+        json.dumps({"rollout_id": f"{group}-{slot}", "shape": "envelope", "fault": fault, **expected}) + "\n"
+    )
+    totals["calls"] += len(calls)
+    totals["tokens"] += sum(len(c.prompt) + len(c.generated) for c in calls)
 
 
 def read_expected(output: str | Path, ds: str) -> dict[str, dict]:
