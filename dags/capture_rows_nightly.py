@@ -219,13 +219,15 @@ def capture_rows_nightly():
     def plan_load(input_dir: str, output_dir: str, night_ds: str, params=None, run_id=None) -> list[int]:
         """Cut the night's input into load parts, written into the run's folder. Returns the
         part numbers, which load_part is mapped over."""
-        from reassembler.formats.night import find_night
+        from reassembler.formats.night import check_output_apart, find_night
         from reassembler.load.parts import plan_parts, write_plan
         from reassembler.publish.protocol import staging_dir
 
         settings = task_settings(params, POOL)
         with task_errors():
-            plan = plan_parts(find_night(input_dir, night_ds), settings.load_parts)
+            night = find_night(input_dir, night_ds)
+            check_output_apart(night, output_dir)
+            plan = plan_parts(night, settings.load_parts)
             write_plan(staging_dir(output_dir, night_ds, run_id), plan)
         print(f"ds={night_ds}: {plan.input_bytes:,} bytes of input in {len(plan.parts)} load parts")
         return list(range(len(plan.parts)))

@@ -22,6 +22,7 @@ from multiprocessing import get_context
 from . import progress, storage
 from .errors import InputError
 from .formats.locations import Inputs
+from .formats.night import check_output_apart
 from .load.night_load import NightLoad, PartsLoaded
 from .load.part_load import clear_parts
 from .load.read import LoadSummary
@@ -169,6 +170,7 @@ def build_loaded(load: NightLoad, output_dir, run_id: str | None = None, warehou
     once in worker processes, which read their plans from the output store, as Airflow's
     mapped tasks do."""
     settings, ds = load.settings, load.ds
+    check_output_apart(load.night, output_dir)
     warehouse = Warehouse(output_dir, settings.duckdb, warehouse_file)
     parallel = settings.workers > 1 and settings.shards > 1
     # the shards run on this machine: on object storage their plans stay on local disk

@@ -15,7 +15,7 @@ import os
 import sys
 
 from . import progress, storage
-from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, InputError, classify
+from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, EXIT_USAGE, InputError, classify
 from .formats.locations import LAYOUTS, Inputs
 from .producer.config import SynthConfig
 from .settings import (
@@ -73,19 +73,35 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """--help shows every option's default."""
 
 
+class UsageError(Exception):
+    """A command line the parser refuses: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """No abbreviations (`--shard 2` is not `--shards 2`), and a usage error is one line
+    naming the wrong argument (`main` prints it), not argparse's usage block: the usage is
+    one `--help` away."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+VERBOSE_HELP = "log progress to stderr (-v: steps and summaries, -vv: every batch)"
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reassembler", description=__doc__.splitlines()[0], formatter_class=_Help)
-    p.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        help="log progress to stderr (-v: steps and summaries, -vv: every batch)",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="reassembler", description=__doc__.splitlines()[0], formatter_class=_Help)
+    p.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, formatter_class=_Help)
+        c = sub.add_parser(name, help=help, formatter_class=_Help)
+        c.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+        return c
 
     b = command("build", "build one night: rows and audit partitions")
     b.add_argument(
@@ -278,6 +294,14 @@ def run(args) -> int:
             f"rows:  {args.output}/rows/ds={args.ds}/\naudit: {args.output}/audit/ds={args.ds}/\n"
             f"manifest: {args.output}/_published/ds={args.ds}.json\nwarehouse: {warehouse} (run {s.run_id})"
         )
+        from .publish.protocol import read_manifest
+
+        manifest, _ = read_manifest(args.output, args.ds)
+        replaced = (manifest or {}).get("replaces") if (manifest or {}).get("run_id") == s.run_id else None
+        if replaced and replaced.get("run_id"):
+            print(
+                f"replaced: run {replaced['run_id']}, the night's previous publish (its files kept for the grace period)"
+            )
     elif args.command == "synth":
         if args.min_calls > args.max_calls or args.min_calls < 5:
             raise InputError("synth: --min-calls must be >= 5 and <= --max-calls")
@@ -339,8 +363,42 @@ def run(args) -> int:
     return 0
 
 
+def _unknown_options(p: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The first `--option` of `argv` its command does not know, with the nearest known one:
+    reported before argparse would report a required option as missing (`--ouput` for
+    `--output`)."""
+    import difflib
+
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    command = next((a for a in argv if a in sub.choices), None)
+    known = set(p._option_string_actions)
+    if command is not None:
+        known |= set(sub.choices[command]._option_string_actions)
+    for arg in argv:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if name.startswith("--") and name not in known:
+            near = difflib.get_close_matches(name, sorted(k for k in known if k.startswith("--")), n=1)
+            where = f"`{command}`" if command else "reassembler"
+            help_of = f"reassembler {command} --help" if command else "reassembler --help"
+            return (
+                f"{where} has no option {name}" + (f": did you mean {near[0]}?" if near else "") + f" (see `{help_of}`)"
+            )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = parser()
+    try:
+        unknown = _unknown_options(p, argv)
+        if unknown is not None:
+            raise UsageError(unknown)
+        args = p.parse_args(argv)
+    except UsageError as e:
+        print(f"reassembler: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     logger = logging.getLogger("reassembler")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))

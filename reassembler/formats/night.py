@@ -131,6 +131,29 @@ def _carry_tokens(rels: list[str], rollouts: Location) -> bool:
     return False
 
 
+def check_output_apart(night: NightFiles, output) -> None:
+    """InputError when the output root is an input location of the night or lies inside one
+    (rows, audit and the warehouse would land beside the capture, and a later night's listing
+    would read them): each compared as written and, locally, with its links resolved."""
+    out = storage.location(output)
+
+    def forms(loc: str) -> set[str]:
+        return {loc} if storage.is_remote(loc) else {loc, os.path.realpath(loc)}
+
+    places = {"input": night.root, **night.folders}
+    for kind, folder in places.items():
+        if not folder:
+            continue
+        for o in forms(out):
+            for f in forms(storage.location(folder)):
+                if o == f or o.startswith(f.rstrip("/") + "/"):
+                    relation = "is" if o == f else "lies inside"
+                    raise InputError(
+                        f"{output}: the output {relation} the {kind} location {folder}; "
+                        "choose an output root outside the night's input"
+                    )
+
+
 class _Listings:
     """Each folder listed once, whichever kinds name it: on object storage everything under
     it at once (a prefix exists when it holds an object), locally a walk per suffix."""
