@@ -68,13 +68,50 @@ def test_missing_input_exits_2_with_one_line_naming_the_folder(tmp_path, capsys)
     assert not (tmp_path / "o" / "rows").exists()
 
 
-def test_bad_usage_exits_2(tmp_path, capsys):
-    import pytest
+def _usage_error(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("reassembler: error: "), err  # one line, no usage block
+    return err.strip()
 
-    with pytest.raises(SystemExit) as e:
-        main(["build", "--input", "x", "--output", "y", "--ds", "28-11-2026"])
-    assert e.value.code == 2
-    assert "ds must be a date written YYYY-MM-DD, got '28-11-2026'" in capsys.readouterr().err
+
+def test_bad_usage_exits_2_with_one_line_naming_the_argument(tmp_path, capsys):
+    err = _usage_error(["build", "--input", "x", "--output", "y", "--ds", "28-11-2026"], capsys)
+    assert "ds must be a date written YYYY-MM-DD, got '28-11-2026'" in err and "reassembler build --help" in err
+    err = _usage_error(["build", "--ouput", "o", "--input", "i", "--ds", DS], capsys)  # not "--output required"
+    assert "`build` has no option --ouput: did you mean --output?" in err
+    err = _usage_error(["build", "--shard", "2", "--output", "o", "--input", "i", "--ds", DS], capsys)
+    assert "has no option --shard: did you mean --shards?" in err  # no prefix matching
+    err = _usage_error(["build", "--output", "o", "--input", "i"], capsys)
+    assert "the following arguments are required: --ds" in err
+    err = _usage_error(["gate", "--output", "o", "--ds", DS, "--max-mask", "0.1"], capsys)
+    assert "did you mean --max-mask-rate?" in err
+    assert "invalid choice: 'buidl'" in _usage_error(["buidl"], capsys)
+
+
+def test_an_output_inside_or_equal_to_an_input_location_is_refused(tmp_path, night, capsys):
+    worked_example(night, "group_g0")
+    inp = night.write()
+    for out in (inp, inp / "out", inp / "rollouts" / f"ds={DS}"):
+        assert main(["build", "--input", str(inp), "--output", str(out), "--ds", DS]) == 2
+        err = capsys.readouterr().err
+        assert f"reassembler: error: {out}: the output" in err and "choose an output root outside" in err
+        assert not (out / "rows").exists() and not (out / "warehouse.duckdb").exists()
+    link = tmp_path / "link-to-input"
+    link.symlink_to(inp)
+    assert main(["build", "--input", str(inp), "--output", str(link / "o"), "--ds", DS]) == 2  # links resolved
+    assert "lies inside the input location" in capsys.readouterr().err
+
+
+def test_a_rerun_says_which_run_it_replaced(tmp_path, night, capsys):
+    worked_example(night, "group_g0")
+    inp, out = night.write(), tmp_path / "out"
+    assert main(["build", "--input", str(inp), "--output", str(out), "--ds", DS]) == 0
+    first = capsys.readouterr().out
+    assert "replaced:" not in first
+    run = first.split("(run ")[1].split(")")[0]
+    assert main(["build", "--input", str(inp), "--output", str(out), "--ds", DS]) == 0
+    assert f"replaced: run {run}, the night's previous publish" in capsys.readouterr().out
 
 
 def test_help_shows_every_default(capsys):
@@ -96,9 +133,12 @@ def test_help_shows_every_default(capsys):
 
 def test_verbose_logs_the_steps(tmp_path, night, capsys):
     worked_example(night, "group_g0")
-    assert main(["-v", "build", "--input", str(night.write()), "--output", str(tmp_path / "o"), "--ds", DS]) == 0
-    err = capsys.readouterr().err
-    assert "loaded ds=2026-11-28" in err and "shard 0: 1 rollouts, 1 ok" in err and "published ds=2026-11-28" in err
+    inp = str(night.write())
+    for argv in (["-v", "build"], ["build", "-v"], ["build", "--input", inp, "-v"]):  # -v anywhere
+        args = argv + ([] if "--input" in argv else ["--input", inp])
+        assert main([*args, "--output", str(tmp_path / "o"), "--ds", DS]) == 0
+        err = capsys.readouterr().err
+        assert "loaded ds=2026-11-28" in err and "shard 0: 1 rollouts, 1 ok" in err and "published ds=2026-11-28" in err
 
 
 def test_console_script_is_installed(tmp_path):

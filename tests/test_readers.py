@@ -1,5 +1,6 @@
 """The README's snippets for reading the rows, run as written on two nights whose rollout ids
-repeat (as NeMo Gym's do): each reader keeps the nights apart by the `ds` column, a date."""
+repeat (as NeMo Gym's do): each reader's plain call on `<output>/rows` works, and keeps the
+nights apart by the `ds` column (the night, as text or a date)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ def _columns(rows) -> tuple[list, list]:
     """(ds values, row_id values) of whatever the reader returned."""
     if hasattr(rows, "to_pydict") and not hasattr(rows, "features"):  # pyarrow
         return rows.column("ds").to_pylist(), rows.column("row_id").to_pylist()
-    if hasattr(rows, "features"):  # datasets
-        return rows["ds"], rows["row_id"]
+    if hasattr(rows, "features"):  # datasets, streamed
+        read = list(rows)
+        return [r["ds"] for r in read], [r["row_id"] for r in read]
     if hasattr(rows, "get_column"):  # polars
         return rows.get_column("ds").to_list(), rows.get_column("row_id").to_list()
     return list(rows["ds"]), list(rows["row_id"])  # pandas
@@ -54,19 +56,43 @@ def test_each_readme_snippet_keeps_two_nights_apart(output, k):
     per_night = pq.read_table(output / "rows" / f"ds={NIGHTS[0]}").num_rows
     assert len(row_id) == 2 * per_night
     assert {(d.isoformat() if isinstance(d, datetime.date) else str(d)) for d in ds} == set(NIGHTS)
-    assert all(isinstance(d, datetime.date) for d in ds)  # a date, whichever the reader
     assert len(set(row_id)) == per_night  # row ids repeat across nights ...
     assert len(set(zip(ds, row_id))) == 2 * per_night  # ... (ds, row_id) does not
 
 
-def test_the_files_themselves_carry_ds_as_date32(output):
+def test_the_files_themselves_carry_ds_as_the_folder_names_type(output):
+    """Each file says its night (a file read alone, the manifest's readers), typed as pyarrow's
+    hive partitioning types the folder, so that the two merge."""
     import pyarrow as pa
+    import pyarrow.dataset as pads
 
     for kind in ("rows", "audit"):
         for ds in NIGHTS:
-            table = pq.read_table(output / kind / f"ds={ds}", partitioning=None)
-            assert table.schema.field("ds").type == pa.date32()
-            assert set(table.column("ds").to_pylist()) == {datetime.date.fromisoformat(ds)}
+            for part in (output / kind / f"ds={ds}").glob("*.parquet"):
+                table = pq.read_table(part)
+                assert table.schema.field("ds").type == pa.dictionary(pa.int32(), pa.string())
+                assert set(table.column("ds").to_pylist()) == {ds}
+        hive = pads.HivePartitioning.discover(infer_dictionary=True)  # pq.read_table's and pandas'
+        assert pads.dataset(output / kind, partitioning=hive).schema.field("ds").type == table.schema.field("ds").type
+
+
+def test_the_plain_calls_read_every_night_of_the_audit_too(output):
+    import pandas as pd
+    import polars as pl
+
+    n = pq.read_table(output / "audit" / f"ds={NIGHTS[0]}").num_rows
+    assert pq.read_table(output / "audit").num_rows == pd.read_parquet(output / "audit").shape[0] == 2 * n
+    assert pl.read_parquet(output / "audit").height == 2 * n
+
+
+def test_the_datasets_snippet_leaves_no_copy_in_its_cache(output, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    for _ in range(2):  # a rerun neither
+        namespace = {"OUTPUT": str(output)}
+        exec(snippets()[4], namespace)
+        assert len(list(namespace["rows"])) > 0
+    cached = [p for p in (tmp_path / "hf-cache").rglob("*") if p.is_file() and p.suffix == ".arrow"]
+    assert cached == []
 
 
 def test_runs_are_recorded_under_their_own_ids(tmp_path):

@@ -1,6 +1,7 @@
 """Output tables (CONTRACT.md 5.1 and 5.2): training rows and audit rows as Arrow.
 
-Both carry the night as their first column, `ds` (date32), beside the contract's columns:
+Both carry the night as their first column, `ds` (its YYYY-MM-DD text, dictionary-encoded as
+hive-partitioned readers type the folder name), beside the contract's columns:
 Gym's rollout ids repeat every night, so (ds, row_id) and (ds, rollout_id) are the keys
 across nights, whichever reader drops the partition folder's name.
 
@@ -15,9 +16,14 @@ from datetime import date
 import numpy as np
 import pyarrow as pa
 
+# The night: its YYYY-MM-DD text, dictionary-encoded, the type every hive-partitioned reader
+# gives the `ds=<ds>` folder name (pyarrow, pandas): a plain read of `<output>/rows` then merges
+# the files' column with the folder's instead of refusing two types (README, choices).
+NIGHT_TYPE = pa.dictionary(pa.int32(), pa.string())
+
 ROW_SCHEMA = pa.schema(
     [
-        ("ds", pa.date32()),
+        ("ds", NIGHT_TYPE),
         ("row_id", pa.string()),
         ("rollout_id", pa.string()),
         ("group_id", pa.string()),
@@ -53,7 +59,7 @@ ROW_WRITE_OPTIONS = {
 
 AUDIT_SCHEMA = pa.schema(
     [
-        ("ds", pa.date32()),
+        ("ds", NIGHT_TYPE),
         ("rollout_id", pa.string()),
         ("group_id", pa.string()),
         ("slot", pa.int32()),
@@ -172,7 +178,9 @@ def prompt_len(batch, rows: list[int]) -> int:
 
 
 def _night(ds: str, n: int) -> pa.Array:
-    return pa.array([date.fromisoformat(ds)], pa.date32()).take(pa.array([0] * n, pa.int32()))
+    return pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(n, np.int32)), pa.array([date.fromisoformat(ds).isoformat()])
+    )
 
 
 def audit_table(outcomes, batch, run_id: str, ds: str) -> pa.Table:
