@@ -299,9 +299,7 @@ def run(args) -> int:
         manifest, _ = read_manifest(args.output, args.ds)
         replaced = (manifest or {}).get("replaces") if (manifest or {}).get("run_id") == s.run_id else None
         if replaced and replaced.get("run_id"):
-            print(
-                f"replaced: run {replaced['run_id']}, the night's previous publish (its files kept for the grace period)"
-            )
+            print(f"replaced: run {replaced['run_id']}, the night's previous publish (kept for the grace period)")
     elif args.command == "synth":
         if args.min_calls > args.max_calls or args.min_calls < 5:
             raise InputError("synth: --min-calls must be >= 5 and <= --max-calls")
