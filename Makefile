@@ -6,7 +6,12 @@ STAMP     := $(VENV)/.installed
 DS        ?= 2026-11-28
 SEED      ?= 7
 ROLLOUTS  ?= 240
-.PHONY: venv run test lint bench airflow airflow-celery airflow-stop lock clean
+# The other Pythons the package supports: the install from requirements.lock, then the core's
+# tests (no Airflow service, browser or Celery cluster), each in .venv-<version>/ (`.ci/run`)
+PYTHONS   ?= 3.12 3.13
+AIRFLOW_TESTS := test_celery test_dag test_demo test_gym_envelope_dag test_quality_ui test_report_page \
+                 test_scheduler test_verifiers_dag
+.PHONY: venv run test test-core test-pythons lint bench airflow airflow-celery airflow-stop lock clean
 
 venv: $(STAMP)
 
@@ -22,6 +27,16 @@ run: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
+
+test-core: $(STAMP)
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -p no:cacheprovider $(foreach t,$(AIRFLOW_TESTS),--ignore=tests/$(t).py)
+
+test-pythons:
+	@for v in $(PYTHONS); do \
+	  py="$$(bash scripts/find_python.sh $$v)" || exit 1; \
+	  echo "== Python $$v ($$py): install from requirements.lock, then the core's tests"; \
+	  $(MAKE) --no-print-directory PY="$$py" VENV=.venv-$$v test-core || exit 1; \
+	done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -47,4 +62,4 @@ lock:
 	  /tmp/reassembler-lock/bin/pip freeze --all | grep -v "^pip=="; } > requirements.lock
 
 clean:
-	rm -rf $(VENV) .airflow data
+	rm -rf $(VENV) .venv-3.* .airflow data

@@ -237,8 +237,9 @@ def gate_step(
     by: list[str] | None = None,
 ) -> list[dict]:
     """Check the night against `thresholds`, record the verdict in the warehouse and rewrite
-    the report so that it shows it; return the breaches (empty: the night passed)."""
-    from .audit.quality import gate, night_quality, record_verdict
+    the report so that it shows it; return every check (audit/quality.py's gate_checks: value,
+    limit, margin, status); the night passed when none has status `breach`."""
+    from .audit.quality import gate_checks, night_quality, record_verdict
     from .audit.report_html import write_reports
 
     output = warehouse.output_dir
@@ -246,7 +247,7 @@ def gate_step(
         quality = night_quality(con, ds, nights, by, traces=False)
         if quality["night"] is None:
             raise InputError(f"{output}: no published night {ds} to check")
-        breaches = gate(quality, thresholds)
-        record_verdict(con, ds, run_id, breaches)
+        checks = gate_checks(quality, thresholds)
+        record_verdict(con, ds, run_id, checks)
         write_reports(con, output, ds, nights, by)
-    return breaches
+    return checks

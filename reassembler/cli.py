@@ -346,18 +346,22 @@ def run(args) -> int:
 
         print(report(args.output, args.warehouse))
     elif args.command == "gate":
+        from .audit.quality import breaches_of, check_lines
         from .build import gate_step
         from .warehouse import Warehouse
 
         thresholds = Thresholds(args.max_mask_rate, args.max_reason_rate, args.max_mask_rate_rise, args.max_rejects)
-        breaches = gate_step(Warehouse(args.output, path=args.warehouse), args.ds, None, thresholds)
+        checks = gate_step(Warehouse(args.output, path=args.warehouse), args.ds, None, thresholds)
+        print("\n".join(check_lines(checks)))  # every check: value against limit, margin, status
+        breaches = breaches_of(checks)
         if breaches:
             print(
                 f"reassembler: quality gate breached for ds={args.ds}: " + "; ".join(b["message"] for b in breaches),
                 file=sys.stderr,
             )
             return EXIT_GATE
-        print(f"quality gate passed for ds={args.ds}")
+        warned = sum(c["status"] == "warn" for c in checks)
+        print(f"quality gate passed for ds={args.ds}" + (f" ({warned} near the limit)" if warned else ""))
     return 0
 
 

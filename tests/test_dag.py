@@ -33,6 +33,8 @@ def pool(request, monkeypatch):
     """The DAG parsed without and with the warehouse pool (REASSEMBLER_WAREHOUSE_POOL), the
     warehouse's tasks on their own queue."""
     monkeypatch.setenv("REASSEMBLER_WAREHOUSE_QUEUE", "warehouse-host")
+    # the DAG module reads them when it is imported: a dag-processor parses in a fresh process
+    monkeypatch.delitem(sys.modules, "reassembler_airflow.dag", raising=False)
     if request.param is None:
         monkeypatch.delenv("REASSEMBLER_WAREHOUSE_POOL", raising=False)
     else:

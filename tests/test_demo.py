@@ -142,6 +142,26 @@ def test_stop_never_signals_a_pid_another_program_took_over(tmp_path):
 # ---------------------------------------------------------------- make airflow
 
 
+def bound_addresses(port: int) -> set[str]:
+    """The local addresses a listening TCP socket on `port` is bound to (/proc/net/tcp, tcp6)."""
+    found = set()
+    for table, ipv6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state != "0A" or int(hex_port, 16) != port:  # 0A: LISTEN
+                continue
+            if ipv6:
+                found.add("::" if set(address) == {"0"} else address)
+            else:
+                found.add(".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)))
+    return found
+
+
 def _get(url: str, token: str | None = None) -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
@@ -209,14 +229,22 @@ def test_make_airflow_builds_the_demo_night_from_the_forms_defaults_and_stops_ev
         assert pq.read_table(tmp_path / "output" / "rows" / f"ds={DS}").num_rows > 0
         status, _ = _get(f"{base}/capture-quality/runs/{manual}", token)
         assert status == 200  # followed to the night's report
+        # unpausing also started yesterday's scheduled night: its input cannot come, and the demo
+        # says so at once (REASSEMBLER_INPUT_WAIT_HOURS=0) instead of waiting 6 hours
         [scheduled] = [r for r in runs() if r.startswith("scheduled__")]
-        deadline = time.monotonic() + 120
-        while "waiting for its input" not in (page := _get(f"{base}/capture-quality/runs/{scheduled}", token)[1]):
-            assert time.monotonic() < deadline, page
+        deadline = time.monotonic() + 180
+        while runs().get(scheduled) != "failed":
+            assert time.monotonic() < deadline, f"the scheduled night did not fail at once: {runs()}"
             time.sleep(3)
-        assert "rollouts/ds=" in page and "input partition folder is missing" in page
+        page = _get(f"{base}/capture-quality/runs/{scheduled}", token)[1]
+        assert "failed at wait_for_input and published nothing" in page
         assert page.startswith("<!doctype html>") and '"detail"' not in page  # a page, never raw JSON
-        assert any(len(session_members(sid)) > 1 for sid in sessions.values())  # workers, serve-logs...
+        assert any(len(session_members(sid)) > 1 for sid in sessions.values())  # the executor's workers
+        # the api-server listens on loopback only, and nothing listens on the log servers' ports
+        assert bound_addresses(ports["AIRFLOW_PORT"]) == {"127.0.0.1"}
+        assert not listening(ports["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"])
+        runs_table = pq.read_table(tmp_path / "output" / "tables" / "runs.parquet").to_pylist()
+        assert runs_table and all(r["seconds"] is not None and 0 < r["seconds"] < 600 for r in runs_table)
     finally:
         stopped = subprocess.run(
             ["bash", "scripts/airflow_services.sh", "stop"], cwd=REPO, env=env, capture_output=True, text=True

@@ -437,7 +437,7 @@ def test_the_gate_judges_a_published_night_of_no_rollout(tmp_path):
 )
 def test_an_impossible_night_is_refused_with_what_is_wrong(tmp_path, ds, message):
     res = cli("build", "--input", tmp_path, "--output", tmp_path / "out", "--ds", ds)
-    assert res.returncode == 2 and res.stderr.strip().endswith(f"argument --ds: {message}")
+    assert res.returncode == 2 and f"argument --ds: {message} (see `reassembler build --help`)" in res.stderr
 
 
 def test_gyms_sidecar_files_are_read_as_contract_v3_says(tmp_path):

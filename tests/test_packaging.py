@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -63,6 +64,25 @@ def test_a_wheel_installed_in_a_fresh_venv_builds_a_night_from_another_directory
         check=True,
     ).stdout.strip()
     assert where.startswith(str(site)) and not where.startswith(str(REPO))
+    # the Airflow side: the plugin by its entry point, the DAG importable from the package (a
+    # deployment's DAG file is one import line)
+    assert "reassembler_airflow/dag.py" in names and "reassembler_airflow/quality_ui.py" in names
+    probe = (
+        "from importlib.metadata import entry_points; "
+        "[ep] = [e for e in entry_points(group='airflow.plugins') if e.name == 'capture_quality']; "
+        "print(ep.load().name); "
+        "from reassembler_airflow.dag import capture_rows_nightly as d; print(d.dag_id, len(d.tasks))"
+    )
+    res = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow-home"), "PYTHONPATH": ""},
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["capture_quality", "capture_rows_nightly", "10"], res.stdout
     run("synth", "--output", "in", "--ds", "2026-11-28", "--rollouts", "8", "--max-calls", "6", "--token-scale", "0.02")
     assert "8 rollouts" in run("build", "--input", "in", "--output", "out", "--ds", "2026-11-28")
     assert (elsewhere / "out" / "rows" / "ds=2026-11-28").is_dir()

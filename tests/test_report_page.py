@@ -5,6 +5,7 @@ no console error, no network request, and the numbers on the page are the wareho
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -239,4 +240,48 @@ def test_capture_strings_are_drawn_as_text_never_as_markup(tmp_path):
                 for shown in (f"m{LINK}_g0", f"{{not json {LINK}{IMG}", f"parent {LINK}"):
                     assert shown in found["text"], shown
         assert dialogs == [] and errors == []
+        browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_an_auditor_sees_counts_margins_and_every_masked_rollout(reports, tmp_path):
+    """The rates carry their counts on the bars (small denominators grey), the gate says each
+    check's value against its limit with its margin, and every masked rollout can be listed
+    per reason (one click from the reasons table), filtered, and downloaded."""
+    import pandas as pd
+    from playwright.sync_api import sync_playwright
+
+    out, page_path = reports
+    folder = page_path.parent
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        audit = con.execute(
+            "SELECT rollout_id, reason FROM audit WHERE ds = ? AND status = 'masked' ORDER BY ALL", [NIGHTS[-1]]
+        ).fetchall()
+    listed = pd.read_parquet(folder / "masked.parquet")
+    assert sorted(zip(listed["rollout_id"], listed["reason"])) == audit  # every masked rollout, each once
+    assert pd.read_csv(folder / "masked.csv").shape[0] == len(audit)
+    reason, n = max(((r, sum(x == r for _, x in audit)) for r in {x for _, x in audit}), key=lambda t: (t[1], t[0]))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors = []
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        tab.goto(page_path.as_uri())
+        tab.wait_for_function("document.querySelectorAll('.js-plotly-plot').length > 0")
+        labels = tab.locator("#chart-by-0 text.bartext").all_text_contents()  # capture: "masked/rollouts"
+        assert labels and all(re.fullmatch(r"\d+/\d+", t) for t in labels), labels
+        checks = tab.locator("#gate-checks tr").all_inner_texts()
+        [mask_rate] = [c.split() for c in checks if c.startswith("mask_rate")]  # value, limit, margin, status
+        value, limit, margin = map(float, mask_rate[1:4])
+        assert abs(margin - (limit - value)) < 1e-3 and mask_rate[4] in ("ok", "warn", "breach"), checks
+        tab.locator(f'a.list-reason[data-reason="{reason}"]').click()
+        assert tab.locator("#masked-shown").inner_text() == str(n)
+        visible = tab.locator("#masked-table tr[data-reason]:visible")
+        assert visible.count() == n and set(visible.evaluate_all("rs => rs.map(r => r.dataset.reason)")) == {reason}
+        tab.select_option('select[data-filter="reason"]', "")
+        assert tab.locator("#masked-shown").inner_text() == str(len(audit))
+        tab.locator("#masked").scroll_into_view_if_needed()
+        shot = tmp_path / "masked.png"
+        tab.screenshot(path=str(shot))
+        assert shot.stat().st_size > 10_000 and errors == []
         browser.close()

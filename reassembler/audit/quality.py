@@ -129,6 +129,36 @@ def _diagnosed(rollouts: list[dict]) -> list[dict]:
     ]
 
 
+MASKED_COLUMNS = (
+    "rollout_id",
+    "group_id",
+    "slot",
+    "reason",
+    "failed_call_id",
+    "detail",
+    "capture",
+    "agent",
+    "env",
+    "model_server",
+    "declared_tokens",
+)
+
+
+def masked_rollouts(con, ds: str) -> list[dict]:
+    """Every masked rollout of night `ds` with what an auditor filters by (agent, env, model
+    server, capture) and the tokens its ledger declared, in output order (the report's list
+    and its CSV / Parquet downloads)."""
+    cur = con.execute(sql("quality_rollouts"), {"ds": ds})
+    names = [d[0] for d in cur.description]
+    out = []
+    for row in cur.fetchall():
+        r = dict(zip(names, row))
+        if r["status"] == "masked":
+            r["capture"] = CAPTURE_LABELS.get(r["capture"], r["capture"])
+            out.append({k: r[k] for k in MASKED_COLUMNS})
+    return out
+
+
 def night_quality(
     con, ds: str, nights: int = REPORT_NIGHTS, by: list[str] | None = None, examples: int = 3, traces: bool = True
 ) -> dict:
@@ -175,6 +205,15 @@ def night_quality(
     names = [d[0] for d in cur.description]
     rollouts = [dict(zip(names, row)) for row in cur.fetchall()]
     breakdowns, keys_used = _breakdowns(rollouts, by)
+    masked = [r for r in rollouts if r["status"] == "masked"]
+    lost: dict[str, int] = defaultdict(int)
+    by_capture: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in masked:
+        lost[r["reason"]] += r["declared_tokens"] or 0
+        capture = str(r["capture"])
+        by_capture[r["reason"]][CAPTURE_LABELS.get(capture, capture)] += 1
+    for x in reasons:
+        x["tokens_lost"] = lost.get(x["reason"], 0)
     rejects = [
         {"source": s, "kind": k, "n": n, "first": first}
         for s, k, n, first in con.execute(sql("quality_rejects"), {"ds": ds}).fetchall()
@@ -192,6 +231,7 @@ def night_quality(
         "metadata_keys": keys_used,
         "compaction": _compaction(rollouts),
         "diagnosed": _diagnosed(rollouts),
+        "reason_by_capture": {reason: dict(captures) for reason, captures in by_capture.items()},
         "rejects": rejects,
         "verdicts": verdicts,
     }
@@ -215,7 +255,13 @@ def _verdicts(con, ds: str, nights: int) -> list[dict]:
     if not _table_exists(con, "quality"):  # a warehouse no build of this version has written yet
         return []
     return [
-        {"ds": d.isoformat(), "verdict": v, "breaches": json.loads(b or "[]"), "checked_at": str(t)}
+        {
+            "ds": d.isoformat(),
+            "verdict": v,
+            "breaches": breaches_of(json.loads(b or "[]")),
+            "checks": json.loads(b or "[]"),
+            "checked_at": str(t),
+        }
         for d, v, b, t in con.execute(sql("quality_verdicts"), {"ds": ds, "nights": nights}).fetchall()
     ]
 
@@ -228,49 +274,90 @@ def nights_overview(con) -> dict:
     return {"trend": _trend(con, latest.isoformat(), 100_000), "verdicts": _verdicts(con, latest.isoformat(), 100_000)}
 
 
-def gate(quality: dict, thresholds: Thresholds) -> list[dict]:
-    """The breached thresholds of a night, each with its numbers and a one-line message."""
-    night, breaches = quality["night"], []
+WARN_SHARE = 0.8  # a check whose value reaches this share of its limit warns before it breaches
 
-    def breach(check: str, value, threshold, message: str) -> None:
-        breaches.append({"check": check, "value": value, "threshold": threshold, "message": message})
+
+def gate_checks(quality: dict, thresholds: Thresholds) -> list[dict]:
+    """Every enabled check of the gate on a night: its value against its limit, the margin
+    left (limit - value), and its status: `breach` above the limit, `warn` from WARN_SHARE of
+    the limit up to it (at the limit included), else `ok`; with a one-line message."""
+    night, checks = quality["night"], []
+
+    def check(name: str, value, limit, text: str) -> None:
+        if value > limit:
+            status = "breach"
+        elif limit > 0 and value >= WARN_SHARE * limit:
+            status = "warn"
+        else:
+            status = "ok"
+        sign = ">" if status == "breach" else "<="
+        checks.append(
+            {
+                "check": name,
+                "value": value,
+                "threshold": limit,
+                "margin": limit - value,
+                "status": status,
+                "message": f"{text} {sign} {limit:.3f}" if isinstance(limit, float) else f"{text} {sign} {limit}",
+            }
+        )
 
     t = thresholds
-    if t.max_mask_rate is not None and night["mask_rate"] > t.max_mask_rate:
-        breach(
+    if t.max_mask_rate is not None:
+        check(
             "mask_rate",
             night["mask_rate"],
             t.max_mask_rate,
-            f"mask rate {night['mask_rate']:.3f} ({night['masked']}/{night['rollouts']}) > {t.max_mask_rate:.3f}",
+            f"mask rate {night['mask_rate']:.3f} ({night['masked']}/{night['rollouts']})",
         )
     if t.max_reason_rate is not None:
         for r in quality["reasons"]:
-            if r["share"] > t.max_reason_rate:
-                breach(
-                    f"reason:{r['reason']}",
-                    r["share"],
-                    t.max_reason_rate,
-                    f"{r['reason']} masks {r['share']:.3f} of rollouts ({r['n']}) > {t.max_reason_rate:.3f}",
-                )
+            check(
+                f"reason:{r['reason']}",
+                r["share"],
+                t.max_reason_rate,
+                f"{r['reason']} masks {r['share']:.3f} of rollouts ({r['n']})",
+            )
     base = quality.get("baseline")
     if t.max_mask_rate_rise is not None and base is not None:
         rise = night["mask_rate"] - base["mask_rate"]
-        if rise > t.max_mask_rate_rise:
-            breach(
-                "mask_rate_rise",
-                rise,
-                t.max_mask_rate_rise,
-                f"mask rate {night['mask_rate']:.3f} is {rise:+.3f} over the trailing "
-                f"{quality['trailing_nights']}-night mean {base['mask_rate']:.3f} (limit {t.max_mask_rate_rise:+.3f})",
-            )
-    if t.max_rejects is not None and night["rejects"] > t.max_rejects:
-        breach("rejects", night["rejects"], t.max_rejects, f"{night['rejects']} rejected input lines > {t.max_rejects}")
-    return breaches
+        check(
+            "mask_rate_rise",
+            rise,
+            t.max_mask_rate_rise,
+            f"mask rate {night['mask_rate']:.3f} is {rise:+.3f} over the trailing "
+            f"{quality['trailing_nights']}-night mean {base['mask_rate']:.3f}",
+        )
+    if t.max_rejects is not None:
+        check("rejects", night["rejects"], t.max_rejects, f"{night['rejects']} rejected input lines")
+    return checks
 
 
-def record_verdict(con, ds: str, run_id: str | None, breaches: list[dict]) -> None:
-    run_script(
-        con,
-        "record_verdict",
-        {"ds": ds, "run_id": run_id, "verdict": "breached" if breaches else "ok", "breaches": json.dumps(breaches)},
-    )
+def gate(quality: dict, thresholds: Thresholds) -> list[dict]:
+    """The breached thresholds of a night, each with its numbers and a one-line message."""
+    return [c for c in gate_checks(quality, thresholds) if c["status"] == "breach"]
+
+
+def check_lines(checks: list[dict]) -> list[str]:
+    """One line a check: status, name, value against limit, margin (the gate's output)."""
+
+    def shown(x) -> str:
+        return f"{x:.3f}" if isinstance(x, float) else str(x)
+
+    return [
+        f"{c['status']:<7}{c['check']:<34}{shown(c['value']):>9} against limit {shown(c['threshold']):>7}, "
+        f"margin {shown(c['margin'])}"
+        for c in checks
+    ] or ["no check enabled"]
+
+
+def breaches_of(checks: list[dict]) -> list[dict]:
+    """The breaches among a recorded verdict's checks (a verdict recorded before checks had a
+    status lists its breaches only)."""
+    return [c for c in checks if c.get("status", "breach") == "breach"]
+
+
+def record_verdict(con, ds: str, run_id: str | None, checks: list[dict]) -> None:
+    """The night's verdict with every check it ran (quality.breaches: JSON, each with its status)."""
+    verdict = "breached" if breaches_of(checks) else "ok"
+    run_script(con, "record_verdict", {"ds": ds, "run_id": run_id, "verdict": verdict, "breaches": json.dumps(checks)})

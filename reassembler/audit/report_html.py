@@ -20,7 +20,7 @@ import plotly.io as pio
 
 from .. import storage
 from ..settings import REPORT_NIGHTS
-from .quality import night_quality, nights_overview
+from .quality import MASKED_COLUMNS, masked_rollouts, night_quality, nights_overview
 
 STEP_COLORS = {
     "rollout checks": "#8c6bb1",
@@ -43,6 +43,7 @@ th{background:#f5f7fa} td.n{text-align:right;font-variant-numeric:tabular-nums}
 pre{background:#f5f7fa;padding:8px;font-size:12px;white-space:pre-wrap;margin:4px 0}
 details summary{cursor:pointer} .grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}
 .breach{color:#c81e1e;font-weight:600} .ok{color:#057a55;font-weight:600} a{color:#1a56db}
+.warn{color:#b45309;font-weight:600} select{margin-right:8px}
 """
 # headline tiles: (key, label, format, whether a rise is bad)
 TILES = [
@@ -86,8 +87,19 @@ def _fig(fig: go.Figure, div_id: str, height: int = 320, x: str | None = None, y
 
 
 def _rate_axis(fig: go.Figure, rates: list[float]) -> None:
-    """A share axis from 0 (never below it), to a little above the highest value shown."""
-    fig.update_yaxes(tickformat=".0%", range=[0, max([0.05, *rates]) * 1.1], rangemode="nonnegative")
+    """A share axis from 0 (never below it), to above the highest value shown (room for its label)."""
+    fig.update_yaxes(tickformat=".0%", range=[0, max([0.05, *rates]) * 1.25], rangemode="nonnegative")
+
+
+SMALL_N = 10  # a rate over fewer rollouts is drawn grey: too few to read as a rate
+BAR_COLOR, SMALL_COLOR = "#3182bd", "#bdbdbd"
+
+
+STATUS_CLASS = {"ok": "ok", "warn": "warn", "breach": "breach"}
+
+
+def _num(x) -> str:
+    return f"{x:.3f}" if isinstance(x, float) else f"{x:,}"
 
 
 def _nights(n: int) -> str:
@@ -133,7 +145,81 @@ def _inputs_line(inputs: str | None) -> str:
     return f'<div class="sub inputs">read from {shown}</div>'
 
 
-def night_page(q: dict) -> str:
+MASKED_SHOWN = 1000  # rows of the page's masked-rollout table; the downloads hold every one
+FILTERS = ("reason", "capture", "agent", "env", "model_server")
+FILTER_SCRIPT = """
+(function () {
+  var table = document.getElementById('masked-table'); if (!table) return;
+  var selects = document.querySelectorAll('select[data-filter]');
+  function apply() {
+    var want = {}; selects.forEach(function (s) { if (s.value) want[s.dataset.filter] = s.value; });
+    var shown = 0;
+    table.querySelectorAll('tr[data-reason]').forEach(function (row) {
+      var ok = Object.keys(want).every(function (k) { return row.dataset[k] === want[k]; });
+      row.style.display = ok ? '' : 'none'; if (ok) shown += 1;
+    });
+    document.getElementById('masked-shown').textContent = shown;
+  }
+  selects.forEach(function (s) { s.addEventListener('change', apply); });
+  document.querySelectorAll('a.list-reason').forEach(function (a) {
+    a.addEventListener('click', function () {
+      selects.forEach(function (s) { s.value = s.dataset.filter === 'reason' ? a.dataset.reason : ''; });
+      apply();
+    });
+  });
+})();
+"""
+
+
+def _masked_section(masked: list[dict]) -> str:
+    """Every masked rollout (the first MASKED_SHOWN on the page), filterable by reason,
+    capture, agent, env and model server, with the whole list as CSV and Parquet."""
+    parts = [
+        '<h2 id="masked">Masked rollouts</h2>',
+        f'<div class="sub">{len(masked):,} masked rollouts · download every one: '
+        '<a href="masked.csv" download>CSV</a> · <a href="masked.parquet" download>Parquet</a>'
+        + (f" · the first {MASKED_SHOWN:,} are listed here" if len(masked) > MASKED_SHOWN else "")
+        + "</div>",
+    ]
+    if not masked:
+        return "".join(parts)
+    shown = masked[:MASKED_SHOWN]
+    selects = []
+    for key in FILTERS:
+        values = sorted({str(r[key]) for r in shown if r[key] is not None})
+        options = "".join(f'<option value="{_e(v)}">{_e(v)}</option>' for v in values)
+        selects.append(
+            f'<label>{_e(key.replace("_", " "))} <select data-filter="{key}"><option value="">all</option>'
+            f"{options}</select></label>"
+        )
+    parts.append(
+        '<div class="filters">' + "".join(selects) + f' shown: <span id="masked-shown">{len(shown):,}</span></div>'
+    )
+    head = "".join(
+        f"<th>{_e(h)}</th>"
+        for h in ("rollout", "reason", "failed call", "detail", "capture", "agent", "env", "model server", "tokens")
+    )
+    body = []
+    for r in shown:
+        data = " ".join(f'data-{k.replace("_", "-")}="{_e(r[k] if r[k] is not None else "")}"' for k in FILTERS)
+        cells = [
+            _e(r["rollout_id"]),
+            f"<code>{_e(r['reason'])}</code>",
+            _e(r["failed_call_id"] or ""),
+            _e((r["detail"] or "")[:300]),
+            _e(r["capture"] or ""),
+            _e(r["agent"] or ""),
+            _e(r["env"] or ""),
+            _e(r["model_server"] or ""),
+            f'<td class="n">{r["declared_tokens"]:,}</td>',
+        ]
+        body.append(f"<tr {data}>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in cells) + "</tr>")
+    parts.append(f'<table id="masked-table"><tr>{head}</tr>{"".join(body)}</table>')
+    parts.append(f"<script>{FILTER_SCRIPT}</script>")
+    return "".join(parts)
+
+
+def night_page(q: dict, masked: list[dict] | None = None) -> str:
     ds, n, base = q["ds"], q["night"], q["baseline"]
     parts = [
         f"<h1>Capture quality, night {_e(ds)}</h1>",
@@ -158,6 +244,26 @@ def night_page(q: dict) -> str:
         cls = "ok" if latest["verdict"] == "ok" else "breach"
         msgs = "; ".join(b["message"] for b in latest["breaches"])
         parts.append(f'<p>Quality gate: <span class="{cls}" id="verdict">{_e(latest["verdict"])}</span> {_e(msgs)}</p>')
+        checks = [c for c in latest.get("checks", []) if "status" in c]
+        if checks:
+            parts.append(
+                '<div id="gate-checks">'
+                + _table(
+                    ["check", "value", "limit", "margin", "status"],
+                    [
+                        [
+                            f"<code>{_e(c['check'])}</code>",
+                            _num(c["value"]),
+                            _num(c["threshold"]),
+                            _num(c["margin"]),
+                            f'<span class="{STATUS_CLASS[c["status"]]}">{_e(c["status"])}</span>',
+                        ]
+                        for c in checks
+                    ],
+                    {1, 2, 3},
+                )
+                + '<div class="sub">warn: at 80% of its limit or above, up to the limit itself</div></div>'
+            )
 
     trend, nights = q["trend"], [r["ds"] for r in q["trend"]]
     parts.append(f'<h2>Trends over the last {_nights(len(nights))}</h2><div class="grid">')
@@ -253,26 +359,65 @@ def night_page(q: dict) -> str:
             rows.append(
                 [
                     f"<code>{_e(r['reason'])}</code>",
-                    r["n"],
+                    f'<a href="#masked" data-reason="{_e(r["reason"])}" class="list-reason">{r["n"]:,}</a>',
                     f"{r['share']:.1%}",
+                    f"{r.get('tokens_lost', 0):,}",
                     _e(r["step"]),
                     _e(r["meaning"]),
                     examples,
                 ]
             )
         parts.append(
-            _table(["reason", "rollouts", "share", "step", "meaning", "examples (click for the trace)"], rows, {1, 2})
+            _table(
+                [
+                    "reason",
+                    "rollouts (click: the list)",
+                    "share",
+                    "tokens lost",
+                    "step",
+                    "meaning",
+                    "examples (click for the trace)",
+                ],
+                rows,
+                {1, 2, 3},
+            )
         )
+        by_capture = q.get("reason_by_capture") or {}
+        captures = sorted({c for per in by_capture.values() for c in per})
+        if captures:
+            parts.append("<h3>Masked rollouts by reason and capture</h3>")
+            parts.append(
+                '<div id="reason-by-capture">'
+                + _table(
+                    ["reason", *captures],
+                    [
+                        [f"<code>{_e(r['reason'])}</code>"]
+                        + [f"{by_capture.get(r['reason'], {}).get(c, 0):,}" for c in captures]
+                        for r in q["reasons"]
+                    ],
+                    set(range(1, len(captures) + 1)),
+                )
+                + "</div>"
+            )
     else:
         parts.append("<p>No rollout was masked.</p>")
 
-    parts.append('<h2>Mask rate by …</h2><div class="grid">')
+    parts.append(
+        '<h2>Mask rate by …</h2><div class="sub">each bar says masked/rollouts; '
+        f'<span style="color:{SMALL_COLOR}">&#9632;</span> grey bars rest on fewer than {SMALL_N} rollouts: '
+        "read them as anecdotes, not rates</div>"
+    )
+    parts.append('<div class="grid">')
     for k, (name, groups) in enumerate(q["breakdowns"].items()):
         groups = groups[:20]
         fig = go.Figure(
             go.Bar(
                 x=[_plain(g["value"]) for g in groups],
                 y=[g["mask_rate"] for g in groups],
+                text=[f"{g['masked']}/{g['rollouts']}" for g in groups],
+                textposition="outside",
+                cliponaxis=False,
+                marker_color=[SMALL_COLOR if g["rollouts"] < SMALL_N else BAR_COLOR for g in groups],
                 customdata=[[g["rollouts"], g["masked"]] for g in groups],
                 hovertemplate="%{x}: %{y:.1%} (%{customdata[1]} of %{customdata[0]})<extra></extra>",
             )
@@ -314,6 +459,9 @@ def night_page(q: dict) -> str:
         '<p class="sub">Ordinary capture (<code>--mode terminal</code>) masks every rollout whose '
         "ledger holds more than one root; the numbers above are the ok rollouts with several roots.</p>"
     )
+
+    if masked is not None:
+        parts.append(_masked_section(masked))
 
     parts.append("<h2>Rejected input</h2>")
     if q["rejects"]:
@@ -382,6 +530,33 @@ def _write(loc: str, text: str) -> None:
     storage.write_bytes(loc, text.encode("utf-8"))
 
 
+def _write_masked(folder: str, masked: list[dict]) -> None:
+    """The night's masked rollouts as masked.csv and masked.parquet beside its page."""
+    import csv
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(
+        masked,
+        schema=pa.schema(
+            [
+                (k, pa.int64() if k == "declared_tokens" else pa.int32() if k == "slot" else pa.string())
+                for k in MASKED_COLUMNS
+            ]
+        ),
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    storage.write_bytes(storage.join(folder, "masked.parquet"), sink.getvalue().to_pybytes())
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(MASKED_COLUMNS))
+    writer.writeheader()
+    writer.writerows(masked)
+    _write(storage.join(folder, "masked.csv"), text.getvalue())
+
+
 def _plotly_js(folder: str) -> None:
     src = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     dst = storage.join(folder, "plotly.min.js")
@@ -405,7 +580,9 @@ def write_reports(
         return None
     _plotly_js(folder)
     page = storage.join(folder, f"ds={ds}", "index.html")
-    _write(page, night_page(q))
+    masked = masked_rollouts(con, ds)
+    _write_masked(storage.join(folder, f"ds={ds}"), masked)
+    _write(page, night_page(q, masked))
     _write(storage.join(folder, "data", f"ds={ds}.json"), json.dumps(q, default=str))
     _write(storage.join(folder, "index.html"), index_page(nights_overview(con)))
     return page
