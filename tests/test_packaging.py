@@ -70,8 +70,8 @@ def test_a_wheel_installed_in_a_fresh_venv_builds_a_night_from_another_directory
     probe = (
         "from importlib.metadata import entry_points; "
         "[ep] = [e for e in entry_points(group='airflow.plugins') if e.name == 'capture_quality']; "
-        "print(ep.load().name); "
-        "from reassembler_airflow.dag import capture_rows_nightly as d; print(d.dag_id, len(d.tasks))"
+        "name = ep.load().name; "
+        "from reassembler_airflow.dag import capture_rows_nightly as d; print('FOUND', name, d.dag_id, len(d.tasks))"
     )
     res = subprocess.run(
         [str(venv / "bin" / "python"), "-c", probe],
@@ -82,7 +82,8 @@ def test_a_wheel_installed_in_a_fresh_venv_builds_a_night_from_another_directory
         env={**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow-home"), "PYTHONPATH": ""},
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split() == ["capture_quality", "capture_rows_nightly", "10"], res.stdout
+    [found] = [line.split()[1:] for line in res.stdout.splitlines() if line.startswith("FOUND ")]
+    assert found == ["capture_quality", "capture_rows_nightly", "10"], res.stdout
     run("synth", "--output", "in", "--ds", "2026-11-28", "--rollouts", "8", "--max-calls", "6", "--token-scale", "0.02")
     assert "8 rollouts" in run("build", "--input", "in", "--output", "out", "--ds", "2026-11-28")
     assert (elsewhere / "out" / "rows" / "ds=2026-11-28").is_dir()

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from ..errors import InputError
 from ..formats.fields import CALL, select_list
+from ..formats.gym_local import capture_file
 from ..formats.night import NightFiles, find_night
 from ..load.derived_tokens import derived_tokens
 from ..load.gym_capture import derive_again
@@ -77,6 +78,35 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
 
 def _line(rollout: dict) -> str:
     return f"{rollout.get('source_file')}:{rollout.get('source_line')}"
+
+
+def _evidence(night: NightFiles, rollout: dict, failed: dict | None) -> list[str]:
+    """Where an engineer looks for a masked rollout's failure, most specific first: the
+    failing call's line (its ledger row, its local-mode entry, the line of a derived call),
+    NeMo Gym's capture files of the rollout when a capture check masked it without naming a
+    call, and the rollout's own line (its result line, Episode line, or failures row)."""
+    out = []
+    if failed is not None and failed.get("source_file"):
+        kind = "rollouts" if failed.get("capture") in ("rebuilt", "verifiers", "envelope") else "ledger"
+        what = {"ledger": "the failing call's line", "rollouts": "the line holding the failing call"}[kind]
+        if failed.get("capture") == "local":
+            what = "the failing call's local-mode entry"
+        out.append(f"{night.path(kind, failed['source_file'])}:{failed['source_line']} ({what})")
+    if (
+        failed is None
+        and rollout.get("capture") == "local"
+        or rollout.get("capture_reason")
+        in (
+            "mixed_capture",
+            "capture_incomplete",
+            "capture_retired",
+        )
+    ):
+        files = [rel for rel in night.captures if (capture_file(rel) or ("",))[0] == rollout["rollout_id"]]
+        out += [f"{night.path('ledger', rel)} (NeMo Gym's capture file of the rollout)" for rel in files]
+    if rollout.get("source_file"):
+        out.append(f"{night.path('rollouts', rollout['source_file'])}:{rollout['source_line']} (the rollout's line)")
+    return out
 
 
 def rerun(con, night: NightFiles, rollout_id: str, options: Options):
@@ -154,6 +184,7 @@ class Replay:
             lines.append(f"  ({res['reason']}: {res['meaning']})")
             if res.get("failed_call_source"):
                 lines.append(f"  the failing call's ledger row: {res['failed_call_source']}")
+            lines += [f"  open: {where}" for where in res.get("evidence") or []]
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
 
@@ -215,10 +246,8 @@ def explain(output_dir, ds: str, rollout_id: str, warehouse=None) -> Replay:
             "offchain": offchain,
         }
     else:
-        source = next(
-            (f"{c['source_file']}:{c['source_line']}" for c in ledger if c["model_call_id"] == outcome.failed_call_id),
-            None,
-        )
+        failed = next((c for c in ledger if c["model_call_id"] == outcome.failed_call_id), None)
+        source = f"{failed['source_file']}:{failed['source_line']}" if failed and failed["source_file"] else None
         assert outcome.reason is not None
         replay.result = {
             "status": "masked",
@@ -226,7 +255,8 @@ def explain(output_dir, ds: str, rollout_id: str, warehouse=None) -> Replay:
             "detail": outcome.detail,
             "failed_call_id": outcome.failed_call_id,
             "meaning": DESCRIPTIONS[outcome.reason],
-            "failed_call_source": f"ledger/ds={ds}/{source}" if source else None,
+            "failed_call_source": f"ledger/ds={ds}/{source}" if source and failed and not failed["capture"] else None,
+            "evidence": _evidence(night, r, failed),
         }
     if (status == "ok") != outcome.ok or (reason or None) != (outcome.reason.value if outcome.reason else None):
         replay.warnings.append(
