@@ -285,3 +285,15 @@ def test_an_auditor_sees_counts_margins_and_every_masked_rollout(reports, tmp_pa
         tab.screenshot(path=str(shot))
         assert shot.stat().st_size > 10_000 and errors == []
         browser.close()
+
+
+def test_the_report_gives_the_rows_lengths(reports):
+    """Trainers size batches by tokens: the page gives the night's row lengths, as the rows say."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    out, page_path = reports
+    n = pq.read_table(out / "rows" / f"ds={NIGHTS[-1]}").column("n_tokens").to_numpy()
+    cells = re.search(r'id="row-lengths">(.*?)</table>', page_path.read_text()).group(1)
+    numbers = [int(x.replace(",", "")) for x in re.findall(r'<td class="n">([\d,]+)</td>', cells)]
+    assert numbers == [len(n), int(np.median(n)), int(np.percentile(n, 90)), int(np.percentile(n, 99)), int(n.max())]

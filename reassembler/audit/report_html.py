@@ -460,6 +460,22 @@ def night_page(q: dict, masked: list[dict] | None = None) -> str:
         "ledger holds more than one root; the numbers above are the ok rollouts with several roots.</p>"
     )
 
+    lengths = q.get("row_lengths")
+    if lengths:  # trainers size their batches by tokens: how long the night's rows run
+        parts.append("<h2>Row lengths</h2>")
+        parts.append(
+            '<div id="row-lengths">'
+            + _table(
+                ["rows", "median tokens", "90th percentile", "99th percentile", "longest"],
+                [[f"{lengths[k]:,}" for k in ("rows", "median", "p90", "p99", "max")]],
+                {0, 1, 2, 3, 4},
+            )
+            + "</div>"
+        )
+        fig = go.Figure(go.Bar(x=list(lengths["histogram"]), y=list(lengths["histogram"].values())))
+        fig.update_layout(title="rows by length", xaxis_type="category")
+        parts.append(_fig(fig, "chart-row-lengths", 280, x="tokens in the row", y="rows"))
+
     if masked is not None:
         parts.append(_masked_section(masked))
 
@@ -530,6 +546,38 @@ def _write(loc: str, text: str) -> None:
     storage.write_bytes(loc, text.encode("utf-8"))
 
 
+LENGTH_EDGES = (1_024, 4_096, 16_384, 32_768, 65_536, 131_072)
+
+
+def row_lengths(partition: str) -> dict | None:
+    """The published rows' lengths in tokens (their n_tokens column alone is read): count,
+    median, 90th and 99th percentiles, the longest, and a histogram over LENGTH_EDGES."""
+    import numpy as np
+
+    files = storage.list_files(partition, ".parquet")
+    if not files:
+        return None
+    n = np.concatenate(
+        [storage.read_parquet(storage.join(partition, f), ["n_tokens"]).column(0).to_numpy() for f in files]
+    )
+    if not len(n):
+        return None
+    counts = np.bincount(np.searchsorted(LENGTH_EDGES, n, side="right"), minlength=len(LENGTH_EDGES) + 1)
+    labels = (
+        [f"< {LENGTH_EDGES[0]:,}"]
+        + [f"{a:,} - {b:,}" for a, b in zip(LENGTH_EDGES, LENGTH_EDGES[1:])]
+        + [f">= {LENGTH_EDGES[-1]:,}"]
+    )
+    return {
+        "rows": int(len(n)),
+        "median": int(np.median(n)),
+        "p90": int(np.percentile(n, 90)),
+        "p99": int(np.percentile(n, 99)),
+        "max": int(n.max()),
+        "histogram": dict(zip(labels, map(int, counts))),
+    }
+
+
 def _write_masked(folder: str, masked: list[dict]) -> None:
     """The night's masked rollouts as masked.csv and masked.parquet beside its page."""
     import csv
@@ -578,6 +626,7 @@ def write_reports(
     q = night_quality(con, ds, nights, by)
     if q["night"] is None:
         return None
+    q["row_lengths"] = row_lengths(storage.join(storage.location(output), "rows", f"ds={ds}"))
     _plotly_js(folder)
     page = storage.join(folder, f"ds={ds}", "index.html")
     masked = masked_rollouts(con, ds)
