@@ -208,12 +208,16 @@ def _run_shards_in_workers(warehouse: Warehouse, ds: str, run_id: str, settings:
     output = warehouse.output_dir
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(  # bars from several processes would garble the terminal: they log
-        max_workers=min(settings.workers, settings.shards),
-        mp_context=get_context("fork"),
-        initializer=progress.show_bars,
-        initargs=(False,),
-    ) as pool:
+    context = get_context("fork")
+    with (
+        progress.worker_bars(context) as relay,
+        ProcessPoolExecutor(  # the parent draws the workers' bars
+            max_workers=min(settings.workers, settings.shards),
+            mp_context=context,
+            initializer=progress.relay_to,
+            initargs=(relay,),
+        ) as pool,
+    ):
         for done in [pool.submit(shard_step, output, ds, k, run_id, settings, plans) for k in range(settings.shards)]:
             done.result()  # re-raises a worker's error
 

@@ -93,10 +93,8 @@ def test_piped_the_build_draws_no_bar_and_prints_what_it_printed(night, tmp_path
     assert res.returncode == 0 and res.stderr == "", res.stderr
 
 
-def test_on_a_terminal_the_build_draws_bars_for_the_load_and_the_shards(night, tmp_path):
-    """stderr (and stdout) a pseudo-terminal, as a person at a shell sees it."""
-    argv = [sys.executable, "-m", "reassembler.cli", "build", "--input", str(night / "input")]
-    argv += ["--output", str(tmp_path / "out"), "--ds", DS, "--shards", "2"]
+def _on_a_terminal(argv: list[str]) -> str:
+    """What a person at a shell sees: stderr (and stdout) a pseudo-terminal."""
     main, other = pty.openpty()
     env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=other, stderr=other, env=env)
@@ -112,7 +110,29 @@ def test_on_a_terminal_the_build_draws_bars_for_the_load_and_the_shards(night, t
         seen += chunk
     assert proc.wait(timeout=120) == 0
     os.close(main)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode("utf-8", "replace"))
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode("utf-8", "replace"))
+
+
+def test_on_a_terminal_the_build_draws_bars_for_the_load_and_the_shards(night, tmp_path):
+    argv = [sys.executable, "-m", "reassembler.cli", "build", "--input", str(night / "input")]
+    argv += ["--output", str(tmp_path / "out"), "--ds", DS, "--shards", "2"]
+    text = _on_a_terminal(argv)
     assert "━" in text and "100%" in text
     assert re.search(r"load\s+━+\s+100%", text) and re.search(r"shard 1\s+━+\s+100%", text), text[-2000:]
     assert "built ds=2026-11-28" in text
+
+
+def test_with_workers_the_parent_draws_a_bar_for_every_load_part_and_shard(night, tmp_path):
+    argv = [sys.executable, "-m", "reassembler.cli", "build", "--input", str(night / "input")]
+    argv += ["--output", str(tmp_path / "out"), "--ds", DS, "--shards", "3", "--load-parts", "2", "--workers", "2"]
+    text = _on_a_terminal(argv)
+    for what in ("load part 0", "load part 1", "shard 0", "shard 1", "shard 2"):
+        assert re.search(rf"{what}\s+━+\s+100%", text), (what, text[-3000:])
+    assert "built ds=2026-11-28" in text
+
+
+def test_amounts_change_unit_exactly_at_its_size():
+    assert (
+        progress._amount(1e6, progress.BYTES) == "1.0 MB" and progress._amount(999_999, progress.BYTES) == "1000.0 KB"
+    )
+    assert progress._amount(1e3, progress.TOKENS) == "1.0k" and progress._amount(999, progress.TOKENS) == "999"

@@ -170,12 +170,16 @@ def run_parts(
 
     from .. import progress
 
-    with ProcessPoolExecutor(  # bars from several processes would garble the terminal: they log
-        max_workers=min(settings.workers, len(plan.parts)),
-        mp_context=get_context("fork"),
-        initializer=progress.show_bars,
-        initargs=(False,),
-    ) as pool:
+    context = get_context("fork")
+    with (
+        progress.worker_bars(context) as relay,
+        ProcessPoolExecutor(  # the parent draws the workers' bars
+            max_workers=min(settings.workers, len(plan.parts)),
+            mp_context=context,
+            initializer=progress.relay_to,
+            initargs=(relay,),
+        ) as pool,
+    ):
         futures = [pool.submit(load_part, plan, k, folder, settings) for k in range(len(plan.parts))]
         return [f.result() for f in futures]  # re-raises a worker's error
 
