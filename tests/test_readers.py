@@ -152,3 +152,17 @@ def test_each_reader_follows_the_manifest_to_exactly_the_committed_night(output,
         r for key in manifest["files"]["rows"] for r in pq.read_table(output / key).column("row_id").to_pylist()
     )
     assert _rows_of(namespace["rows"]) == expected and expected
+
+
+@pytest.mark.parametrize("reader", ["pyarrow", "pandas", "polars"])
+def test_the_plain_calls_read_the_rows_on_s3_too(output, s3, reader):
+    """The same plain calls on s3:// (the endpoint and credentials from AWS_* as the README
+    says); DuckDB has no httpfs here: on S3 it follows the manifest."""
+    out = f"s3://{s3.bucket('plain')}/nightly"
+    s3.upload(output, out)
+    namespace = {"OUTPUT": out}
+    code = {k: snippets()[i] for i, k in enumerate(["pyarrow", "duckdb", "polars", "pandas", "datasets"])}[reader]
+    exec(code, namespace)
+    ds, row_id = _columns(namespace["rows"])
+    per_night = pq.read_table(output / "rows" / f"ds={NIGHTS[0]}").num_rows
+    assert len(row_id) == 2 * per_night and {str(d) for d in ds} == set(NIGHTS)
