@@ -158,3 +158,29 @@ def test_the_results_file_is_whole_only_once_gym_has_finished_it(tmp_path):
     results.unlink()
     assert still_written(find_night(inputs, STAGED_DS)) == f"{night_dir}: no results file yet"
     assert still_written(find_night(DATA / "gym-0.7.0", STAGED_DS)) is None  # the contract's layout: its own rule
+
+
+def test_a_file_two_locations_reach_through_a_link_is_refused(tmp_path):
+    """Two locations that resolve to one real file, a symbolic link on the way: exit 2."""
+    night = gym_folder(tmp_path / "gym", "gym-0.7.0", STAGED_DS)
+    linked = tmp_path / "linked-ledger"
+    linked.mkdir()
+    results = next(night.glob("*.jsonl"))
+    (linked / "also.jsonl").symlink_to(results)
+    with pytest.raises(InputError, match=r"also.jsonl: both the rollouts location .* \(it is .*\.jsonl\)"):
+        find_night(Inputs(str(tmp_path / "gym" / "{ds}"), "gym", ledger=str(linked)), STAGED_DS)
+
+
+def test_double_star_means_any_depth_and_only_as_a_whole_segment(tmp_path):
+    """Runs kept one and two folders deep under the night are all read by `**`."""
+    fixture = DATA / "verifiers-0.4.0" / "rollouts" / "ds=2026-12-01" / "traces.jsonl"
+    episodes = fixture.read_bytes().splitlines(keepends=True)
+    for k, where in enumerate(("runs/2026-12-01", "runs/2026-12-01/a", "runs/2026-12-01/a/b")):
+        (tmp_path / where).mkdir(parents=True, exist_ok=True)
+        (tmp_path / where / "traces.jsonl").write_bytes(b"".join(episodes[2 * k : 2 * k + 2]))
+    night = find_night(Inputs(rollouts=str(tmp_path / "runs" / "{ds}" / "**" / "traces.jsonl")), "2026-12-01")
+    assert night.rollouts == ["a/b/traces.jsonl", "a/traces.jsonl", "traces.jsonl"]
+    assert Location.parse(str(tmp_path / "runs" / "*" / "traces.jsonl"), "rollouts").matches("a/traces.jsonl")
+    assert not Location.parse(str(tmp_path / "runs" / "*" / "traces.jsonl"), "rollouts").matches("a/b/traces.jsonl")
+    with pytest.raises(InputError, match=r"'\*\*' stands for any number of folders only as a whole segment"):
+        Location.parse(str(tmp_path / "runs" / "a**" / "traces.jsonl"), "rollouts")

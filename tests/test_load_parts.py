@@ -209,3 +209,49 @@ def test_merge_and_plans_never_sort_the_wide_rows_whole(tmp_path):
     )
     audit = pq.read_table(tmp_path / "out" / "audit" / f"ds={DS}")
     assert audit.num_rows == summary.numbers.audit_rows == 2000 and summary.numbers.ok_rollouts > 1000
+
+
+def test_an_error_in_the_merge_is_the_one_reported_not_its_cleanups(tmp_path, monkeypatch):
+    """Out of memory while the merge stages a part's table aborts the transaction; the cleanup
+    that then fails too (unregister, ROLLBACK on an aborted transaction) does not replace the
+    error the user must see (exit 4, out of memory)."""
+    import duckdb
+
+    from reassembler.build import build_night as build
+    from reassembler.load import merge
+
+    synth_night(
+        tmp_path / "in",
+        DS,
+        SynthConfig(
+            rollouts=8, max_calls=6, prompt_tokens=(10, 20), observation_tokens=(2, 5), generated_tokens=(2, 5)
+        ),
+    )
+
+    class Aborting:
+        """A connection whose staging query runs out of memory, after which every call fails
+        as DuckDB's do on an aborted transaction."""
+
+        def __init__(self, con):
+            self.con, self.aborted = con, False
+
+        def execute(self, query, *args):
+            if self.aborted:
+                raise duckdb.TransactionException("TransactionContext Error: Current transaction is aborted")
+            if query.startswith("CREATE OR REPLACE TEMP TABLE p_ledger"):
+                self.aborted = True
+                raise duckdb.OutOfMemoryException("Out of Memory Error: could not allocate block")
+            return self.con.execute(query, *args)
+
+        def unregister(self, name):
+            if self.aborted:
+                raise duckdb.TransactionException("TransactionContext Error: Current transaction is aborted")
+            return self.con.unregister(name)
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    real = merge.merge_parts
+    monkeypatch.setattr(merge, "merge_parts", lambda con, *a, **kw: real(Aborting(con), *a, **kw))
+    with pytest.raises(duckdb.OutOfMemoryException, match="Out of Memory"):
+        build(tmp_path / "in", tmp_path / "out", DS, Settings(load_parts=2))

@@ -759,3 +759,50 @@ def test_episodes_repeated_across_parse_children_are_the_reject_rows_of_one_proc
         ("runB.traces.jsonl", 2, f"Episode id {again['id']}"),
         ("runB.traces.jsonl", 3, f"Episode id {json.loads(lines[2])['id']}"),
     ]
+
+
+# ---------------------------------------------------------------- behaviours stated once (issue 50)
+
+
+def test_reward_entries_weigh_one_without_weight_and_a_zero_sum_trains():
+    from reassembler.formats.verifiers import parse_episode
+
+    def reward_of(rewards):
+        [r] = parse_episode(episode("x", [trace(_ok_nodes(), rewards)]))
+        return r.reason, r.reward
+
+    assert reward_of({"a": {"score": 0.25}, "b": {"score": 0.5, "weight": 2.0}}) == (None, 1.25)
+    assert reward_of({"a": {"score": 1.0}, "b": {"score": -1.0}}) == (None, 0.0)  # exactly 0: trains
+
+
+def test_a_link_type_that_is_no_string_and_a_logprob_past_float64_mask():
+    from reassembler.formats.verifiers import parse_episode
+
+    def first(change) -> tuple:
+        ep = _with(change)
+        [r] = parse_episode(json.loads(json.dumps(ep).replace("-9999.5", "-1e400")))
+        return r.reason.value if r.reason else None, r.call_id
+
+    assert first(lambda e, t, n: _set(n[4], "semantic_parents", [{"node": 2, "type": 7}])) == ("invalid_record", "4")
+    assert first(lambda e, t, n: n[2]["logprobs"].__setitem__(0, -9999.5)) == ("invalid_logprob", "2")
+
+
+def test_a_policy_version_past_int64_gives_null_versions(tmp_path):
+    nodes = [prompt_node([1], None), sampled_node([], [2], [-1.0], 0)]
+    ep = episode("ep-big", [trace(nodes)])
+    ep["run"] = {"work": {"policy": {"start": 2**63, "end": 2**63 + 1}}}
+    root = write_traces(tmp_path / "in", [ep])
+    _, [row], audit = build(root, tmp_path / "out")
+    assert (row["weight_version_min"], row["weight_version_max"]) == (None, None) and audit["ep-big"]["status"] == "ok"
+
+
+def test_a_repeated_episode_of_untrainable_traces_only_is_one_reject_row_counted_as_read(tmp_path):
+    nodes = [prompt_node([1], None), sampled_node([], [2], [-1.0], 0)]
+    judge = episode("ep-j", [trace(nodes, trainable=False)])
+    root = write_traces(tmp_path / "in", [judge, judge, episode("ep-ok", [trace(nodes)])])
+    summary, rows, audit = build(root, tmp_path / "out")
+    assert set(audit) == {"ep-ok"} and len(rows) == 1
+    assert (summary.load.rollouts.read, summary.load.rollouts.rejected) == (2, 1)  # the first line holds no rollout
+    assert [(line, error) for _, line, error, _ in rejects(tmp_path / "out")] == [
+        (2, "Episode id ep-j already seen in this night")
+    ]

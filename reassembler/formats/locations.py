@@ -104,6 +104,14 @@ class Inputs:
         }
 
 
+def _match(parts: list[str], want: list[str]) -> bool:
+    if not want:
+        return not parts
+    if want[0] == "**":
+        return any(_match(parts[k:], want[1:]) for k in range(len(parts) + 1))
+    return bool(parts) and fnmatchcase(parts[0], want[0]) and _match(parts[1:], want[1:])
+
+
 @dataclass(frozen=True)
 class Location:
     """One input of one night: the folder its files are listed from, and, for a file or a
@@ -118,6 +126,9 @@ class Location:
         where = storage.location(where).rstrip("/") or "/"
         segments = where.split("/")
         globbed = next((k for k, s in enumerate(segments) if GLOB.search(s)), None)
+        odd = next((s for s in segments if "**" in s and s != "**"), None)
+        if odd is not None:
+            raise InputError(f"{where}: '**' stands for any number of folders only as a whole segment, not in {odd!r}")
         if globbed is not None:
             if globbed == 0 or (where.startswith(storage.S3) and globbed < 3):
                 raise InputError(f"{where}: the {kind} pattern needs a plain folder before its first wildcard")
@@ -132,11 +143,16 @@ class Location:
         """The location as it was named (after its placeholders were filled)."""
         return storage.join(self.folder, self.pattern) if self.pattern else self.folder
 
+    @property
+    def deep(self) -> bool:
+        """Whether the pattern reaches below its folder (more segments, or `**`)."""
+        return bool(self.pattern and ("/" in self.pattern or "**" in self.pattern))
+
     def matches(self, rel: str) -> bool:
+        """Segment by segment, `**` standing for any number of folders (none included)."""
         if self.pattern is None:
             return True
-        parts, want = rel.split("/"), self.pattern.split("/")
-        return len(parts) == len(want) and all(fnmatchcase(p, w) for p, w in zip(parts, want))
+        return _match(rel.split("/"), self.pattern.split("/"))
 
 
 def fill(template: str, ds: str, root: str | None) -> str:

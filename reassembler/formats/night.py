@@ -179,7 +179,7 @@ class _Listings:
 
     def files(self, loc: Location, suffix, recursive: bool, exclude=None) -> tuple[list[str], bool]:
         """(the kind's files at `loc`, whether `loc`'s folder exists)."""
-        deep = recursive or bool(loc.pattern and "/" in loc.pattern)
+        deep = recursive or loc.deep
         rels = [rel for rel in self._list(loc.folder, suffix, deep, exclude) if loc.matches(rel)]
         if storage.is_remote(loc.folder):
             exists = bool(self._list(loc.folder, "", True, None))
@@ -188,7 +188,7 @@ class _Listings:
         return rels, exists
 
     def everything(self, loc: Location) -> set[str]:
-        return set(self._list(loc.folder, "", bool(loc.pattern and "/" in loc.pattern), None))
+        return set(self._list(loc.folder, "", loc.deep, None))
 
 
 def _with_sidecars(results: list[str], beside: set[str]) -> list[str]:
@@ -210,10 +210,13 @@ def _read_once(resolved: dict[str, Location], found: dict[str, list[str]], captu
     for kind, rels in lists:
         for rel in rels:
             where = storage.join(resolved[kind].folder, rel)
-            if owner.setdefault(where, kind) != kind:
+            real = where if storage.is_remote(where) else os.path.realpath(where)  # links followed
+            if owner.setdefault(real, kind) != kind:
                 raise InputError(
-                    f"{where}: both the {owner[where]} location ({resolved[owner[where]].where}) and the {kind} "
-                    f"location ({resolved[kind].where}) would read it; point them at different files"
+                    f"{where}: both the {owner[real]} location ({resolved[owner[real]].where}) and the {kind} "
+                    f"location ({resolved[kind].where}) would read it"
+                    + (f" (it is {real})" if real != where else "")
+                    + "; point them at different files"
                 )
 
 

@@ -80,8 +80,13 @@ def _stage(con, name: str, folder: str, parts: int) -> None:
     con.register("part_rows", pa.RecordBatchReader.from_batches(schema, batches()))
     try:
         con.execute(f"CREATE OR REPLACE TEMP TABLE p_{name} AS SELECT * FROM part_rows")
-    finally:
-        con.unregister("part_rows")
+    except BaseException:
+        try:  # on an aborted transaction this fails too: the first error is the one to report
+            con.unregister("part_rows")
+        except Exception:  # noqa: BLE001, S110 - the error in flight is re-raised below
+            pass
+        raise
+    con.unregister("part_rows")
 
 
 def merge_parts(con, plan: LoadPlan, folder: str, settings: Settings = DEFAULTS) -> LoadSummary:
@@ -139,7 +144,10 @@ def merge_parts(con, plan: LoadPlan, folder: str, settings: Settings = DEFAULTS)
         con.execute("DROP TABLE IF EXISTS derived_owners")
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        try:
+            con.execute("ROLLBACK")
+        except Exception:  # noqa: BLE001, S110 - the error that aborted the merge is the one reported
+            pass
         raise
     token_rows += sum(m["too_big_rows"] for m in markers)  # read, and rejected
     summary = LoadSummary(

@@ -301,10 +301,13 @@ def apply(con, output: str, manifest: dict) -> None:
         )
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        try:  # the error that aborted the transaction is the one reported, not its cleanup's
+            con.execute("ROLLBACK")
+            con.unregister("staged_audit")
+        except Exception:  # noqa: BLE001, S110
+            pass
         raise
-    finally:
-        con.unregister("staged_audit")
+    con.unregister("staged_audit")
     checkpoint("warehouse")
     if storage.is_remote(output):
         _fill_objects(output, ds, manifest)
