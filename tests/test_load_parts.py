@@ -255,3 +255,41 @@ def test_an_error_in_the_merge_is_the_one_reported_not_its_cleanups(tmp_path, mo
     monkeypatch.setattr(merge, "merge_parts", lambda con, *a, **kw: real(Aborting(con), *a, **kw))
     with pytest.raises(duckdb.OutOfMemoryException, match="Out of Memory"):
         build(tmp_path / "in", tmp_path / "out", DS, Settings(load_parts=2))
+
+
+def test_empty_last_files_are_planned_into_the_last_part(tmp_path):
+    """A kind whose last file is empty (0 bytes) still cuts into every part without falling
+    off the end of the plan."""
+    synth_night(tmp_path / "in", DS, SynthConfig(rollouts=12, max_calls=6))
+    folder = tmp_path / "in" / "rollouts" / f"ds={DS}"
+    (folder / "zz-empty.jsonl").write_bytes(b"")
+    night = find_night(tmp_path / "in", DS)
+    for parts in (2, 3, 5):
+        plan = plan_parts(night, parts)
+        assert len(plan.parts) == parts
+        assert [rel for p in plan.parts for rel in p.rollouts] == night.rollouts  # each once, in order
+        assert "zz-empty.jsonl" in plan.parts[-1].rollouts
+
+
+def test_a_plan_of_another_version_is_refused(tmp_path):
+    from reassembler.load.parts import PLAN_VERSION, LoadPlan
+
+    synth_night(tmp_path / "in", DS, SynthConfig(rollouts=4, max_calls=6))
+    data = json.loads(plan_parts(find_night(tmp_path / "in", DS), 2).to_json())
+    data["version"] = PLAN_VERSION + 1
+    with pytest.raises(RuntimeError, match=rf"plan.json: load plan of version {PLAN_VERSION + 1}, expected"):
+        LoadPlan.from_json(json.dumps(data).encode(), "plan.json")
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_a_night_whose_every_rollout_line_is_rejected_stops_at_the_load(tmp_path, parts):
+    """Exit 2 naming the rollouts, before the warehouse's copy of the night is replaced."""
+    from reassembler.errors import InputError
+
+    synth_night(tmp_path / "in", DS, SynthConfig(rollouts=6, max_calls=6))
+    folder = tmp_path / "in" / "rollouts" / f"ds={DS}"
+    for f in folder.glob("*.jsonl"):
+        f.write_text("{not json\n" * 3)
+    with pytest.raises(InputError, match=r"no rollout could be read \(\d+ files, \d+ lines\)"):
+        build_night(tmp_path / "in", tmp_path / "out", DS, Settings(load_parts=parts))
+    assert not (tmp_path / "out" / "rows").exists()
