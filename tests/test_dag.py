@@ -517,3 +517,22 @@ def test_the_dag_builds_a_gym_night_on_object_storage_with_the_gym_layout(tmp_pa
     assert tables(tmp_path / "mirror", STAGED_DS) == tables(tmp_path / "contract", STAGED_DS)
     manifest = json.loads((tmp_path / "mirror" / "_published" / f"ds={STAGED_DS}.json").read_text())
     assert manifest["run_info"]["inputs"]["ledger"] == f"{root}/{STAGED_DS}/token_id_capture"
+
+
+@pytest.mark.timeout(300)
+def test_a_location_named_in_the_trigger_form_stays_under_the_input_root(tmp_path):
+    """Whoever may trigger the DAG cannot make a worker read any file: a `rollouts` param
+    outside the deployment's input root fails check_input at once, naming it and the setting
+    that allows more; nothing is read, no reject row shows the file's lines."""
+    inp, out, home = tmp_path / "input", tmp_path / "output", tmp_path / "airflow"
+    home.mkdir()
+    (inp / "rollouts" / f"ds={DS}").mkdir(parents=True)
+    env = _airflow_env(home, inp, out)
+    _airflow(env, "db", "migrate")
+    conf = {"ds": DS, "rollouts": "/etc/passwd"}
+    log = _airflow(env, "dags", "test", "capture_rows_nightly", "-c", json.dumps(conf), ok=False)
+    assert "/etc/passwd: the rollouts location given for this run lies outside the allowed input roots" in log
+    assert "REASSEMBLER_ALLOWED_INPUT_ROOTS" in log and not (out / "tables").exists()
+    conf = {"ds": DS, "input_marker": "../../../etc/passwd"}
+    log = _airflow(env, "dags", "test", "capture_rows_nightly", "-c", json.dumps(conf), ok=False)
+    assert "a file name in the night's rollouts folder, not a path" in log

@@ -184,3 +184,21 @@ def test_double_star_means_any_depth_and_only_as_a_whole_segment(tmp_path):
     assert not Location.parse(str(tmp_path / "runs" / "*" / "traces.jsonl"), "rollouts").matches("a/b/traces.jsonl")
     with pytest.raises(InputError, match=r"'\*\*' stands for any number of folders only as a whole segment"):
         Location.parse(str(tmp_path / "runs" / "a**" / "traces.jsonl"), "rollouts")
+
+
+def test_locations_chosen_for_a_run_are_confined_to_the_allowed_roots(tmp_path):
+    """What the DAG's trigger form may name: folders at or under the deployment's input roots;
+    `..` and links do not lead out; a root may hold {ds}."""
+    from reassembler.formats.locations import confine
+
+    root = tmp_path / "input"
+    (root / "rollouts" / "ds=2026-11-28").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "out-link").symlink_to(tmp_path / "elsewhere")
+    inside = Inputs(str(root), "contract", rollouts="{input}/rollouts/ds={ds}")
+    confine(inside, "2026-11-28", ["rollouts"], [str(root)])
+    confine(inside, "2026-11-28", ["rollouts"], [str(root / "rollouts" / "ds={ds}")])  # a root of one night
+    for where in ("/etc/passwd", f"{root}/../elsewhere/x.jsonl", f"{root}/out-link/*.jsonl"):
+        with pytest.raises(InputError, match=r"lies outside the allowed input roots .*REASSEMBLER_ALLOWED_INPUT_ROOTS"):
+            confine(Inputs(str(root), "contract", rollouts=where), "2026-11-28", ["rollouts"], [str(root)])
+    confine(Inputs(str(root), "contract", rollouts="/etc/passwd"), "2026-11-28", ["rollouts"], [str(root), "/etc"])

@@ -175,7 +175,7 @@ def capture_rows_nightly():
             ds = parse_ds(ds)
         except InputError as e:
             raise AirflowFailException(str(e)) from None
-        from reassembler.formats.locations import Inputs
+        from reassembler.formats.locations import Inputs, confine
 
         output_dir = _setting("output", DEFAULT_OUTPUT)
         try:
@@ -190,6 +190,15 @@ def capture_rows_nightly():
                 ),
             )
             where = {kind: loc.where for kind, loc in inputs.resolve(ds).items()}
+            # locations chosen in the trigger form are confined to the deployment's input roots:
+            # whoever may trigger the DAG must not make a worker read any file it can
+            chosen = [kind for kind in ("rollouts", "ledger", "tokens") if params.get(kind)]
+            if chosen:
+                roots = _setting("allowed_input_roots", os.environ.get("REASSEMBLER_ALLOWED_INPUT_ROOTS"))
+                confine(inputs, ds, chosen, (roots or "").split(",") if roots else [inputs.input or ""])
+            marker = params.get("input_marker")
+            if marker and ("/" in marker or marker in (".", "..")):
+                raise InputError(f"input_marker {marker!r}: a file name in the night's rollouts folder, not a path")
         except InputError as e:
             raise AirflowFailException(str(e)) from None
         print(f"night ds={ds}: output {output_dir}; input " + ", ".join(f"{k} {v}" for k, v in where.items()))

@@ -169,3 +169,26 @@ def fill(template: str, ds: str, root: str | None) -> str:
         return values[m.group(1)]
 
     return PLACEHOLDER.sub(one, template)
+
+
+def confine(inputs: Inputs, ds: str, kinds: list[str], roots: list[str]) -> None:
+    """InputError unless each of `kinds` (the locations someone else chose, e.g. in a DAG's
+    trigger form) resolves, for night `ds`, to a folder at or under one of `roots` (the
+    deployment's allowed input roots). Local folders are compared with their links resolved,
+    so neither `..` nor a link leads out; object storage by its bucket and prefix."""
+    import os
+
+    def real(loc: str) -> str:
+        loc = storage.location(loc)
+        return loc if storage.is_remote(loc) else os.path.realpath(loc)
+
+    allowed = [real(fill(r.strip(), ds, None)).rstrip("/") for r in roots if r.strip()]  # {ds} filled
+    resolved = inputs.resolve(ds)
+    for kind in kinds:
+        folder = real(resolved[kind].folder)
+        if not any(folder == root or folder.startswith(root + "/") for root in allowed):
+            raise InputError(
+                f"{resolved[kind].where}: the {kind} location given for this run lies outside the allowed input "
+                f"roots ({', '.join(allowed) or 'none'}); a deployment allows more with "
+                "REASSEMBLER_ALLOWED_INPUT_ROOTS (or the Variable reassembler_allowed_input_roots)"
+            )
