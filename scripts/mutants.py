@@ -51,6 +51,7 @@ GYM = "tests/test_gym_local.py"
 CHILDREN = "tests/test_capture_children.py"
 VERIFIERS = "tests/test_verifiers.py"
 VERIFIERS_PROPERTY = "tests/test_verifiers_properties.py"
+ENVELOPE = "tests/test_gym_envelope.py"
 UI = "plugins/reassembler_airflow/quality_ui.py"
 MUTANTS = [
     # versions and defaults (the four survivors of the independent mutation run)
@@ -910,6 +911,78 @@ MUTANTS = [
         "    return decode(raw, DECODER) if _float_for_int(value) else value",
         "    return value",
         (VERIFIERS,),
+    ),
+    # contract version 5: NeMo Gym's compaction agent (11), diagnoses (3.0), exactly-once and
+    # dropped traces (10.4, 10.5), where a row came from (5.3)
+    Mutant(
+        "envelope: the evidence digest is not compared",
+        "reassembler/formats/gym_envelope.py",
+        '        elif record["generation_evidence_digest"] != recomputed:',
+        "        elif False:",
+        (ENVELOPE,),
+    ),
+    Mutant(
+        "envelope: any incomplete reason admits the line",
+        "reassembler/formats/gym_envelope.py",
+        "    if reasons and set(reasons) <= IDENTITY_GAPS:",
+        "    if reasons:",
+        (ENVELOPE,),
+    ),
+    Mutant(
+        "envelope: a turn_id gap passes",
+        "reassembler/formats/gym_envelope.py",
+        '        if record["turn_id"] != k + 1:  # 8.9',
+        "        if False:  # 8.9",
+        (ENVELOPE,),
+    ),
+    Mutant(
+        "envelope: a boundary event that starts no segment passes",
+        "reassembler/formats/gym_envelope.py",
+        "        if step not in started:",
+        "        if False:",
+        (ENVELOPE,),
+    ),
+    Mutant(
+        "envelope: an ineligible call trains",
+        "reassembler/formats/gym_envelope.py",
+        "            ones = np.full(len(g), 1.0 if eligible else 0.0, np.float32)",
+        "            ones = np.full(len(g), 1.0, np.float32)",
+        (ENVELOPE,),
+    ),
+    Mutant(
+        "envelope: a version-2 line claims digest evidence",
+        "reassembler/formats/gym_envelope.py",
+        '    out = EnvelopeRollout(kind, "none" if v2 else "digest")',
+        '    out = EnvelopeRollout(kind, "digest")',
+        (ENVELOPE,),
+    ),
+    Mutant(
+        "a diagnosis beside a measured reward masks (contract 4)",
+        "reassembler/verify/rollout.py",
+        '    if rollout["failure_reason"] is not None and rollout["reward"] is None:',
+        '    if rollout["failure_reason"] is not None:',
+        (REASONS,),
+    ),
+    Mutant(
+        "verifiers: a shared sampled node trains on every branch (contract 4)",
+        "reassembler/formats/verifiers.py",
+        "        if all(k in owner for k in sampled):",
+        "        if not sampled:",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "verifiers: a dropped trace trains",
+        "reassembler/formats/verifiers.py",
+        "        if dropped is not None:",
+        "        if False:",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "every row claims digest evidence",
+        "reassembler/verify/rows.py",
+        '    return "digest" if capture in DIGEST_CAPTURES else "none"',
+        '    return "digest"',
+        (ENVELOPE,),
     ),
 ]
 
