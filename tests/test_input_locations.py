@@ -202,3 +202,27 @@ def test_locations_chosen_for_a_run_are_confined_to_the_allowed_roots(tmp_path):
         with pytest.raises(InputError, match=r"lies outside the allowed input roots .*REASSEMBLER_ALLOWED_INPUT_ROOTS"):
             confine(Inputs(str(root), "contract", rollouts=where), "2026-11-28", ["rollouts"], [str(root)])
     confine(Inputs(str(root), "contract", rollouts="/etc/passwd"), "2026-11-28", ["rollouts"], [str(root), "/etc"])
+
+
+def test_rollouts_naming_one_results_file_read_its_failures_sidecar_beside_it(tmp_path):
+    """`--rollouts` naming Gym's results file itself (not a glob that also matches the
+    sidecar) reads `<stem>_failures.jsonl` beside it: a given-up sample becomes its audit row."""
+    night = gym_folder(tmp_path / "gym", "gym-0.7.0", STAGED_DS)
+    failed = {"_ng_task_index": 9, "_ng_rollout_index": 0, "_ng_failure_class": "timeout", "_ng_failure_terminal": True}
+    (night / "rollouts_failures.jsonl").write_text(json.dumps(failed) + "\n")
+    inputs = Inputs(str(tmp_path / "gym" / "{ds}"), "gym", rollouts="{input}/rollouts.jsonl")
+    found = find_night(inputs, STAGED_DS)
+    assert found.failures == ["rollouts_failures.jsonl"] and found.rollouts == ["rollouts.jsonl"]
+    summary = build_night(inputs, tmp_path / "out", STAGED_DS)
+    assert summary.load.gym.given_up == 1
+
+
+def test_a_verifiers_night_with_another_jsonl_beside_its_traces_needs_no_ledger(tmp_path):
+    """Any other .jsonl beside traces.jsonl is read as rollout lines; the night still needs no
+    ledger or tokens folder (it holds a traces file)."""
+    runs = tmp_path / "runs" / "2026-12-01"
+    runs.mkdir(parents=True)
+    shutil.copy(DATA / "verifiers-0.4.0" / "rollouts" / "ds=2026-12-01" / "traces.jsonl", runs / "traces.jsonl")
+    (runs / "notes.jsonl").write_text('{"reward": 1.0}\n')  # not a rollout: a reject row
+    summary = build_night(Inputs(rollouts=str(tmp_path / "runs" / "{ds}")), tmp_path / "out", "2026-12-01")
+    assert summary.load.traces[0] == 6 and summary.load.rollouts.rejected == 2  # the torn line and the note
