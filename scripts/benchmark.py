@@ -33,7 +33,8 @@ shard of each, the same from S3, then T(N tokens, W workers) modelled from those
 
 Usage: python scripts/benchmark.py [--tokens 10e6] [--rounds 3] [--workdir bench-out] [--workers 2]
                                   [--reuse] [--against REV]
-                                  [--local-only | --verifiers-only | --s3-only | --latency-only | --scale-only]
+                                  [--local-only | --verifiers-only | --envelope-only | --s3-only | --latency-only
+                                   | --scale-only]
        python scripts/benchmark.py --report-only
 """
 
@@ -341,25 +342,23 @@ def local_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
     print(f"             local / staged, CPU       = {lc / sc:.2f}   per round, wall {paired(b, a, 'wall')}")
 
 
-def verifiers_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str) -> None:
-    """verifiers traces against NeMo Gym's rebuilt lines, one night of each from the same
-    seed (the same rollouts, calls and tokens drawn), loads and builds interleaved (issue 36:
-    a verifiers night reads at least as fast per token as a Gym-rebuilt night). Per token of
-    the rows built (what each producer's night trains on); then the loads of a verifiers
-    night as large in bytes as the rebuilt one, per MiB of input."""
+def _against_rebuilt(shape: str, work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str):
+    """One night of `shape` and one of NeMo Gym's rebuilt lines from the same seed (the same
+    rollouts, calls and tokens drawn), loads and builds interleaved; printed per token of the
+    rows built (what each producer's night trains on). Returns the two nights and the step."""
     rebuilt, _ = night(work, "gym-rebuilt", tokens, seed=3, reuse=reuse, shape="rebuilt")
-    traces, _ = night(work, "verifiers", tokens, seed=3, reuse=reuse, shape="verifiers")
+    other, _ = night(work, shape, tokens, seed=3, reuse=reuse, shape=shape)
     step = lambda root: run(  # noqa: E731  the load step alone, into a warehouse of its own
         S3_STEP, "load", root / "input", root / "load-output", DS, root / "load-output" / "warehouse.duckdb"
     )
-    for root in (rebuilt, traces):
+    for root in (rebuilt, other):
         shutil.rmtree(root / "load-output", ignore_errors=True)
-    loads_r, loads_v = interleaved(rounds, lambda: step(rebuilt), lambda: step(traces))
-    builds_r, builds_v = interleaved(
-        rounds, lambda: build(rebuilt, 1, 1, memory_limit), lambda: build(traces, 1, 1, memory_limit)
+    loads_r, loads_o = interleaved(rounds, lambda: step(rebuilt), lambda: step(other))
+    builds_r, builds_o = interleaved(
+        rounds, lambda: build(rebuilt, 1, 1, memory_limit), lambda: build(other, 1, 1, memory_limit)
     )
     per: dict[str, dict[str, float]] = {}
-    nights = (("rebuilt", rebuilt, loads_r, builds_r), ("verifiers", traces, loads_v, builds_v))
+    nights = (("rebuilt", rebuilt, loads_r, builds_r), (shape, other, loads_o, builds_o))
     for name, root, loads, builds in nights:
         agree, total = outcomes_match(root)
         audit = pq.read_table(root / "output" / "audit" / f"ds={DS}", columns=["n_tokens"])
@@ -374,11 +373,26 @@ def verifiers_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_l
             f"build wall {spread(builds, 'wall')}; load {lw / mib * 1e3:.1f} ms/MiB"
         )
     for what in ("load", "load_cpu", "build"):
-        ratio = per["verifiers"][what] / per["rebuilt"][what]
+        ratio = per[shape][what] / per["rebuilt"][what]
         print(
-            f"per token    verifiers / rebuilt, {what:<9}= {ratio:.2f}  ({per['verifiers'][what]:.2f} against "
+            f"per token    {shape} / rebuilt, {what:<9}= {ratio:.2f}  ({per[shape][what]:.2f} against "
             f"{per['rebuilt'][what]:.2f} s per M tokens; goal <= 1.00)  {_met(ratio <= 1.0)}"
         )
+    return rebuilt, other, step
+
+
+def envelope_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str) -> None:
+    """NeMo Gym's compaction-agent lines (contract 11: every call's arrays and its evidence
+    digest recomputed) against its rebuilt lines (9.10: no digest), the same seed, per token
+    of the rows: what recomputing a SHA-256 per call costs a night."""
+    _against_rebuilt("envelope", work, tokens, rounds, reuse, memory_limit)
+
+
+def verifiers_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str) -> None:
+    """verifiers traces against NeMo Gym's rebuilt lines, per token of the rows (issue 36: a
+    verifiers night reads at least as fast per token as a Gym-rebuilt night); then the loads
+    of a verifiers night as large in bytes as the rebuilt one, per MiB of input."""
+    rebuilt, traces, step = _against_rebuilt("verifiers", work, tokens, rounds, reuse, memory_limit)
     # the same size in bytes: a rebuilt line repeats its prompts, so a verifiers night of as
     # many bytes holds several times its tokens; the loads of the two, interleaved
     scale = _size(rebuilt / "input") / _size(traces / "input")
@@ -953,6 +967,9 @@ def main() -> None:
     p.add_argument(
         "--verifiers-only", action="store_true", help="only verifiers traces against NeMo Gym's rebuilt lines"
     )
+    p.add_argument(
+        "--envelope-only", action="store_true", help="only NeMo Gym's compaction-agent lines against its rebuilt lines"
+    )
     p.add_argument("--scale-only", action="store_true", help="only the load in parts: part, merge, 1 vs 2 parts")
     p.add_argument(
         "--latency-only", action="store_true", help="only the build on S3 with 0, 20 and 100 ms added to each request"
@@ -972,6 +989,8 @@ def main() -> None:
         return celery_main(work, args.tokens, args.reuse)
     if args.verifiers_only:
         return verifiers_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
+    if args.envelope_only:
+        return envelope_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     if args.scale_only:
         scale_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
         return

@@ -109,3 +109,16 @@ def test_the_verifiers_comparison_builds_one_seed_as_traces_and_as_rebuilt_lines
     assert "same bytes   verifiers " in out  # a verifiers night as large as the rebuilt one
     assert "same bytes   verifiers " in out  # a verifiers night as large as the rebuilt one
     assert (tmp_path / "verifiers" / "input" / "rollouts" / f"ds={benchmark.DS}" / "traces.jsonl").stat().st_size
+
+
+def test_the_envelope_comparison_builds_one_seed_as_envelope_and_as_rebuilt_lines(tmp_path, capsys):
+    """--envelope-only: the same seed as NeMo Gym's compaction-agent lines and as its rebuilt
+    lines; every audit row agrees with what synth recorded; per-token ratios printed."""
+    benchmark.envelope_main(tmp_path, 2e5, 1, reuse=False, memory_limit="256MB")
+    out = capsys.readouterr().out
+    for name in ("rebuilt", "envelope"):
+        [line] = [x for x in out.splitlines() if x.startswith(f"{name:<10}")]
+        total, agreed = line.split()[1], line.split("(")[1].split()[0]
+        assert total == agreed, line
+    for what in ("load", "load_cpu", "build"):
+        assert f"per token    envelope / rebuilt, {what}" in out
