@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..reasons import Reason
+from .gym_rebuilt import TOKEN_KEY, token_items
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,7 +57,6 @@ IDENTITY_GAPS = frozenset(
         "exact_multimodal_processor_fingerprint_not_reported_by_generation_server",
     }
 )
-TOKEN_KEY = "generation_token_ids"
 TOKEN_LIMIT = 2**31
 CAPTURE = "envelope"  # the rollouts' and their derived calls' capture kind
 
@@ -80,7 +79,7 @@ def canonical_digest(prompt: list, generated: list, logprobs: list) -> str:
     {"prompt_token_ids":[...],"sampled_logprobs":[...],"sampled_token_ids":[...]} with no
     whitespace, integers in decimal and each log probability as Python's repr(float(x)).
     The lists are encoded by the json module's C encoder: no Python loop per token."""
-    if not all(type(x) is float for x in logprobs):  # an integer written as such: repr(float(x))
+    if not set(map(type, logprobs)) <= {float}:  # an integer written as such: repr(float(x)); judged in C
         logprobs = [float(x) for x in logprobs]
     text = json.dumps(
         {"prompt_token_ids": prompt, "sampled_logprobs": logprobs, "sampled_token_ids": generated},
@@ -277,11 +276,7 @@ def _read_calls(response: dict, contract: dict, records: list, events: dict[int,
     import numpy as np
 
     output = response.get("output")
-    items = (
-        [(i, item) for i, item in enumerate(output) if isinstance(item, dict) and item.get(TOKEN_KEY) is not None]
-        if isinstance(output, list)
-        else []
-    )
+    items = token_items(output) if isinstance(output, list) else []
     if not items:  # check 7
         raise _Masked(Reason.MISSING_TOKENS, "no output item carries generation_token_ids")
     if len(records) > len(items):
@@ -412,8 +407,15 @@ def _record_problem(p, g, lp, record, v2: bool) -> str | None:
 def _v2_digest(record: dict) -> str | None:
     """The digest of a version-2 evidence record's own copy of the arrays; None (a mismatch)
     when a log probability in it is not a number."""
+    import numpy as np
+
     logprobs = record["sampled_logprobs"]
-    if not all(type(x) in _NUMBER_TYPES and math.isfinite(x) for x in logprobs):
+    if not set(map(type, logprobs)) <= _NUMBER_TYPES:  # the exact types, judged in C
+        return None
+    try:
+        if not np.isfinite(np.fromiter(logprobs, np.float64, len(logprobs))).all():
+            return None
+    except OverflowError:
         return None
     try:
         return canonical_digest(record["prompt_token_ids"], record["sampled_token_ids"], logprobs)
@@ -532,11 +534,7 @@ def describe(obj, rollout: EnvelopeRollout) -> list[str]:
                 + (f" ({event.get('policy_name')})" if event.get("policy_name") else "")
             )
     output = response.get("output")
-    items = (
-        [i for i, item in enumerate(output) if isinstance(item, dict) and item.get(TOKEN_KEY) is not None]
-        if isinstance(output, list)
-        else []
-    )
+    items = [i for i, _ in token_items(output)] if isinstance(output, list) else []
     records = response.get("completion_evidence" if rollout.evidence == "none" else "model_call_metadata")
     records = records if isinstance(records, list) else []
     for k in range(max(len(items), len(records))):
