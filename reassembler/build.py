@@ -4,7 +4,7 @@ Each step is a function of its own because the Airflow DAG runs them as separate
 shards in parallel); `build_loaded` runs them one after the other for the command line.
 Every step takes the warehouse as one `Warehouse` (warehouse.py): the Airflow tasks open it
 per step, a one-process build holds one connection for all of them. The load step takes the
-night's `NightLoad` (load/night_load.py), which owns the helpers the load runs. Both paths
+night's `NightLoad` (merge/night_load.py), which owns the helpers the load runs. Both paths
 run exactly this code, with one `Settings` (settings.py).
 """
 
@@ -19,21 +19,23 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
 
-from . import progress, storage
+from . import call_tables, progress, storage
 from .errors import InputError
 from .formats.locations import Inputs
 from .formats.night import check_output_apart
-from .load.night_load import NightLoad, PartsLoaded
 from .load.part_load import clear_parts
 from .load.read import LoadSummary
-from .load.shard_plan import write_plans
 from .memory import step_memory
+from .merge.commit import write_shard_rollouts
+from .merge.night_load import NightLoad, PartsLoaded
+from .merge.pieces import build_calls
 from .publish.checkpoints import checkpoint
 from .publish.lock import OutputLock
 from .publish.protocol import (
     NightNumbers,
     clear_legacy,
     collect_runs,
+    path_safe,
     publish_staged,
     published_numbers,
     read_manifest,
@@ -43,7 +45,7 @@ from .publish.protocol import (
 )
 from .settings import DEFAULTS, REPORT_NIGHTS, Settings
 from .verify.shard import ShardResult, run_shard
-from .warehouse import Warehouse, apply_retention, clear_dead_spill_folders, run_script, sql
+from .warehouse import Warehouse, apply_retention, clear_dead_spill_folders, drop_call_files, run_script
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +80,19 @@ def load_step(
         clear_dead_spill_folders(output, settings.duckdb)
         staging = staging_dir(output, ds, run)
         with step_memory():
-            summary = load.into(con, staging)
+            summary = load.into(con, staging, (output, path_safe(run)))  # parts, merge, commit
         con.execute("BEGIN TRANSACTION")
         run_script(con, "record_load", {"ds": ds, "run_id": run_id, "n_rollouts": summary.n_rollouts})
-        con.execute(sql("plan_shards"), {"ds": ds, "shards": settings.shards})
-        apply_retention(con, ds, settings.retention_nights)
+        kept = apply_retention(con, ds, settings.retention_nights)
         con.execute("COMMIT")
         con.execute("CHECKPOINT")  # the night into the file
-        with step_memory():
-            write_plans(con, plans or staging, ds, settings.shards)  # what each shard reads instead of the warehouse
+        assert load.plan is not None, "internal: a night loaded without its plan"
+        with step_memory():  # what each shard reads instead of the warehouse (it sorts its calls itself)
+            write_shard_rollouts(con, load.plan, staging, settings.shards, plans)
+        call_tables.remove_other_runs(output, ds, path_safe(run))  # earlier loads of the night
+        drop_call_files(output, kept)
+        if call_tables.is_temporary(con):
+            call_tables.define_views(con, output, temporary=True)  # the files as they are now
         checkpoint("loaded")
     if load.plan is not None:
         clear_parts(load.plan, staging)  # merged: the warehouse holds them now
@@ -100,8 +106,10 @@ def shard_step(
     """Reassemble shard `shard` of the loaded night into the run's folder, from its plan
     there (or in `plans`): it needs the output store only (no warehouse), so it may run on
     any machine."""
+    staging = staging_dir(storage.location(output), ds, run_id)
     with step_memory():
-        return run_shard(ds, shard, settings, run_id, staging_dir(storage.location(output), ds, run_id), plans)
+        build_calls(staging, shard, plans, settings)  # its calls, out of the merge's buckets
+        return run_shard(ds, shard, settings, run_id, staging, plans)
 
 
 def publish_step(

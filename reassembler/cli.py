@@ -160,6 +160,12 @@ def parser() -> argparse.ArgumentParser:
         help="parts the night's input is parsed in (default: one per 256 MiB of input)",
     )
     b.add_argument(
+        "--merge-buckets",
+        type=_positive,
+        default=DEFAULTS.merge_buckets,
+        help="buckets of rollouts the night is merged in, in worker processes (default: as many as shards)",
+    )
+    b.add_argument(
         "--max-mask-rate",
         type=_rate,
         default=DEFAULTS.max_mask_rate,
@@ -271,7 +277,7 @@ def _scaled(span: tuple[int, int], scale: float) -> tuple[int, int]:
 
 def run(args) -> int:
     if args.command == "build":
-        from .load.night_load import NightLoad
+        from .merge.night_load import NightLoad
         from .warehouse import warehouse_path
 
         settings = Settings.from_cli(args)

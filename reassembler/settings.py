@@ -14,6 +14,7 @@ imports nothing heavy: the DAG file reads it when it is parsed.
 | duckdb.lock_wait_seconds | 60 | wait for another client of the warehouse file |
 | shards / workers | 1 / 1 (DAG: 4 shards, one task each) | parallelism |
 | load_parts | one per 256 MiB of input | parts the load parses the night in (DAG: one task each) |
+| merge_buckets | the shards | buckets of rollouts the night is merged in (DAG: one task each) |
 | max_mask_rate | 1.0 (DAG: 0.5) | refuse to publish above this mask rate |
 | max_line_bytes | 16 MiB | longest JSON line read |
 | batch_rows / batch_tokens | 16,384 calls / 1,000,000 tokens | one batch of a shard |
@@ -110,6 +111,7 @@ class Settings:
     shards: int = 1
     workers: int = 1
     load_parts: int | None = None  # None: one per load/parts.PART_BYTES of input
+    merge_buckets: int | None = None  # None: as many as shards
     max_mask_rate: float = 1.0
     allow_empty: bool = False
     max_line_bytes: int = MAX_LINE_BYTES
@@ -118,6 +120,11 @@ class Settings:
     token_cache_bytes: int = 64 << 20
     max_row_group_bytes: int = 64 << 20  # a token row group decoding to more is not read (reject rows)
     retention_nights: int = 30
+
+    @property
+    def buckets(self) -> int:
+        """The merge's fan-out: merge_buckets, else the shards."""
+        return self.merge_buckets or self.shards
 
     @classmethod
     def from_cli(cls, args) -> Settings:
@@ -129,6 +136,7 @@ class Settings:
             shards=args.shards,
             workers=args.workers,
             load_parts=args.load_parts,
+            merge_buckets=args.merge_buckets,
             max_mask_rate=args.max_mask_rate,
             allow_empty=args.allow_empty,
             max_line_bytes=args.max_line_bytes,
@@ -163,6 +171,7 @@ class Settings:
             ),
             shards=get("shards", d.shards, int),
             load_parts=get("load_parts", d.load_parts, int),
+            merge_buckets=get("merge_buckets", d.merge_buckets, int),
             max_mask_rate=get("max_mask_rate", d.max_mask_rate, float),
             allow_empty=get("allow_empty", d.allow_empty, _bool),
             max_line_bytes=get("max_line_bytes", d.max_line_bytes, int),
@@ -206,6 +215,14 @@ def dag_params() -> dict[str, dict[str, Any]]:
             maximum=4096,
             description="Parts the night's input is parsed in, as separate mapped tasks (in parallel). Empty: one "
             "per 256 MiB of input.",
+        ),
+        "merge_buckets": dict(
+            default=d.merge_buckets,
+            type=["null", "integer"],
+            minimum=1,
+            maximum=4096,
+            description="Buckets of rollouts the night is merged in, as separate mapped tasks (in parallel). "
+            "Empty: as many as shards.",
         ),
         "mode": dict(
             default=d.options.mode,

@@ -9,6 +9,7 @@ finds them wherever it runs.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -21,12 +22,12 @@ from pathlib import Path
 
 import duckdb
 
-from . import storage
-from .errors import InputError, OutputBusy
+from . import call_tables, storage
+from .errors import InputError, OutputBusy, StoreError
 from .formats.fields import LEDGER, ROLLOUT, ddl
 from .settings import DuckDBSettings
 
-SCHEMA_VERSION = 8  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
+SCHEMA_VERSION = 9  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
 
 
 def _sql_dir() -> Path:
@@ -40,6 +41,7 @@ def _sql_dir() -> Path:
 
 
 SQL_DIR = _sql_dir()
+log = logging.getLogger(__name__)
 WAREHOUSE_FILE = "warehouse.duckdb"
 
 
@@ -189,7 +191,9 @@ def connect(
         if read_only:
             check_version(con, path)
         else:
-            migrate(con, path)
+            migrate(con, path, output_dir)
+        if storage.is_remote(call_tables.root(output_dir)):
+            call_tables.define_views(con, output_dir, temporary=True)
     except BaseException:
         con.close()
         raise
@@ -226,18 +230,24 @@ def check_version(con, path) -> None:
         )
 
 
-def migrate(con, path=WAREHOUSE_FILE) -> None:
-    """Bring the warehouse to SCHEMA_VERSION: create it, or apply the migrations it lacks."""
+def migrate(con, path=WAREHOUSE_FILE, output=None) -> None:
+    """Bring the warehouse to SCHEMA_VERSION: create it, or apply the migrations it lacks;
+    then define the per-call views of a local `output` (call_tables.py)."""
     current = schema_version(con)
     if current > SCHEMA_VERSION:
         raise _newer(current, path)
-    if current == SCHEMA_VERSION:
-        return
-    for step in range(current + 1 if current else SCHEMA_VERSION + 1, SCHEMA_VERSION + 1):
-        [migration] = sorted((SQL_DIR / "migrations").glob(f"{step:03d}_*.sql"))
-        run_script(con, f"migrations/{migration.stem}")
-    run_script(con, "schema", rollouts_columns=ddl(ROLLOUT), ledger_columns=ddl(LEDGER))  # at the current version
-    con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [SCHEMA_VERSION])
+    if current < SCHEMA_VERSION:
+        for step in range(current + 1 if current else SCHEMA_VERSION + 1, SCHEMA_VERSION + 1):
+            [migration] = sorted((SQL_DIR / "migrations").glob(f"{step:03d}_*.sql"))
+            if step == 9 and output is not None:
+                call_tables.export_tables(con, output)  # the rows before the tables go
+            run_script(con, f"migrations/{migration.stem}")
+        run_script(con, "schema", rollouts_columns=ddl(ROLLOUT), ledger_columns=ddl(LEDGER))  # at the current version
+        con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [SCHEMA_VERSION])
+    if output is not None:
+        call_tables.ensure_schema_files(output)
+        if not storage.is_remote(call_tables.root(output)):
+            call_tables.define_views(con, output, temporary=False)
 
 
 # A night loaded and not yet published keeps its per-call rows this long (a build in flight,
@@ -245,11 +255,27 @@ def migrate(con, path=WAREHOUSE_FILE) -> None:
 LOAD_HOLD_DAYS = 7
 
 
-def apply_retention(con, ds: str, nights: int) -> None:
-    """Keep the per-call tables of the newest `nights` nights, of `ds` (the night just
+def apply_retention(con, ds: str, nights: int) -> list[str]:
+    """Keep the per-night tables of the newest `nights` nights, of `ds` (the night just
     loaded, however old) and of the nights loaded and not yet published (sql/retention.sql);
-    audit and runs are kept for good."""
+    audit, runs and rejects are kept for good. Returns the nights whose per-call files
+    (ledger, token_rows) go: `drop_call_files` deletes them once the caller commits."""
     run_script(con, "retention", {"ds": ds, "nights": nights, "hold_days": LOAD_HOLD_DAYS})
+    kept = {str(d) for (d,) in con.execute("SELECT ds FROM kept_nights").fetchall()}
+    con.execute("DROP TABLE kept_nights")
+    return sorted(kept)
+
+
+def drop_call_files(output, kept: list[str]) -> None:
+    """Delete the ledger and token_rows folders of every night not in `kept` (files, not
+    rows: call_tables.py); best effort, a folder left is deleted by the next load."""
+    for table in ("ledger", "token_rows"):
+        for night in call_tables.nights_on_disk(output, table):
+            if night not in kept:
+                try:
+                    storage.delete_tree(storage.join(call_tables.root(output), table, f"ds={night}"))
+                except (StoreError, OSError) as e:  # noqa: PERF203 - a night at a time, rare
+                    log.info("the %s files of ds=%s stay for now: %s", table, night, e)
 
 
 class Warehouse:
@@ -285,7 +311,7 @@ class Warehouse:
     @contextmanager
     def reading(self) -> Iterator[duckdb.DuckDBPyConnection]:
         if self._held is not None:
-            with self._held.cursor() as cursor:
+            with call_tables.cursor(self._held) as cursor:
                 yield cursor
             return
         with connect(self.output_dir, self.settings, read_only=True, database=self.path) as con:

@@ -58,7 +58,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reassembler.producer.synth import SynthConfig, read_expected, synth_night
-from reassembler.publish.protocol import staging_dir
 from reassembler.settings import DuckDBSettings
 
 DS = "2026-11-28"
@@ -420,7 +419,7 @@ assert rc == 0, rc
 
 S3_STEP = """
 from reassembler.build import load_step, publish_step, shard_step
-from reassembler.load.night_load import NightLoad
+from reassembler.merge.night_load import NightLoad
 from reassembler.settings import Settings
 from reassembler.warehouse import Warehouse
 step, inp, out, ds, warehouse = sys.argv[1:6]
@@ -610,24 +609,41 @@ def celery_main(work: Path, tokens: float, reuse: bool) -> None:
     )
 
 
-# a load part alone: the whole night as one part, into the run's folder of `out`
+# a load part alone: the whole night as one part (its per-call rows split into `buckets`), into the run's folder
 PART = """
 from reassembler.formats.night import find_night
 from reassembler.load.part_load import load_part
 from reassembler.load.parts import plan_parts, write_plan
 from reassembler.publish.protocol import staging_dir
 from reassembler.settings import DuckDBSettings, Settings
-inp, out, ds, run, memory = sys.argv[1:6]
+inp, out, ds, run, memory, buckets = sys.argv[1:7]
 settings = Settings(duckdb=DuckDBSettings(memory_limit=memory))
 folder = staging_dir(out, ds, run)
-plan = plan_parts(find_night(inp, ds), 1)
+plan = plan_parts(find_night(inp, ds), 1, int(buckets))
 write_plan(folder, plan)
 load_part(plan, 0, folder, settings)
 """
-# the merge alone (the warehouse task): the parts PART wrote, into the warehouse, the shard plans written
-MERGE = """
+# one step of the merge (merge/): the global step, or one key bucket, or one rollout bucket, on any worker
+MERGE_STEP = """
+from reassembler.load.parts import read_plan
+from reassembler.merge import bucket, keys, rollouts
+from reassembler.publish.protocol import staging_dir
+from reassembler.settings import DuckDBSettings, Settings
+out, ds, run, memory, step, b = sys.argv[1:7]
+settings = Settings(duckdb=DuckDBSettings(memory_limit=memory))
+folder = staging_dir(out, ds, run)
+plan = read_plan(folder)
+if step == "rollouts":
+    rollouts.merge_rollouts(plan, folder, (out, run), settings)
+elif step == "keys":
+    keys.merge_keys(plan, folder, int(b), (out, run), settings)
+else:
+    bucket.merge_bucket(plan, folder, int(b), (out, run), settings)
+"""
+# the warehouse task: the merged night committed into the warehouse, each shard's rollouts written
+COMMIT = """
 import reassembler.build as build
-from reassembler.load.night_load import PartsLoaded
+from reassembler.merge.night_load import PartsLoaded
 from reassembler.publish.protocol import staging_dir
 from reassembler.settings import DuckDBSettings, Settings
 from reassembler.warehouse import Warehouse
@@ -636,38 +652,15 @@ settings = Settings(duckdb=DuckDBSettings(memory_limit=memory))
 build.clear_parts = lambda plan, folder: None  # keep the parts: the next round merges them again
 build.load_step(PartsLoaded(staging_dir(out, ds, run), settings), Warehouse(out, settings.duckdb, warehouse), run)
 """
-# a revision's whole load step (before the parts: parse, checks and plans in one warehouse task)
-OLD_LOAD = """
-from reassembler.build import load_step
-from reassembler.load.night_load import NightLoad
-from reassembler.settings import Settings
-from reassembler.warehouse import Warehouse
-inp, out, ds, warehouse = sys.argv[1:5]
-settings = Settings()
-with NightLoad(inp, ds, settings) as night:
-    load_step(night, Warehouse(out, settings.duckdb, warehouse), "bench-old-load")
-"""
 PARTS_BUILD = """
 from reassembler.cli import entry
 inp, out, ds, parts, workers, memory = sys.argv[1:7]
 rc = entry(["build", "--input", inp, "--output", out, "--ds", ds, "--load-parts", parts, "--workers", workers,
-            "--memory-limit", memory])
+            "--memory-limit", memory, "--shards", workers])
 assert rc == 0, rc
 """
-# the merge's floor: the parts' per-call rows written into a new warehouse file, nothing else
-PERSIST = """
-import os
-from pathlib import Path
-import duckdb
-from reassembler.warehouse import run_statements
-folder, database, memory, script = sys.argv[1:5]
-if os.path.exists(database):
-    os.remove(database)
-con = duckdb.connect(database, config={"memory_limit": memory, "threads": 2, "preserve_insertion_order": False})
-run_statements(con, Path(script).read_text(), {"folder": folder})
-con.close()
-"""
-SCALE_BEFORE = "e2d7ff2"  # the last revision whose load was one warehouse task
+BUILD_BEFORE = "df050e4"  # the last revision whose merge was one warehouse task writing every call into the file
+BENCH_BUCKETS = 4  # the merge's fan-out on the bench: each bucket task measured alone
 
 
 def _in_tree(tree: Path | None, body: str, *args) -> dict:
@@ -693,21 +686,45 @@ shard_step(out, ds, 0, run, Settings())
 """
 
 
-def _part_and_merge(work: Path, root: Path, tag: str, rounds: int, memory_limit: str) -> tuple[list, list]:
-    """A night's load as one part, then its merge (the warehouse task), interleaved."""
-    inp, out = root / "input", work / f"scale-{tag}"
-    shutil.rmtree(out, ignore_errors=True)
-    run(PART, inp, out, DS, "bench-scale", memory_limit)  # the parts the first merge reads
-    return interleaved(
-        rounds,
-        lambda: run(PART, inp, out, DS, "bench-scale", memory_limit),
-        lambda: run(MERGE, out, DS, "bench-scale", work / f"scale-{tag}.duckdb", memory_limit),
+def _night_steps(inp, out, warehouse: Path, rounds: int, memory_limit: str, shard: bool = False) -> dict:
+    """A night's load as one part split into BENCH_BUCKETS buckets, then each step of the
+    merge in a fresh process of its own (the global step, every key bucket, every rollout
+    bucket, the warehouse task), and one shard of the whole night, `rounds` times:
+    {step: [runs]} (the buckets' runs one list per bucket)."""
+    runs: dict = {"part": [], "rollouts": [], "commit": [], "shard": []}
+    runs.update({f"keys-{b}": [] for b in range(BENCH_BUCKETS)})
+    runs.update({f"bucket-{b}": [] for b in range(BENCH_BUCKETS)})
+    merge = (
+        [("rollouts", 0)] + [("keys", b) for b in range(BENCH_BUCKETS)] + [("bucket", b) for b in range(BENCH_BUCKETS)]
     )
+    for _ in range(rounds):
+        runs["part"].append(run(PART, inp, out, DS, "bench-scale", memory_limit, BENCH_BUCKETS))
+        for step, b in merge:
+            name = step if step == "rollouts" else f"{step}-{b}"
+            runs[name].append(run(MERGE_STEP, out, DS, "bench-scale", memory_limit, step, b))
+        runs["commit"].append(run(COMMIT, out, DS, "bench-scale", warehouse, memory_limit))
+        if shard:
+            runs["shard"].append(run(SHARD, out, DS, "bench-scale"))
+    return runs
+
+
+def _medians(runs: dict, key: str = "wall") -> dict:
+    """Each step's median; `keys` and `bucket`: the sum over the buckets and the largest."""
+    med = {name: statistics.median(r[key] for r in rs) for name, rs in runs.items() if rs}
+    for step in ("keys", "bucket"):
+        each = [med[f"{step}-{b}"] for b in range(BENCH_BUCKETS)]
+        med[step] = sum(each)
+        med[f"{step}_max"] = max(each)
+    return med
 
 
 def _marginal(small: list, big: list, n_small: float, n_big: float) -> tuple[float, float]:
     """(seconds per unit, fixed seconds) from the medians of the same step on two nights."""
     a, b = statistics.median(r["wall"] for r in small), statistics.median(r["wall"] for r in big)
+    return _slope(a, b, n_small, n_big)
+
+
+def _slope(a: float, b: float, n_small: float, n_big: float) -> tuple[float, float]:
     per = (b - a) / (n_big - n_small)
     return per, a - per * n_small
 
@@ -728,28 +745,42 @@ def per_token_and_call(per_token: float, tokens_a: float, per_call: float, token
 
 TASK_GAP = 0.8  # s between one Celery task's end and the next one's start (docs/deploy-celery.md)
 TAIL = 6.0  # s: publish, report and gate, one after the other (docs/deploy-celery.md)
-STEPS = 9  # the DAG's steps a night: check, plan, parts, load, plan shards, shards, publish, report, gate
+# the DAG's steps a night, one after the other: check, wait, plan, parts, global step, key
+# buckets, rollout buckets, warehouse task, shards, audit checks (publish, report and gate: TAIL)
+STEPS = 10
 
 
 def model_seconds(f: dict, tokens: float, workers: int, tokens_per_call: float) -> dict:
     """The modelled night of `tokens` on `workers` workers (one task slot each; as many
-    parts and shards as slots), from the measured figures `f` (scale_main): the parts and
-    the shards spread over the workers, the merge serial, and each task's fixed gap."""
+    parts, merge buckets and shards as slots), from the measured figures `f` (scale_main):
+    the parts, the buckets and the shards spread over the workers (a bucket's share the
+    largest measured, `skew`), the global step and the warehouse task serial, each task's
+    fixed gap."""
     calls = tokens / tokens_per_call
     parts = (f["part_token"] * tokens + f["part_call"] * calls) * f["part_s3"] / workers + f["part_fixed"]
-    merge = f["merge_call"] * calls * f["merge_s3"] + f["merge_fixed"]
+    skew = f["skew"] if workers > 1 else 1.0
+    buckets = (
+        (f["keys_call"] + f["bucket_call"]) * calls * f["merge_s3"] * skew / workers
+        + f["keys_fixed"]
+        + f["bucket_fixed"]
+    )
+    serial = (f["global_call"] + f["commit_call"]) * calls + f["global_fixed"] + f["commit_fixed"]
     shards = (f["shard_token"] * tokens + f["shard_call"] * calls) * f["shard_s3"] / workers
     fixed = STEPS * TASK_GAP + TAIL
-    return {"parts": parts, "merge": merge, "shards": shards, "fixed": fixed, "total": parts + merge + shards + fixed}
+    total = parts + buckets + serial + shards + fixed
+    return {"parts": parts, "buckets": buckets, "serial": serial, "shards": shards, "fixed": fixed, "total": total}
 
 
 def print_model(f: dict, shapes: list[tuple[str, float]]) -> None:
     """T(N tokens, W workers) for 1B, 10B and 100B tokens on 1, 8, 32 and 64 workers, for
-    each shape (tokens a call), with issue 34's goals marked."""
+    each shape (tokens a call), with issue 48's goals marked."""
     goals = {(10e9, 8): 15 * 60, (100e9, 64): 30 * 60}
     workers = (1, 8, 32, 64)
     for shape, per_call in shapes:
-        print(f"model        {shape}, {per_call:.0f} tokens a call: minutes (parts + merge + shards + fixed)")
+        print(
+            f"model        {shape}, {per_call:.0f} tokens a call: minutes "
+            "(parts + merge buckets + global and warehouse + shards + fixed)"
+        )
         print("             tokens | " + " | ".join(f"{w:>2} workers" for w in workers))
         for tokens in (1e9, 10e9, 100e9):
             cells = []
@@ -759,62 +790,46 @@ def print_model(f: dict, shapes: list[tuple[str, float]]) -> None:
                 if (tokens, w) in goals:
                     cell += f" (goal < {goals[tokens, w] // 60}) {_met(m['total'] < goals[tokens, w])}"
                 cells.append(cell)
-            m = model_seconds(f, tokens, 8, per_call)
+            big = 64 if tokens >= 100e9 else 8
+            m = model_seconds(f, tokens, big, per_call)
             print(
                 f"             {tokens / 1e9:>4.0f}B  | "
                 + " | ".join(cells)
-                + f"   [8 workers: parts {m['parts'] / 60:.1f}"
-                f" + merge {m['merge'] / 60:.1f} + shards {m['shards'] / 60:.1f} + {m['fixed'] / 60:.1f}]"
+                + f"   [{big} workers: parts {m['parts'] / 60:.1f} + buckets {m['buckets'] / 60:.1f}"
+                f" + global/warehouse {m['serial'] / 60:.1f} + shards {m['shards'] / 60:.1f} + {m['fixed'] / 60:.1f}]"
             )
 
 
 def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str) -> dict:
-    """The load in parts, measured for the scale model (docs/deploy-celery.md): a part's
-    throughput and the merge's (serial), each on the 1x and the 4x night so that the cost
-    per call is the slope between them and the rest a fixed cost; the same from the local S3
-    server (and one shard there); the previous revision's whole load beside them; and the
-    one-process build with 1 and 2 parts. Returns the figures the model takes."""
+    """The load and the merge in parts and buckets, measured for the scale model
+    (docs/deploy-celery.md): a part, the global step, each key and rollout bucket, the
+    warehouse task and a shard, each in a fresh process, on the 1x and the 4x night of two
+    shapes (~1,000 and ~200 tokens a call), so that each step's cost per call is the slope
+    between them and the rest a fixed cost; the same from the local S3 server, its factor
+    taken from the worker's own CPU time (the server shares this machine's cores: its CPU
+    would be charged to wall time); and the one-process build against the revision before
+    the buckets, interleaved. Returns the figures the model takes."""
     root, t1 = night(work, "1x", tokens, seed=1, reuse=reuse)
     root4, t4 = night(work, "4x", 4 * tokens, seed=2, reuse=reuse)
     calls_rollouts = max(8, int(tokens / 5_000))  # ~2,000 rollouts, ~47k calls for the 10M-token bench
     rootc, tc = calls_night(work, "calls-1x", calls_rollouts, seed=5, reuse=reuse)
     rootc4, tc4 = calls_night(work, "calls-4x", 4 * calls_rollouts, seed=6, reuse=reuse)
     inp = root / "input"
-    parts1, merges1 = _part_and_merge(work, root, "1x", rounds, memory_limit)
-    parts4, merges4 = _part_and_merge(work, root4, "4x", rounds, memory_limit)
-    partsc, mergesc = _part_and_merge(work, rootc, "calls-1x", rounds, memory_limit)
-    partsc4, mergesc4 = _part_and_merge(work, rootc4, "calls-4x", rounds, memory_limit)
-    # the merge's floor on the calls-heavy shape: writing the parts' rows, nothing else
-    floor_sql = Path(__file__).with_name("persist_floor.sql")
-    part_of = lambda tag: staging_dir(work / f"scale-{tag}", DS, "bench-scale") + "/load/part-00000"  # noqa: E731
-    floorc, floorc4 = interleaved(
-        rounds,
-        lambda: run(PERSIST, part_of("calls-1x"), work / "floor.duckdb", memory_limit, floor_sql),
-        lambda: run(PERSIST, part_of("calls-4x"), work / "floor.duckdb", memory_limit, floor_sql),
-    )
-    # one shard of the whole night, locally, on each shape (the plans of the merges above)
-    shard_local, shard_calls = interleaved(
-        rounds,
-        lambda: run(SHARD, work / "scale-1x", DS, "bench-scale"),
-        lambda: run(SHARD, work / "scale-calls-1x", DS, "bench-scale"),
-    )
-    tree = revision_tree(work.resolve(), SCALE_BEFORE)
-    old = [
-        _in_tree(tree, OLD_LOAD, inp, work / "scale-old-out", DS, work / "scale-old.duckdb")
-        for _ in range(rounds if tree is not None else 0)
-    ]
-    one, two = interleaved(
-        rounds,
-        lambda: run(PARTS_BUILD, inp, work / "scale-b1", DS, 1, 1, memory_limit),
-        lambda: run(PARTS_BUILD, inp, work / "scale-b2", DS, 2, 1, memory_limit),
-    )
-    two_workers = run(PARTS_BUILD, inp, work / "scale-b2w", DS, 2, 2, memory_limit)
-    # the one-process build as users run it, this revision against the one before the parts
+    steps = {}
+    for tag, r in (("1x", root), ("4x", root4), ("calls-1x", rootc), ("calls-4x", rootc4)):
+        out = work / f"scale-{tag}"
+        shutil.rmtree(out, ignore_errors=True)
+        steps[tag] = _night_steps(
+            r / "input", out, work / f"scale-{tag}.duckdb", rounds, memory_limit, shard=tag in ("1x", "calls-1x")
+        )
+    tree = revision_tree(work.resolve(), BUILD_BEFORE)
+    # the one-process build as users run it, this revision against the one before the buckets
     before, now = interleaved(
         rounds if tree is not None else 0,
         lambda: _in_tree(tree, BUILD, inp, work / "scale-before", DS, 1, 1, memory_limit),
         lambda: run(BUILD, inp, work / "scale-now", DS, 1, 1, memory_limit),
     )
+    two_workers = run(PARTS_BUILD, inp, work / "scale-b2w", DS, 2, 2, memory_limit)
     # from the local S3 server: the input and the run's folder on the store
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from s3server import S3Server
@@ -824,121 +839,107 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
         os.environ.update(server.env)
         uri_in, uri_out = f"s3://{server.bucket('scale-in')}/capture", f"s3://{server.bucket('scale-out')}/rows"
         server.upload(inp, uri_in)
-        run(PART, uri_in, uri_out, DS, "bench-scale", memory_limit)
-        remote, remote_merge = interleaved(
-            rounds,
-            lambda: run(PART, uri_in, uri_out, DS, "bench-scale", memory_limit),
-            lambda: run(MERGE, uri_out, DS, "bench-scale", work / "scale-s3.duckdb", memory_limit),
-        )
-        shard = [run(SHARD, uri_out, DS, "bench-scale") for _ in range(rounds)]
+        remote = _night_steps(uri_in, uri_out, work / "scale-s3.duckdb", rounds, memory_limit, shard=True)
     finally:
         server.stop()
-    med = lambda runs, key="wall": statistics.median(r[key] for r in runs)  # noqa: E731
     c1, c4, n1, n4 = t1["calls"], t4["calls"], t1["tokens"], t4["tokens"]
-    part_per_token, part_fixed = _marginal(parts1, parts4, n1, n4)
-    merge_per_call, merge_fixed = _marginal(merges1, merges4, c1, c4)
-    print(
-        f"scale        nights 1x ({n1 / 1e6:.1f}M tokens, {c1} calls) and 4x ({n4 / 1e6:.1f}M, {c4} calls), "
-        f"{rounds} rounds each, medians (min, max), each a fresh process"
-    )
-    for name, parts, merges, n, c in (("1x", parts1, merges1, n1, c1), ("4x", parts4, merges4, n4, c4)):
-        print(
-            f"load part {name} local: wall {spread(parts, 'wall')}, CPU {spread(parts, 'cpu')}: "
-            f"{n / med(parts) / 1e6:.1f}M tokens/s, {c / med(parts) / 1e3:.1f}k calls/s"
-        )
-        print(
-            f"merge     {name} local: wall {spread(merges, 'wall')}, CPU {spread(merges, 'cpu')}: "
-            f"{c / med(merges) / 1e3:.1f}k calls/s (the warehouse task: merge, checks, shard plans)"
-        )
-    print(
-        f"load part    per token {part_per_token * 1e9:.0f} ns ({1 / part_per_token / 1e6:.1f}M tokens/s beyond a "
-        f"fixed {part_fixed:.2f} s); merge per call {merge_per_call * 1e6:.1f} us "
-        f"({1 / merge_per_call / 1e3:.0f}k calls/s beyond a fixed {merge_fixed:.2f} s): slopes 1x -> 4x"
-    )
-    print(
-        f"load part 1x S3:    wall {spread(remote, 'wall')}, CPU {spread(remote, 'cpu')}: "
-        f"{n1 / med(remote) / 1e6:.1f}M tokens/s, {c1 / med(remote) / 1e3:.1f}k calls/s"
-    )
-    print(
-        f"merge     1x S3:    wall {spread(remote_merge, 'wall')}: {c1 / med(remote_merge) / 1e3:.1f}k calls/s; "
-        f"one shard from S3 {spread(shard, 'wall')}: {n1 / med(shard) / 1e6:.1f}M tokens/s"
-    )
     cc1, cc4, nc1, nc4 = tc["calls"], tc4["calls"], tc["tokens"], tc4["tokens"]
-    for name, parts, merges, n, c in (
-        ("calls 1x", partsc, mergesc, nc1, cc1),
-        ("calls 4x", partsc4, mergesc4, nc4, cc4),
-    ):
+    med = {tag: _medians(r) for tag, r in steps.items()}
+    cpu = {tag: _medians(r, "cpu") for tag, r in steps.items()}
+    rcpu, rmed = _medians(remote, "cpu"), _medians(remote)
+    print(
+        f"scale        nights 1x ({n1 / 1e6:.1f}M tokens, {c1} calls), 4x ({n4 / 1e6:.1f}M, {c4} calls), calls 1x "
+        f"({nc1 / 1e6:.1f}M, {cc1} calls), calls 4x ({nc4 / 1e6:.1f}M, {cc4} calls); {rounds} rounds, medians, each "
+        f"step a fresh process; the merge in {BENCH_BUCKETS} buckets"
+    )
+    for tag in steps:
+        m = med[tag]
         print(
-            f"load part {name} ({n / 1e6:.1f}M tokens, {c} calls) local: wall {spread(parts, 'wall')}: "
-            f"{c / med(parts) / 1e3:.1f}k calls/s; merge wall {spread(merges, 'wall')}: {c / med(merges) / 1e3:.1f}k "
-            "calls/s"
+            f"steps {tag:<8} wall s: part {m['part']:.2f}, global {m['rollouts']:.2f}, keys {m['keys']:.2f} "
+            f"(largest {m['keys_max']:.2f}), buckets {m['bucket']:.2f} (largest {m['bucket_max']:.2f}), "
+            f"warehouse {m['commit']:.2f}" + (f", one shard {m['shard']:.2f}" if "shard" in m else "")
         )
-    part_per_call_c, part_fixed_c = _marginal(partsc, partsc4, cc1, cc4)
-    merge_per_call_c, merge_fixed_c = _marginal(mergesc, mergesc4, cc1, cc4)
+    slopes = {}
+    for step in ("part", "rollouts", "keys", "bucket", "commit"):
+        per_b, fixed_b = _slope(med["1x"][step], med["4x"][step], c1, c4)
+        per_c, fixed_c = _slope(med["calls-1x"][step], med["calls-4x"][step], cc1, cc4)
+        slopes[step] = (per_b, fixed_b, per_c, fixed_c)
+        print(
+            f"per call     {step:<9} bench shape {per_b * 1e6:6.2f} us (fixed {fixed_b:.2f} s); calls-heavy "
+            f"{per_c * 1e6:6.2f} us (fixed {fixed_c:.2f} s)"
+        )
+    skews = [
+        med[tag][f"{step}_max"] / (med[tag][step] / BENCH_BUCKETS) for tag in ("4x", "calls-4x") for step in ("bucket",)
+    ]
+    skew = max(skews)
+    warehouse_slope = max(slopes["commit"][0], slopes["commit"][2])
     print(
-        f"calls-heavy  load part per call {part_per_call_c * 1e6:.1f} us (beyond a fixed {part_fixed_c:.2f} s); "
-        f"merge per call {merge_per_call_c * 1e6:.1f} us ({1 / merge_per_call_c / 1e3:.0f}k calls/s beyond a fixed "
-        f"{merge_fixed_c:.2f} s): slopes calls 1x -> calls 4x"
+        f"warehouse    the warehouse task's slope {warehouse_slope * 1e6:.2f} us a call (goal < 0.5)  "
+        f"{_met(warehouse_slope < 0.5e-6)}; the global step's "
+        f"{max(slopes['rollouts'][0], slopes['rollouts'][2]) * 1e6:.2f} us; the largest of {BENCH_BUCKETS} buckets "
+        f"{skew:.2f} x the mean"
     )
-    floor_per_call, floor_fixed = _marginal(floorc, floorc4, cc1, cc4)
+    size = lambda tag: (work / f"scale-{tag}.duckdb").stat().st_size  # noqa: E731
     print(
-        f"merge floor  the parts' rows written into a new warehouse file, nothing else (scripts/persist_floor.sql): "
-        f"calls 1x {spread(floorc, 'wall')}, calls 4x {spread(floorc4, 'wall')}: {floor_per_call * 1e6:.1f} us a call "
-        f"(fixed {floor_fixed:.2f} s), {100 * floor_per_call / merge_per_call_c:.0f}% of the merge's"
+        f"warehouse    file size after one night: 1x {size('1x') / 2**20:.1f} MiB, 4x {size('4x') / 2**20:.1f} MiB, "
+        f"calls 1x {size('calls-1x') / 2**20:.1f} MiB, calls 4x {size('calls-4x') / 2**20:.1f} MiB"
     )
+    part_s3 = rcpu["part"] / cpu["1x"]["part"]
+    merge_s3 = (rcpu["keys"] + rcpu["bucket"]) / (cpu["1x"]["keys"] + cpu["1x"]["bucket"])
+    shard_s3 = rcpu["shard"] / cpu["1x"]["shard"]
+    wall_merge = (rmed["keys"] + rmed["bucket"]) / (med["1x"]["keys"] + med["1x"]["bucket"])
     print(
-        f"one shard    local, the whole night: 1x {spread(shard_local, 'wall')} ({n1 / med(shard_local) / 1e6:.1f}M "
-        f"tokens/s); calls 1x {spread(shard_calls, 'wall')} ({cc1 / med(shard_calls) / 1e3:.1f}k calls/s)"
+        f"S3           from the local S3 server, worker CPU / local CPU (not wall: the server's CPU shares these "
+        f"cores): part x{part_s3:.2f}, merge buckets x{merge_s3:.2f}, shard x{shard_s3:.2f}; wall would say "
+        f"x{rmed['part'] / med['1x']['part']:.2f}, x{wall_merge:.2f}, "
+        f"x{rmed['shard'] / med['1x']['shard']:.2f}"
     )
     per_call_b, per_call_c = n1 / c1, nc1 / cc1  # tokens a call of each shape
-    part_token, part_call = per_token_and_call(part_per_token, per_call_b, part_per_call_c, per_call_c)
-    shard_token, shard_call = per_token_and_call(med(shard_local) / n1, per_call_b, med(shard_calls) / cc1, per_call_c)
-    figures = {  # local costs, and what S3 multiplies them by (measured on the 1x night)
+    part_per_token = (med["4x"]["part"] - med["1x"]["part"]) / (n4 - n1)
+    part_token, part_call = per_token_and_call(part_per_token, per_call_b, slopes["part"][2], per_call_c)
+    shard_token, shard_call = per_token_and_call(
+        med["1x"]["shard"] / n1, per_call_b, med["calls-1x"]["shard"] / cc1, per_call_c
+    )
+    figures = {
         "part_token": part_token,
         "part_call": part_call,
-        "part_fixed": max(part_fixed, 0.0),
-        "part_s3": med(remote) / med(parts1),
-        "merge_call": max(merge_per_call_c, merge_per_call),
-        "merge_fixed": max(merge_fixed_c, 0.0),
-        "merge_s3": med(remote_merge) / med(merges1),
+        "part_fixed": max(slopes["part"][1], 0.0),
+        "part_s3": part_s3,
+        "global_call": max(slopes["rollouts"][0], slopes["rollouts"][2], 0.0),
+        "global_fixed": max(slopes["rollouts"][1], 0.0),
+        "keys_call": max(slopes["keys"][0], slopes["keys"][2], 0.0),
+        "keys_fixed": max(slopes["keys"][3], 0.0) / BENCH_BUCKETS,
+        "bucket_call": max(slopes["bucket"][0], slopes["bucket"][2], 0.0),
+        "bucket_fixed": max(slopes["bucket"][3], 0.0) / BENCH_BUCKETS,
+        "merge_s3": merge_s3,
+        "skew": skew,
+        "commit_call": max(warehouse_slope, 0.0),
+        "commit_fixed": max(slopes["commit"][1], 0.0),
         "shard_token": shard_token,
         "shard_call": shard_call,
-        "shard_s3": med(shard) / med(shard_local),
+        "shard_s3": shard_s3,
     }
     print(
-        f"model parts  a part {part_token * 1e9:.0f} ns a token + {part_call * 1e6:.1f} us a call, "
-        f"x{figures['part_s3']:.2f} from S3; the merge {figures['merge_call'] * 1e6:.1f} us a call (the larger slope "
-        "of the two shapes), "
-        f"x{figures['merge_s3']:.2f} from S3; a shard {shard_token * 1e9:.0f} ns a token + {shard_call * 1e6:.1f} us a "
-        f"call, x{figures['shard_s3']:.2f} from S3; {STEPS} tasks x {TASK_GAP} s under Celery, {TAIL:.0f} s of "
-        "publish, report and gate"
+        f"model parts  a part {part_token * 1e9:.0f} ns a token + {part_call * 1e6:.1f} us a call, x{part_s3:.2f} "
+        f"from S3; a shard {shard_token * 1e9:.0f} ns a token + {shard_call * 1e6:.1f} us a call, x{shard_s3:.2f}; "
+        f"merge buckets {(figures['keys_call'] + figures['bucket_call']) * 1e6:.1f} us a call in all (x{skew:.2f} "
+        f"for the largest, x{merge_s3:.2f} from S3) + {figures['keys_fixed'] + figures['bucket_fixed']:.2f} s a "
+        f"bucket; global step and warehouse task {(figures['global_call'] + figures['commit_call']) * 1e6:.2f} us a "
+        f"call + {figures['global_fixed'] + figures['commit_fixed']:.2f} s; {STEPS} steps x {TASK_GAP} s under "
+        f"Celery, {TAIL:.0f} s of publish, report and gate"
     )
     print_model(figures, [("bench shape", per_call_b), ("calls-heavy shape", per_call_c)])
-    if old:
-        whole, merge1 = med(old), med(merges1)
+    if before:
+        ratio = statistics.median(r["wall"] for r in now) / statistics.median(r["wall"] for r in before)
         print(
-            f"load before  {SCALE_BEFORE}, the whole load one warehouse task, 1x: wall {spread(old, 'wall')}: "
-            f"{c1 / whole / 1e3:.1f}k calls/s"
-        )
-        print(
-            f"speed ratio  load before / merge, 1x wall = {whole / merge1:.1f}; per call beyond the fixed cost "
-            f"= {(whole - merge_fixed) / (merge1 - merge_fixed):.1f}   (goal >= 10)  "
-            f"{_met((whole - merge_fixed) / (merge1 - merge_fixed) >= 10)}"
-        )
-        print(
-            f"build        one process, 1 shard: {SCALE_BEFORE} wall {spread(before, 'wall')}, this revision "
-            f"{spread(now, 'wall')}; ratio now / before = {med(now) / med(before):.2f} "
-            f"per round {paired(now, before, 'wall')}   (goal <= 1.00, noise ~5%)"
+            f"build        one process, 1 shard: {BUILD_BEFORE} wall {spread(before, 'wall')} CPU "
+            f"{spread(before, 'cpu')}, this revision wall {spread(now, 'wall')} CPU {spread(now, 'cpu')}; ratio "
+            f"now / before = {ratio:.2f}"
+            f" per round {paired(now, before, 'wall')}   (goal <= 1.00, noise ~5%)"
         )
     else:
-        print(f"load before  {SCALE_BEFORE}: not in this history, skipped")
-    print(
-        f"build        1 part: wall {spread(one, 'wall')}; 2 parts one after the other: wall {spread(two, 'wall')}; "
-        f"2 parts in 2 worker processes: wall {two_workers['wall']:.2f} s"
-    )
-    print(
-        f"speed ratio  build 2 parts / 1 part, wall = {med(two) / med(one):.2f}   per round {paired(two, one, 'wall')}"
-    )
+        print(f"build        {BUILD_BEFORE}: not in this history, skipped")
+    print(f"build        2 parts in 2 worker processes: wall {two_workers['wall']:.2f} s")
     return figures
 
 

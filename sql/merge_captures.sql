@@ -10,6 +10,6 @@ SELECT c.rollout_id, c.entries,
        o.part, o.n_lines, o.capture_reason, o.capture_detail, o.capture_call_id, o.error
 FROM capture_keys c
 LEFT JOIN (SELECT rollout_id, capture FROM rollouts WHERE ds = CAST($ds AS DATE)) r USING (rollout_id)
-LEFT JOIN (SELECT DISTINCT rollout_id FROM ledger WHERE ds = CAST($ds AS DATE) AND capture IS NULL) s USING (rollout_id)
+LEFT JOIN (SELECT DISTINCT rollout_id FROM p_calls WHERE capture IS NULL) s USING (rollout_id)
 LEFT JOIN p_outcomes o USING (rollout_id)
 ORDER BY c.rollout_id;

@@ -7,33 +7,12 @@ CREATE TABLE IF NOT EXISTS rollouts (
 {rollouts_columns}
 );
 
-CREATE TABLE IF NOT EXISTS ledger (
-    ds                     DATE    NOT NULL,
-{ledger_columns}
-);
-
--- Where each token row of a night sits (file, 0-based row) and which ledger row asks for it
--- (staging_key), written by the load from the token files' scalar columns
--- (load/token_keys.py): the shards join calls to it instead of reading the files' keys again.
-CREATE TABLE IF NOT EXISTS token_rows (
-    ds              DATE NOT NULL,
-    t_staging_key   VARCHAR,
-    t_rollout_id    VARCHAR,
-    t_model_call_id VARCHAR,
-    t_file          VARCHAR,
-    t_row           BIGINT
-);
-
--- Input that could not be loaded as a record, one row per line / token row.
-CREATE TABLE IF NOT EXISTS rejects (
-    ds            DATE    NOT NULL,
-    source        VARCHAR NOT NULL,   -- rollouts | ledger | tokens
-    file          VARCHAR NOT NULL,
-    line          BIGINT,             -- 1-based line, or 0-based row for Parquet
-    error         VARCHAR NOT NULL,
-    raw           VARCHAR,            -- the line, cut short
-    rollout_id    VARCHAR,            -- when it could be read
-    model_call_id VARCHAR
+-- The per-call tables (ledger, token_rows, rejects) are Parquet beside the warehouse, one
+-- folder per night and run (reassembler/call_tables.py, their columns in sql/night_tables.sql);
+-- each night reads the files of the run named here, through views (sql/call_views.sql).
+CREATE TABLE IF NOT EXISTS night_calls (
+    ds   DATE    NOT NULL,
+    run  VARCHAR NOT NULL          -- the folder run=<run> of the night's per-call files
 );
 
 -- The latest load of each night not yet published: the run that loaded it and the rollouts

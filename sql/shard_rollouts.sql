@@ -1,5 +1,6 @@
 -- The rollouts of one shard, each with the first ledger line of its own that had to be
--- rejected (such a rollout is masked: its ledger is incomplete), unordered: each row has the
+-- rejected (the fragment `rejected`: sql/ledger_rejected.sql, or the buckets' pieces; such a rollout is
+-- masked: its ledger is incomplete), unordered: each row has the
 -- bucket of its group (plan_buckets.sql, or none: no_buckets.sql), and load/shard_plan.py sorts a bucket
 -- at a time into output order (ROLLOUT_ORDER). $rollout_id (explain) narrows it to one rollout.
 SELECT r.rollout_id, r.group_id, r.slot, r.reward, r.reward_problem, r.failure_reason,
@@ -11,12 +12,6 @@ SELECT r.rollout_id, r.group_id, r.slot, r.reward, r.reward_problem, r.failure_r
 FROM rollouts r
 JOIN shard_plan p ON p.ds = r.ds AND p.group_id = r.group_id
 LEFT JOIN {buckets} b ON b.group_id = r.group_id
-LEFT JOIN (
-    SELECT rollout_id, count(*) AS n_rejected,
-           arg_min(file || ':' || line || ': ' || error, (file, line)) AS first_rejected
-    FROM rejects
-    WHERE ds = $ds AND source = 'ledger'
-    GROUP BY rollout_id
-) rej ON rej.rollout_id = r.rollout_id
+LEFT JOIN {rejected} rej ON rej.rollout_id = r.rollout_id
 WHERE r.ds = $ds AND ($shard IS NULL OR p.shard = $shard)
   AND ($rollout_id IS NULL OR r.rollout_id = $rollout_id);

@@ -18,8 +18,8 @@ from reassembler.build import build_night
 from reassembler.errors import InputError
 from reassembler.formats.night import find_night
 from reassembler.load import capture_children
-from reassembler.load.night_load import NightLoad
-from reassembler.load.read import load_night
+from reassembler.merge.night_load import NightLoad
+from reassembler.merge.run import load_night
 from reassembler.producer.config import SynthConfig
 from reassembler.producer.synth import read_expected, synth_night
 from reassembler.warehouse import connect
@@ -164,7 +164,7 @@ def test_the_night_load_module_imports_nothing_heavy():
     """`reassembler build` enters a NightLoad before it imports numpy, pyarrow and DuckDB, so
     that its children start at once (load/night_load.py)."""
     code = (
-        "import sys; import reassembler.load.night_load; "
+        "import sys; import reassembler.merge.night_load; "
         "print(sorted(m for m in ('numpy', 'pyarrow', 'duckdb', 'orjson.dumps') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

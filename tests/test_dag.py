@@ -53,6 +53,9 @@ def test_dag_imports_with_the_expected_shape(pool):
         "wait_for_input",
         "plan_load",
         "load_part",
+        "merge_rollouts",
+        "merge_keys",
+        "merge_bucket",
         "load_ledger",
         "reassemble",
         "audit_checks",
@@ -85,11 +88,15 @@ def test_dag_imports_with_the_expected_shape(pool):
             assert task.pool == (pool or "default_pool"), task.task_id
             assert task.pool_slots == (4 if pool and task.task_id in writers else 1), task.task_id
             assert task.queue == "warehouse-host", task.task_id  # REASSEMBLER_WAREHOUSE_QUEUE
-    for name in ("reassemble", "plan_load", "load_part"):  # open no warehouse: no pool, Airflow's default queue
+    # open no warehouse: no pool, Airflow's default queue (any worker)
+    for name in ("reassemble", "plan_load", "load_part", "merge_rollouts", "merge_keys", "merge_bucket"):
         anywhere = dag.get_task(name)
         assert (anywhere.pool, anywhere.pool_slots, anywhere.queue) == ("default_pool", 1, "default"), name
     assert dag.get_task("load_part").upstream_task_ids == {"plan_load", "check_input"}
-    assert dag.get_task("load_ledger").upstream_task_ids == {"load_part", "check_input"}
+    assert dag.get_task("merge_rollouts").upstream_task_ids == {"load_part", "check_input"}
+    assert dag.get_task("merge_keys").upstream_task_ids == {"merge_rollouts", "check_input"}
+    assert dag.get_task("merge_bucket").upstream_task_ids == {"merge_keys", "merge_rollouts", "check_input"}
+    assert dag.get_task("load_ledger").upstream_task_ids == {"merge_bucket", "check_input"}
     assert dag.get_task("plan_load").upstream_task_ids == {"wait_for_input", "check_input"}
     assert dag.get_task("wait_for_input").mode == "reschedule"
     assert dag.get_task("reassemble").upstream_task_ids == {"load_ledger", "check_input"}
@@ -194,10 +201,11 @@ def test_dag_end_to_end_twice_publishes_identical_rows(tmp_path):
     assert sum(extra["mask_reasons"].values()) == masked
 
     relaxed = {"gate_max_mask_rate": None, "gate_max_reason_rate": None, "gate_max_mask_rate_rise": None}
-    again = {"ds": DS, "load_parts": 3, **relaxed}  # the night again, its load in 3 mapped parts
+    again = {"ds": DS, "load_parts": 3, "merge_buckets": 2, **relaxed}  # 3 mapped parts, merged in 2 mapped buckets
     log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-30", "-c", json.dumps(again))
     assert "state=success" in log
-    assert "in 3 load parts" in log and "from 3 load parts" in log
+    assert "in 3 load parts" in log and "from 2 merge buckets" in log
+    assert "merge bucket 0:" in log and "merge bucket 1:" in log and "key bucket 1:" in log
     # each task's log says how far it got: each load part in bytes, each shard in tokens
     for k in range(3):
         assert re.search(rf"load part {k}: [\d.]+ [KMG]?B of [\d.]+ [KMG]?B \(100%\), .*\(done in", log), log[-3000:]

@@ -65,7 +65,11 @@ def _size(text: str) -> int:
     [
         ("DuckDB memory limit / threads", lambda d, c: c[1] == f"{d.duckdb.memory_limit} / {d.duckdb.threads}"),
         ("nights of per-call tables kept", lambda d, c: c[1] == str(d.retention_nights)),
-        ("load parts", lambda d, c: d.load_parts is None and c[1] == f"one per {PART_BYTES >> 20} MiB of input"),
+        (
+            "load parts / merge buckets",
+            lambda d, c: (d.load_parts, d.merge_buckets) == (None, None)
+            and c[1] == f"one per {PART_BYTES >> 20} MiB / the shards",
+        ),
         ("refuse to publish above mask rate", lambda d, c: float(c[1]) == d.max_mask_rate),
         (
             "longest JSON line / deepest nesting",

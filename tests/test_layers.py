@@ -9,10 +9,11 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "reassembler"
 # floors, lowest first: a module may import its own floor and the floors below it
 FLOORS = [
-    {"errors", "memory", "progress", "reasons", "settings", "storage"},  # beneath everything
+    {"buckets", "errors", "memory", "progress", "reasons", "settings", "storage"},  # beneath everything
     {"formats"},
-    {"warehouse"},
+    {"warehouse", "call_tables"},
     {"load"},
+    {"merge"},
     {"verify"},
     {"publish"},
     {"audit"},

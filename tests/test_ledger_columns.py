@@ -16,7 +16,7 @@ import reassembler.load.json_lines as json_lines
 import reassembler.load.read as read
 from nights import DS, worked_example
 from reassembler.formats.night import find_night
-from reassembler.load.read import load_night
+from reassembler.merge.run import load_night
 from reassembler.settings import Settings
 from reassembler.warehouse import connect
 

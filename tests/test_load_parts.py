@@ -1,8 +1,8 @@
-"""The load in parts (load/parts.py, part_load.py, merge.py): whatever the number of parts,
-the night's outcome is the same, byte for byte: training rows, audit, reject rows, the
-summary, and the warehouse's per-call tables once sorted. A part that dies is run again
-alone and leaves nothing twice; a part parsed for another plan, or not finished, stops the
-merge with a line naming it."""
+"""The load in parts (load/parts.py, part_load.py) and the merge in buckets (merge/):
+whatever the number of parts and buckets, the night's outcome is the same, byte for byte:
+training rows, audit, reject rows, the summary, and the warehouse's per-call tables once
+sorted. A part or a bucket that dies is run again alone and leaves nothing twice; a part
+parsed for another plan, or not finished, stops the merge with a line naming it."""
 
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ from nights import DS
 from reassembler.build import build_night
 from reassembler.formats.night import find_night
 from reassembler.load import part_load
-from reassembler.load.merge import merge_parts
 from reassembler.load.parts import part_folder, plan_parts, read_plan, write_plan
+from reassembler.merge.bucket import merge_bucket
+from reassembler.merge.commit import commit_merge
+from reassembler.merge.rollouts import merge_rollouts
+from reassembler.merge.run import merge_night
 from reassembler.producer.config import SynthConfig
 from reassembler.producer.synth import synth_night
 from reassembler.settings import Settings
@@ -84,9 +87,14 @@ def _outcome(out: Path, summary) -> dict:
     return {"tables": tables, "rows": rows, "audit": audit, "load": summary.load.lines()}
 
 
-def _build(inp: Path, out: Path, parts: int, workers: int = 1) -> dict:
-    summary = build_night(inp, out, DS, Settings(load_parts=parts, workers=workers, allow_empty=True))
-    return _outcome(out, summary)
+def _build(inp: Path, out: Path, parts: int, workers: int = 1, buckets: int = 1) -> dict:
+    settings_ = Settings(load_parts=parts, workers=workers, merge_buckets=buckets, allow_empty=True)
+    return _outcome(out, build_night(inp, out, DS, settings_))
+
+
+def _merged(con, plan, run: Path, settings_: Settings, calls: tuple[str, str]) -> None:
+    merge_night(plan, str(run), calls, settings_)
+    commit_merge(con, plan, str(run), calls)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
@@ -95,12 +103,13 @@ def _build(inp: Path, out: Path, parts: int, workers: int = 1) -> dict:
     shape=st.sampled_from([None, "plain", "gym", "local", "rebuilt", "verifiers"]),
     parts=st.integers(2, 5),
     workers=st.sampled_from([1, 2]),
+    buckets=st.integers(1, 4),
 )
-def test_any_number_of_parts_gives_the_same_night(tmp_path_factory, seed, shape, parts, workers):
+def test_any_number_of_parts_and_buckets_gives_the_same_night(tmp_path_factory, seed, shape, parts, workers, buckets):
     root = tmp_path_factory.mktemp("night")
     inp = _damaged(root / "in", seed, shape)
     one = _build(inp, root / "one", 1)
-    many = _build(inp, root / "many", parts, workers)
+    many = _build(inp, root / "many", parts, workers, buckets)
     assert many == one
     assert one["rows"] and any(r[0] == "rollouts" for r in one["tables"]["rejects"])  # the damage was read
     repeated = [r for r in one["tables"]["rejects"] if "already seen" in (r[3] or "")]
@@ -146,11 +155,11 @@ def test_a_killed_part_is_run_again_alone_and_leaves_nothing_twice(tmp_path, mon
     real = part_load.write_table
     written = []
 
-    def dies(loc, schema, batches):
+    def dies(loc, schema, batches, *args):
         written.append(loc)
         if len(written) == 3:
             raise KeyboardInterrupt("killed")
-        real(loc, schema, batches)
+        real(loc, schema, batches, *args)
 
     monkeypatch.setattr(part_load, "write_table", dies)
     with pytest.raises(KeyboardInterrupt):
@@ -159,14 +168,15 @@ def test_a_killed_part_is_run_again_alone_and_leaves_nothing_twice(tmp_path, mon
     left = sorted(p.name for p in Path(part_folder(str(run), 1)).rglob("*") if p.is_file())
     assert part_load.MARKER not in left
     # the tables written as rows came are gone whole (none half written, none complete)
-    assert not [f for f in left if ".tmp-" in f or f.split(".")[0] in part_load.WAREHOUSE_TABLES], left
+    assert not [f for f in left if ".tmp-" in f or f.split(".")[0] in part_load.PART_TABLES], left
+    calls = (str(tmp_path / "wh"), "r1")
     with connect(tmp_path / "wh") as con, pytest.raises(RuntimeError, match=r"part-00001/part.json: load part 1 of 3"):
-        merge_parts(con, plan, str(run), settings_)
+        _merged(con, plan, run, settings_, calls)
     part_load.load_part(plan, 1, str(run), settings_)  # the retry, alone
     files = sorted(p.name for p in Path(part_folder(str(run), 1)).iterdir())
     assert not [f for f in files if ".tmp-" in f]  # nothing half written is left
     with connect(tmp_path / "wh") as con:
-        merge_parts(con, plan, str(run), settings_)
+        _merged(con, plan, run, settings_, calls)
         tables = {name: con.execute(query).fetchall() for name, query in PER_CALL.items()}
     assert tables["rollouts"] == one["tables"]["rollouts"]
     assert tables["ledger"] == one["tables"]["ledger"]
@@ -182,8 +192,8 @@ def test_a_part_of_another_plan_is_refused(tmp_path):
         part_load.load_part(plan, k, run, Settings(load_parts=2))
     later = plan_parts(find_night(inp, DS), 3)  # the listing cut again: part 0 is not this plan's
     shutil.rmtree(Path(part_folder(run, 2)), ignore_errors=True)
-    with connect(tmp_path / "wh") as con, pytest.raises(RuntimeError, match="parsed for another load plan"):
-        merge_parts(con, later, run, Settings())
+    with pytest.raises(RuntimeError, match="parsed for another load plan"):
+        merge_rollouts(later, run, (str(tmp_path / "wh"), "r1"), Settings())
 
 
 def test_merge_and_plans_never_sort_the_wide_rows_whole(tmp_path):
@@ -218,7 +228,7 @@ def test_an_error_in_the_merge_is_the_one_reported_not_its_cleanups(tmp_path, mo
     import duckdb
 
     from reassembler.build import build_night as build
-    from reassembler.load import merge
+    from reassembler.merge import bucket
 
     synth_night(
         tmp_path / "in",
@@ -251,8 +261,8 @@ def test_an_error_in_the_merge_is_the_one_reported_not_its_cleanups(tmp_path, mo
         def __getattr__(self, name):
             return getattr(self.con, name)
 
-    real = merge.merge_parts
-    monkeypatch.setattr(merge, "merge_parts", lambda con, *a, **kw: real(Aborting(con), *a, **kw))
+    real = bucket.scratch
+    monkeypatch.setattr(bucket, "scratch", lambda *a: Aborting(real(*a)))
     with pytest.raises(duckdb.OutOfMemoryException, match="Out of Memory"):
         build(tmp_path / "in", tmp_path / "out", DS, Settings(load_parts=2))
 
@@ -293,3 +303,49 @@ def test_a_night_whose_every_rollout_line_is_rejected_stops_at_the_load(tmp_path
     with pytest.raises(InputError, match=r"no rollout could be read \(\d+ files, \d+ lines\)"):
         build_night(tmp_path / "in", tmp_path / "out", DS, Settings(load_parts=parts))
     assert not (tmp_path / "out" / "rows").exists()
+
+
+def test_a_killed_bucket_is_run_again_alone_and_leaves_nothing_twice(tmp_path, monkeypatch):
+    """Bucket 1 of 3 dies while it writes its per-call files (a killed worker): its marker
+    is missing, so the commit refuses the night naming it; run again alone, it rewrites
+    its files whole, and the night equals the one a single bucket builds."""
+    from reassembler import call_tables
+
+    inp = _damaged(tmp_path / "in", 7, None)
+    one = _build(inp, tmp_path / "one", 1)
+    night = find_night(inp, DS)
+    settings_ = Settings(load_parts=2, merge_buckets=3, allow_empty=True)
+    plan = plan_parts(night, 2, settings_.buckets)
+    run = tmp_path / "run"
+    write_plan(str(run), plan)
+    for k in range(2):
+        part_load.load_part(plan, k, str(run), settings_)
+    calls = (str(tmp_path / "wh"), "r1")
+    merge_night(plan, str(run), calls, settings_)
+    marker = run / "load" / "merge" / "bucket-00001.json"
+    marker.unlink()
+    real, written = call_tables.write_file, []
+
+    def dies(loc, *args, **kw):
+        written.append(loc)
+        if len(written) == 2:
+            raise KeyboardInterrupt("killed")
+        return real(loc, *args, **kw)
+
+    monkeypatch.setattr(call_tables, "write_file", dies)
+    with pytest.raises(KeyboardInterrupt):
+        merge_bucket(plan, str(run), 1, calls, settings_)
+    monkeypatch.setattr(call_tables, "write_file", real)
+    with connect(tmp_path / "wh") as con, pytest.raises(RuntimeError, match=r"bucket-00001.json: merge bucket 1"):
+        commit_merge(con, plan, str(run), calls)
+    merge_bucket(plan, str(run), 1, calls, settings_)  # the retry, alone
+    leftovers = [p.name for p in Path(tmp_path / "wh" / "calls").rglob("*") if ".tmp-" in p.name]
+    assert leftovers == []
+    with connect(tmp_path / "wh") as con:
+        commit_merge(con, plan, str(run), calls)
+        tables = {name: con.execute(query).fetchall() for name, query in PER_CALL.items()}
+    assert tables["ledger"] == one["tables"]["ledger"] and tables["rejects"] == one["tables"]["rejects"]
+    assert tables["rollouts"] == one["tables"]["rollouts"]
+    assert {p.name for p in (tmp_path / "wh" / "calls" / "ledger" / f"ds={DS}" / "run=r1").iterdir()} == {
+        f"bucket-{b:05d}.parquet" for b in range(3)
+    }

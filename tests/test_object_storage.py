@@ -392,7 +392,12 @@ def test_a_shard_needs_nothing_but_the_store(s3, nights, tmp_path, monkeypatch):
     settings = Settings(shards=2)
     load(inp, out, DS, settings, run_id="r")
     assert any(k.startswith(f"_runs/ds={DS}/r/plan/shard-00001/") for k in s3.keys(out))
-    for k in range(2):  # the plan names the token row groups the shard reads, each once, and how many rows
+    warehouse.rename(tmp_path / "elsewhere.duckdb")  # another machine: no warehouse here
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "empty-tmp"))
+    (tmp_path / "empty-tmp").mkdir()
+    results = [shard(out, DS, k, "r", settings) for k in range(2)]
+    assert not warehouse.exists()
+    for k in range(2):  # each shard's plan names the token row groups it read, each once, and how many rows
         plan = f"{out}/_runs/ds={DS}/r/plan/shard-{k:05d}"
         groups = pq.read_table(storage.open_parquet(f"{plan}/token_groups.parquet")).to_pylist()
         calls = pq.read_table(storage.open_parquet(f"{plan}/calls.parquet"), columns=["t_file", "t_row"])
@@ -400,11 +405,6 @@ def test_a_shard_needs_nothing_but_the_store(s3, nights, tmp_path, monkeypatch):
         assert len({(g["file"], g["row_group"]) for g in groups}) == len(groups) > 0
         assert sum(g["rows"] for g in groups) == located.num_rows
         assert {g["file"] for g in groups} == set(located.column("t_file").to_pylist())
-    warehouse.rename(tmp_path / "elsewhere.duckdb")  # another machine: no warehouse here
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "empty-tmp"))
-    (tmp_path / "empty-tmp").mkdir()
-    results = [shard(out, DS, k, "r", settings) for k in range(2)]
-    assert not warehouse.exists()
     (tmp_path / "elsewhere.duckdb").rename(warehouse)
     numbers = publish(inp, out, DS, "r", settings)
     assert numbers.n_rows == sum(r.n_rows for r in results) > 0

@@ -83,7 +83,7 @@ def test_a_wheel_installed_in_a_fresh_venv_builds_a_night_from_another_directory
     )
     assert res.returncode == 0, res.stderr[-2000:]
     [found] = [line.split()[1:] for line in res.stdout.splitlines() if line.startswith("FOUND ")]
-    assert found == ["capture_quality", "capture_rows_nightly", "10"], res.stdout
+    assert found == ["capture_quality", "capture_rows_nightly", "13"], res.stdout
     run("synth", "--output", "in", "--ds", "2026-11-28", "--rollouts", "8", "--max-calls", "6", "--token-scale", "0.02")
     assert "8 rollouts" in run("build", "--input", "in", "--output", "out", "--ds", "2026-11-28")
     assert (elsewhere / "out" / "rows" / "ds=2026-11-28").is_dir()

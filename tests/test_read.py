@@ -14,7 +14,7 @@ from nights import DS, worked_example
 from reassembler.build import build_night
 from reassembler.errors import InputError
 from reassembler.formats.night import find_night
-from reassembler.load.read import load_night
+from reassembler.merge.run import load_night
 from reassembler.producer.capture import TOKEN_FILE_VARIANTS, write_jsonl, write_token_file
 from reassembler.warehouse import connect
 
@@ -225,6 +225,7 @@ def test_a_shards_plan_lists_the_token_row_groups_in_the_order_it_first_needs_th
     tokens.parquet's row groups 2 and 3, then 1, the other file, then 0: each listed once,
     where it is first needed, with all the rows it takes from it."""
     from reassembler.load.shard_plan import plan_dir
+    from reassembler.merge.pieces import build_calls
     from reassembler.publish.protocol import staging_dir
     from steps import load
 
@@ -240,6 +241,7 @@ def test_a_shards_plan_lists_the_token_row_groups_in_the_order_it_first_needs_th
     write_token_file(folder / "tokens-more.parquet", [moved])
     out = tmp_path / "out"
     load(inp, out, DS, run_id="r")
+    build_calls(staging_dir(out, DS, "r"), 0)  # the shard's own first step
     plan = plan_dir(staging_dir(out, DS, "r"), 0)
     groups = pq.read_table(f"{plan}/token_groups.parquet").to_pylist()
     main, more = str(folder / "tokens.parquet"), str(folder / "tokens-more.parquet")

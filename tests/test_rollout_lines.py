@@ -17,8 +17,8 @@ from reassembler.errors import InputError
 from reassembler.formats.night import find_night
 from reassembler.load import rollout_lines
 from reassembler.load.json_lines import json_lines
-from reassembler.load.night_load import NightLoad
-from reassembler.load.read import load_night
+from reassembler.merge.night_load import NightLoad
+from reassembler.merge.run import load_night
 from reassembler.settings import Settings
 from reassembler.warehouse import connect
 

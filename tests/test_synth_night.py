@@ -85,30 +85,28 @@ def test_plans_sorted_in_spilled_buckets_of_one_group_change_nothing(synth, monk
     """A shard's rollouts and calls are sorted a bucket of groups at a time, spilled to files
     when held rows pass shard_plan.HELD_BYTES; buckets of one group each (every group larger
     than a bucket), all spilled, give the same plans, rows and audit rows."""
-    import reassembler.build as build
-
     root, _, _ = synth
-    plans = {}
-    real_plans = build.write_plans
+    plans: dict[str, list] = {}
 
-    def write_plans(con, staging, ds, shards):
-        real_plans(con, staging, ds, shards)
+    def read_plans(out) -> None:
+        [staging] = (out / "_runs" / f"ds={DS}").iterdir()  # the run's folder: its plans stay until the next run
         for name in ("rollouts", "calls"):
-            loc = f"{shard_plan.plan_dir(staging, 0)}/{name}.parquet"
-            rows = pq.read_table(loc).to_pylist()
+            rows = pq.read_table(f"{shard_plan.plan_dir(staging, 0)}/{name}.parquet").to_pylist()
             for row in rows:  # a token file the build derived: in its own run's folder
                 if (row.get("t_file") or "").startswith(str(staging)):
                     row["t_file"] = row["t_file"][len(str(staging)) :]
             plans.setdefault(name, []).append(rows)
 
-    monkeypatch.setattr(build, "write_plans", write_plans)
     build_night(root / "input", root / "whole", DS)
+    read_plans(root / "whole")
     spilled = []
-    real = shard_plan._Buckets._spill
-    monkeypatch.setattr(shard_plan._Buckets, "_spill", lambda self: spilled.append(len(self.held)) or real(self))
+    real = shard_plan.SortBuckets._spill
+    monkeypatch.setattr(shard_plan.SortBuckets, "_spill", lambda self: spilled.append(len(self.held)) or real(self))
     monkeypatch.setattr(shard_plan, "BUCKET_ROWS", 1)
     monkeypatch.setattr(shard_plan, "HELD_BYTES", 0)
+    monkeypatch.setattr("reassembler.merge.pieces.BUCKET_ROWS", 1)
     build_night(root / "input", root / "bucketed", DS)
+    read_plans(root / "bucketed")
     groups = {r["group_id"] for r in pq.read_table(root / "whole" / "audit" / f"ds={DS}").to_pylist()}
     assert len(groups) > 1 and len(spilled) > 1 and max(spilled) > 1  # batches split over buckets, then spilled
     for name in ("rollouts", "calls"):

@@ -616,16 +616,16 @@ def test_the_rollout_parse_in_child_processes_reads_traces_the_same(tmp_path, mo
 
 def test_a_warehouse_of_release_6_gets_the_trace_column(tmp_path):
     from reassembler.warehouse import SCHEMA_VERSION, connect
+    from steps import back_to_version
 
     out = tmp_path / "out"
     with connect(out) as con:  # a current warehouse taken back to version 6
         con.execute("ALTER TABLE rollouts DROP COLUMN trace")
-        con.execute("DELETE FROM schema_version")
-        con.execute("INSERT INTO schema_version VALUES (6, now()::TIMESTAMP)")
+        back_to_version(con, 6)
     _, rows, _ = build(FIXTURE, out)
     assert len(rows) == 5
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 8
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 9
         assert con.execute("SELECT count(trace) FROM rollouts").fetchone()[0] == 6
 
 

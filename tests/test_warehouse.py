@@ -16,6 +16,7 @@ from nights import DS, Night, worked_example
 from reassembler.build import build_night
 from reassembler.settings import Settings
 from reassembler.warehouse import SCHEMA_VERSION, connect, schema_version
+from steps import back_to_version
 
 V1_SCHEMA = Path(__file__).parent / "data" / "warehouse_v1_schema.sql"  # sql/schema.sql of release 1
 
@@ -52,16 +53,14 @@ def test_a_warehouse_of_release_2_gets_the_token_rows_table(tmp_path):
     adds the table, and a night loaded after it fills it."""
     out = tmp_path / "out"
     with connect(out) as con:  # a current warehouse taken back to version 2
-        con.execute("DROP TABLE token_rows")
-        con.execute("DELETE FROM schema_version")
-        con.execute("INSERT INTO schema_version VALUES (2, now()::TIMESTAMP)")
+        back_to_version(con, 2, ("ledger", "rejects"))
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         assert schema_version(con) == 2
     n = Night(tmp_path / "n")
     worked_example(n, "a_g0")
     summary = build_night(n.write(), out, DS)
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 8
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 9
         assert con.execute("SELECT count(*) FROM token_rows").fetchone()[0] == summary.load.tokens.read > 0
     assert summary.numbers.ok_rollouts == 1
 
@@ -83,8 +82,7 @@ def test_a_warehouse_of_release_7_gets_where_rows_came_from_and_its_old_nights_s
         ):
             for column in columns:
                 con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
-        con.execute("DELETE FROM schema_version")
-        con.execute("INSERT INTO schema_version VALUES (7, now()::TIMESTAMP)")
+        back_to_version(con, 7)
     n = Night(tmp_path / "n")
     worked_example(n, "a_g0", metadata={"env": "swe", "agent": "solver"})
     build_night(n.write(), out, DS)
@@ -363,8 +361,7 @@ def test_a_warehouse_of_release_5_records_the_input_locations_from_then_on(tmp_p
     build_night(root, out, DS)
     with connect(out) as con:  # a current warehouse taken back to version 5
         con.execute("ALTER TABLE runs DROP COLUMN inputs")
-        con.execute("DELETE FROM schema_version")
-        con.execute("INSERT INTO schema_version VALUES (5, now()::TIMESTAMP)")
+        back_to_version(con, 5)
     build_night(root, out, DS)
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         runs = con.execute("SELECT input_dir, inputs FROM runs ORDER BY published_at").fetchall()
@@ -372,3 +369,42 @@ def test_a_warehouse_of_release_5_records_the_input_locations_from_then_on(tmp_p
     assert runs[1][0] == str(root) and json.loads(runs[1][1]) == {
         kind: str(root / kind / f"ds={DS}") for kind in ("rollouts", "ledger", "tokens")
     }
+
+
+def test_a_warehouse_of_release_8_moves_its_per_call_rows_to_parquet_and_its_nights_stay_readable(tmp_path, capsys):
+    """Version 8 held ledger, token_rows and rejects in the file; migration 009 writes each
+    night's rows as Parquet beside it (run "migrated") and the views show them: explain and
+    the report read an old night as before, and the file no longer holds them."""
+    from reassembler.call_tables import root
+    from reassembler.cli import main
+
+    out = tmp_path / "out"
+    old = Night(tmp_path / "old", ds="2026-11-27")
+    worked_example(old, "a_g0")
+    build_night(old.write(), out, "2026-11-27")
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        before = {t: sorted(con.execute(f"SELECT * FROM {t}").fetchall()) for t in ("ledger", "token_rows", "rejects")}
+    assert before["ledger"] and before["token_rows"]
+    import datetime
+
+    before["rejects"].append((datetime.date(2026, 11, 27), "ledger", "a.jsonl", 3, "not JSON", "{", None, None))
+    with connect(out) as con:  # the rows back in the file, as release 8 held them
+        back_to_version(con, 8)
+        for table, rows in before.items():
+            if rows:
+                con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    import shutil
+
+    shutil.rmtree(root(out))  # release 8 wrote no Parquet of them
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    build_night(n.write(), out, DS)  # migrates, then loads another night
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+        kinds = dict(con.execute("SELECT table_name, table_type FROM information_schema.tables").fetchall())
+        after = {t: sorted(con.execute(f"SELECT * FROM {t} WHERE ds = '2026-11-27'").fetchall()) for t in before}
+    assert {kinds[t] for t in before} == {"VIEW"} and after == before
+    assert (Path(root(out)) / "ledger" / "ds=2026-11-27" / "run=migrated").is_dir()
+    assert main(["explain", "--output", str(out), "--ds", "2026-11-27", "a_g0"]) == 0
+    assert "a_g0" in capsys.readouterr().out
+    assert main(["report", "--output", str(out), "--ds", "2026-11-27"]) == 0

@@ -3,7 +3,8 @@
 Runs every day at 02:00 UTC for the previous day's partition (ds = logical date - 1 day;
 the `ds` param overrides it for manual runs and backfills).
 
-    check_input -> wait_for_input -> plan_load -> load_part[part 0..P-1] -> load_ledger
+    check_input -> wait_for_input -> plan_load -> load_part[part 0..P-1]
+        -> merge_rollouts -> merge_keys[bucket 0..B-1] -> merge_bucket[bucket 0..B-1] -> load_ledger
         -> reassemble[shard 0..K-1] -> audit_checks -> publish -> quality_report -> quality_gate
 
 - check_input:    resolve ds, the output root and the night's input locations (the layout
@@ -16,10 +17,19 @@ the `ds` param overrides it for manual runs and backfills).
                   else one per 256 MiB) and write the cut into the run's folder.
 - load_part:      mapped over the parts, on any worker: parse and check a part's files into
                   Parquet in the run's folder (no warehouse); a retried part is rewritten whole.
-- load_ledger:    merge the parts into the DuckDB warehouse (sql/, idempotent: a rerun
-                  replaces the night), check what needs the whole night, and plan K shards.
-- reassemble:     ReassembleOperator, mapped over the shards; each streams its rollouts'
-                  calls joined with the token Parquet and stages rows and audit files.
+- merge_rollouts: the merge's global step, on any worker: what needs every rollout at once
+                  (repeated ids, captures, numbering, shard ranges), over rollout keys only.
+- merge_keys:     mapped over B buckets of staging keys, on any worker: token rows found by
+                  the calls that ask for them, and those none asks for.
+- merge_bucket:   mapped over B buckets of rollouts, on any worker: the bucket's per-call
+                  tables as Parquet beside the warehouse, and its shard plan pieces (the
+                  `merge_buckets` param; reassembler/merge/).
+- load_ledger:    commit the night into the DuckDB warehouse (its rollouts and shard ranges,
+                  and which run's per-call files it reads; idempotent: a rerun replaces the
+                  night) and write each shard's rollouts: nothing here grows with the calls.
+- reassemble:     ReassembleOperator, mapped over the shards; each sorts its calls out of
+                  the buckets' pieces, streams them joined with the token Parquet and stages
+                  rows and audit files.
 - audit_checks:   SQL checks on the staged night (rollouts in = audit rows, ok rollouts =
                   distinct rollouts in rows, mask rate under the limit).
 - publish:        commit the night with one manifest (_published/ds=<ds>.json), bring the rows
@@ -249,9 +259,12 @@ def capture_rows_nightly():
         with task_errors():
             night = find_night(input_dir, night_ds)
             check_output_apart(night, output_dir)
-            plan = plan_parts(night, settings.load_parts)
+            plan = plan_parts(night, settings.load_parts, settings.buckets)
             write_plan(staging_dir(output_dir, night_ds, run_id), plan)
-        print(f"ds={night_ds}: {plan.input_bytes:,} bytes of input in {len(plan.parts)} load parts")
+        print(
+            f"ds={night_ds}: {plan.input_bytes:,} bytes of input in {len(plan.parts)} load parts, "
+            f"merged in {plan.buckets} buckets"
+        )
         return list(range(len(plan.parts)))
 
     @task(map_index_template="{{ part_label }}")
@@ -272,12 +285,67 @@ def capture_rows_nightly():
         print(f"load part {part}: {marker['rollout_lines']} rollout lines, {marker['ledger_lines']} ledger lines")
         return {k: marker[k] for k in ("part", "rollout_lines", "ledger_lines")}
 
+    @task
+    def merge_rollouts(output_dir: str, night_ds: str, parts: list, params=None, run_id=None) -> list[int]:
+        """The merge's global step (no warehouse): repeated ids and Episodes, captures,
+        numbering, slots and shard ranges, over the parts' rollout rows only. Returns the
+        bucket numbers, which merge_keys and merge_bucket are mapped over."""
+        from reassembler.load.parts import read_plan
+        from reassembler.memory import step_memory
+        from reassembler.merge.rollouts import merge_rollouts as run
+        from reassembler.publish.protocol import path_safe, staging_dir
+
+        settings = task_settings(params, POOL)
+        staging = staging_dir(output_dir, night_ds, run_id)
+        with task_errors(), step_memory():
+            plan = read_plan(staging)
+            marker = run(plan, staging, (output_dir, path_safe(run_id)), settings)
+        print(f"merge: {marker['rollouts_loaded']} rollouts of {marker['rollout_lines']} lines, {plan.buckets} buckets")
+        return list(range(plan.buckets))
+
+    @task(map_index_template="{{ bucket_label }}")
+    def merge_keys(output_dir: str, night_ds: str, bucket: int, params=None, run_id=None) -> dict:
+        """One bucket of staging keys (no warehouse): token rows found by their ledger lines."""
+        from airflow.sdk import get_current_context
+
+        from reassembler.load.parts import read_plan
+        from reassembler.memory import step_memory
+        from reassembler.merge.keys import merge_keys as run
+        from reassembler.publish.protocol import path_safe, staging_dir
+
+        get_current_context()["bucket_label"] = f"keys {bucket}"
+        settings = task_settings(params, POOL)
+        staging = staging_dir(output_dir, night_ds, run_id)
+        with task_errors(), step_memory():
+            marker = run(read_plan(staging), staging, bucket, (output_dir, path_safe(run_id)), settings)
+        print(f"key bucket {bucket}: {marker['token_rows']} token rows")
+        return {"bucket": bucket, "token_rows": marker["token_rows"]}
+
+    @task(map_index_template="{{ bucket_label }}")
+    def merge_bucket(output_dir: str, night_ds: str, keyed: list, bucket: int, params=None, run_id=None) -> dict:
+        """One bucket of rollouts (no warehouse): its per-call tables beside the warehouse,
+        its shard plan pieces."""
+        from airflow.sdk import get_current_context
+
+        from reassembler.load.parts import read_plan
+        from reassembler.memory import step_memory
+        from reassembler.merge.bucket import merge_bucket as run
+        from reassembler.publish.protocol import path_safe, staging_dir
+
+        get_current_context()["bucket_label"] = f"bucket {bucket}"
+        settings = task_settings(params, POOL)
+        staging = staging_dir(output_dir, night_ds, run_id)
+        with task_errors(), step_memory():
+            marker = run(read_plan(staging), staging, bucket, (output_dir, path_safe(run_id)), settings)
+        print(f"merge bucket {bucket}: {marker['ledger_lines']} ledger lines, rows {marker['rows']}")
+        return {"bucket": bucket, "ledger_lines": marker["ledger_lines"]}
+
     @task(**WRITER)
-    def load_ledger(output_dir: str, night_ds: str, parts: list, params=None, run_id=None) -> list[int]:
-        """Merge the load parts into the warehouse; plan the shards. Returns the shard
-        numbers, which the reassemble task is mapped over."""
+    def load_ledger(output_dir: str, night_ds: str, buckets: list, params=None, run_id=None) -> list[int]:
+        """Commit the merged night into the warehouse; write each shard's rollouts. Returns
+        the shard numbers, which the reassemble task is mapped over."""
         from reassembler.build import load_step
-        from reassembler.load.night_load import PartsLoaded
+        from reassembler.merge.night_load import PartsLoaded
         from reassembler.publish.protocol import staging_dir
         from reassembler.warehouse import Warehouse
 
@@ -286,7 +354,7 @@ def capture_rows_nightly():
             load = PartsLoaded(staging_dir(output_dir, night_ds, run_id), settings)
             warehouse = Warehouse(output_dir, settings.duckdb)
             summary = load_step(load, warehouse, run_id, lock_wait=settings.duckdb.lock_wait_seconds)
-        print(f"loaded ds={night_ds} from {len(parts)} load parts:\n  " + "\n  ".join(summary.lines()))
+        print(f"loaded ds={night_ds} from {len(buckets)} merge buckets:\n  " + "\n  ".join(summary.lines()))
         return list(range(settings.shards))
 
     @task(**READER)
@@ -417,7 +485,12 @@ def capture_rows_nightly():
     cut = plan_load(night["input_dir"], night["output_dir"], night["ds"])
     ready >> cut
     parts = load_part.partial(output_dir=night["output_dir"], night_ds=night["ds"]).expand(part=cut)
-    loaded = load_ledger(night["output_dir"], night["ds"], parts)
+    numbers = merge_rollouts(night["output_dir"], night["ds"], parts)
+    keyed = merge_keys.partial(output_dir=night["output_dir"], night_ds=night["ds"]).expand(bucket=numbers)
+    buckets = merge_bucket.partial(output_dir=night["output_dir"], night_ds=night["ds"], keyed=keyed).expand(
+        bucket=numbers
+    )
+    loaded = load_ledger(night["output_dir"], night["ds"], buckets)
     shards = ReassembleOperator.partial(
         task_id="reassemble",
         output_dir=night["output_dir"],

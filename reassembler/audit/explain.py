@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 
+from .. import call_tables
 from ..errors import InputError
 from ..formats.fields import CALL, select_list
 from ..formats.gym_local import capture_file
@@ -39,7 +40,7 @@ CAPTURES = {
 def _rollouts(con, params: dict) -> list[dict]:
     """The records of sql/shard_rollouts.sql for `params` (one rollout), without its plan_
     columns (the shard plans' buckets: none here)."""
-    cur = con.execute(sql("shard_rollouts", buckets=sql("no_buckets")), params)
+    cur = con.execute(sql("shard_rollouts", buckets=sql("no_buckets"), rejected=sql("ledger_rejected")), params)
     names = [d[0] for d in cur.description]
     return [{k: v for k, v in zip(names, row) if not k.startswith("plan_")} for row in cur.fetchall()]
 
@@ -54,7 +55,7 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
         return [f"rollout {rollout_id}: not in the warehouse for ds={ds}"]
     rollout = records[0]
     calls = calls_from_table(
-        con.cursor()
+        call_tables.cursor(con)
         .sql(sql("explain_ledger", call_columns=select_list(CALL, "l")), params={"ds": ds, "rollout_id": rollout_id})
         .to_arrow_table()
     )
@@ -117,7 +118,7 @@ def rerun(con, night: NightFiles, rollout_id: str, options: Options):
     if not rollouts:
         return None, [], None
     derived = rollouts[0].get("capture") in ("local", "rebuilt", "verifiers", "envelope")  # at the load (9-11)
-    cursor = con.cursor()
+    cursor = call_tables.cursor(con)
     if not derived:  # the keys of the night's token files as they are now (the token lists unread)
         files = token_files(night)
         cursor.register(

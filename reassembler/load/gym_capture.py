@@ -111,6 +111,7 @@ class GymCapture:
         self.samples: list[dict] = []  # (rollout_id, task, sample) of the rows that carry one
         self.failures: list[dict] = []  # the failures files' rows, in reading order
         self.failures_read = 0
+        self.failures_rejected = 0
         self.outcomes: list[dict] = []  # one per local-mode capture read
         self._scratch = scratch
         self._readers = readers
@@ -236,6 +237,7 @@ class GymCapture:
                     row = parse_failure(value)
                 except RecordError as e:
                     reject(self.rejects, "failures", rel, line, str(e), raw)
+                    self.failures_rejected += 1
                     continue
                 self.failures.append(dict(row, file=rel, line=line, line_order=len(self.failures)))
 
@@ -261,16 +263,15 @@ def _capture_files(rels: list[str], rejects: Inserter | None) -> dict[str, Captu
     return out
 
 
-def decide(con, night: NightFiles, rollout_count: int, failures_read: int) -> tuple[GymSummary, set[str]]:
-    """The merge's half (load/merge.py), over the parts' tables (p_samples, p_failures,
-    p_outcomes, p_ledger, p_derived_keys) once the rollouts (m_kept) and the ledger lines
-    are in: given-up samples, which capture each rollout is read from, the derived calls
-    and token rows the night keeps, the rollouts' capture columns. Returns the summary and
-    the failed attempts' keys."""
-    summary = GymSummary(failures_read=failures_read)
-    [[summary.failures_rejected]] = con.execute(
-        "SELECT count(*) FROM rejects WHERE ds = CAST($ds AS DATE) AND source = 'failures'", {"ds": night.ds}
-    ).fetchall()
+def decide(
+    con, night: NightFiles, rollout_count: int, failures_read: int, failures_rejected: int = 0
+) -> tuple[GymSummary, set[str]]:
+    """The merge's half (merge/rollouts.py), over the parts' per-rollout tables (p_samples,
+    p_failures, p_outcomes, p_calls) once the rollouts (m_kept) are in: given-up samples,
+    which capture each rollout is read from (its columns set), and `derived_owners`, the
+    part and kind whose derived calls each rollout keeps (the merge's buckets take them).
+    Returns the summary and the failed attempts' keys."""
+    summary = GymSummary(failures_read=failures_read, failures_rejected=failures_rejected)
     failed = _given_up(con, night, summary, rollout_count)
     [[summary.rebuilt]] = con.execute("SELECT count(*) FROM m_kept WHERE capture = 'rebuilt'").fetchall()
     every = _capture_files(night.captures, None)
@@ -328,7 +329,6 @@ def decide(con, night: NightFiles, rollout_count: int, failures_read: int) -> tu
         "UNION ALL SELECT part, rollout_id, capture FROM m_kept WHERE capture IN ('rebuilt', 'verifiers', 'envelope')"
     )
     con.unregister("local_owners")
-    run_script(con, "merge_derived", {"ds": night.ds, "base": CAPTURE_SEQ_BASE})
     con.register("captures", pa.Table.from_pylist(columns, schema=CAPTURE_COLUMNS))
     run_script(con, "set_capture", {"ds": night.ds})
     con.unregister("captures")

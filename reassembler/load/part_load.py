@@ -21,6 +21,7 @@ import json
 import logging
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import storage
 from ..errors import StoreError
@@ -63,8 +64,71 @@ OUTCOMES = pa.schema(
         ("error", pa.string()),
     ]
 )
-# the part's tables of the warehouse's (their columns but ds), written as rows come
-WAREHOUSE_TABLES = {"rollouts": ROLLOUT_BATCH, "ledger": LEDGER_BATCH, "rejects": REJECT_BATCH, "token_keys": KEYS}
+LEDGER_KEYS = pa.schema([("staging_key", pa.string()), ("rollout_id", pa.string()), ("capture", pa.string())])
+# per rollout and capture (null: ledger lines), the part's calls and the tokens they declare
+CALLS_BY_ROLLOUT = pa.schema(
+    [("rollout_id", pa.string()), ("capture", pa.string()), ("n_calls", pa.int64()), ("delta_sum", pa.int64())]
+)
+# the part's tables of the warehouse's (their columns but ds), written as rows come, and the
+# ledger lines' staging keys; the per-call ones split into the merge's buckets by the key
+# named here (merge/: the rollout id, or the staging key a token row is found by)
+PART_TABLES = {
+    "rollouts": ROLLOUT_BATCH,
+    "ledger": LEDGER_BATCH,
+    "rejects": REJECT_BATCH,
+    "token_keys": KEYS,
+    "ledger_keys": LEDGER_KEYS,
+}
+BUCKET_KEYS = {
+    "ledger": "rollout_id",
+    "rejects": "rollout_id",
+    "token_keys": "t_staging_key",
+    "ledger_keys": "staging_key",
+    "derived_keys": "t_staging_key",
+}
+
+
+class LedgerTap:
+    """The part's ledger table, as the parsers write to it: each batch also gives its
+    calls' staging keys (ledger_keys, with their capture: null for ledger lines) and counts
+    per rollout (CALLS_BY_ROLLOUT)."""
+
+    def __init__(self, tables: PartTables):
+        self.ledger, self.keys = tables["ledger"], tables["ledger_keys"]
+        self._counts: list[pa.Table] = []
+
+    def write(self, table: pa.Table | pa.RecordBatch) -> None:
+        if not table.num_rows:
+            return
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        self.ledger.write(table)
+        keyed = table.filter(pc.is_valid(table.column("staging_key")))
+        self.keys.write(keyed.select(["staging_key", "rollout_id", "capture"]))
+        self._counts.append(_count(table.select(["rollout_id", "capture", "delta_len"])))
+
+    def counts(self) -> pa.Table:
+        if not self._counts:
+            return CALLS_BY_ROLLOUT.empty_table()
+        both = pa.concat_tables(self._counts)
+        summed = both.group_by(["rollout_id", "capture"], use_threads=False).aggregate(
+            [("n_calls", "sum"), ("delta_sum", "sum")]
+        )
+        return (
+            summed.rename_columns({"n_calls_sum": "n_calls", "delta_sum_sum": "delta_sum"})
+            .select(CALLS_BY_ROLLOUT.names)
+            .cast(CALLS_BY_ROLLOUT)
+        )
+
+
+def _count(table: pa.Table) -> pa.Table:
+    table = table.set_column(2, "delta_len", pc.fill_null(pc.cast(table.column("delta_len"), pa.int64()), 0))
+    counted = table.group_by(["rollout_id", "capture"], use_threads=False).aggregate(
+        [("delta_len", "count", pc.CountOptions(mode="all")), ("delta_len", "sum")]
+    )
+    return counted.rename_columns({"delta_len_count": "n_calls", "delta_len_sum": "delta_sum"}).select(
+        CALLS_BY_ROLLOUT.names
+    )
 
 
 def load_part(
@@ -89,8 +153,8 @@ def load_part(
         readers = capture_children.start(part)
     try:
         what = "load" if len(plan.parts) == 1 else f"load part {k}"  # the progress line's name
-        with PartTables(out, WAREHOUSE_TABLES) as tables:
-            marker = _parse(tables, part, out, what, settings, every_capture, background, readers)
+        with PartTables(out, PART_TABLES, BUCKET_KEYS, plan.buckets) as tables:
+            marker = _parse(tables, part, out, what, settings, every_capture, background, readers, plan.buckets)
     finally:
         if own:
             for helper in (background, readers):
@@ -102,7 +166,15 @@ def load_part(
 
 
 def _parse(
-    tables: PartTables, part: NightFiles, out: str, what: str, settings: Settings, every_capture, background, readers
+    tables: PartTables,
+    part: NightFiles,
+    out: str,
+    what: str,
+    settings: Settings,
+    every_capture,
+    background,
+    readers,
+    buckets: int = 1,
 ) -> dict:
     max_line_bytes = settings.max_line_bytes
     files = token_files(part, settings.max_row_group_bytes)  # unusable token files: refused before anything
@@ -113,7 +185,7 @@ def _parse(
         if files.too_big:
             tables["rejects"].write(too_big_rejects(part, files))
         rejects = Inserter(tables["rejects"], REJECT_BATCH)
-        ledger = tables["ledger"]
+        ledger = LedgerTap(tables)
         gym = GymCapture(ledger, part, rejects, out, max_line_bytes, readers, progress.read, every_capture)
         rollouts = tables["rollouts"]
         rollouts_first = background is None or background.done()
@@ -126,7 +198,10 @@ def _parse(
             progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
         gym.read()
         rejects.flush()
-        write_table(storage.join(out, "derived_keys.parquet"), KEYS, key_batches(gym.token_files))
+        write_table(
+            storage.join(out, "derived_keys.parquet"), KEYS, key_batches(gym.token_files), "t_staging_key", buckets
+        )
+        write_table(storage.join(out, "calls_by_rollout.parquet"), CALLS_BY_ROLLOUT, [ledger.counts()])
         write_table(storage.join(out, "samples.parquet"), SAMPLES, [pa.Table.from_pylist(gym.samples, schema=SAMPLES)])
         write_table(
             storage.join(out, "failures.parquet"), FAILURES, [pa.Table.from_pylist(gym.failures, schema=FAILURES)]
@@ -142,6 +217,8 @@ def _parse(
         "rollout_lines": rollout_lines_read,
         "ledger_lines": ledger_lines,
         "failures_read": gym.failures_read,
+        "failures_rejected": gym.failures_rejected,
+        "buckets": buckets,
         "too_big_rows": files.n_too_big,
         "derived_files": gym.token_files,
     }

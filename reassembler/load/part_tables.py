@@ -12,31 +12,40 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import storage
+from ..buckets import BucketedFile
 
 ROW_GROUP_ROWS = 65_536
 ROW_GROUP_BYTES = 16 << 20  # a rollout row carries its whole output's fingerprints
+OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 1}
 
 
 class TableFile:
     """One Parquet file at `loc` of `schema`, written a row group at a time (`write`), whole
     once `close()`d; `close(ok=False)` leaves nothing."""
 
-    def __init__(self, loc: str, schema: pa.Schema):
+    def __init__(self, loc: str, schema: pa.Schema, key: str | None = None, buckets: int = 1):
         self.loc, self.schema = loc, schema
         self._target = loc if storage.is_remote(loc) else f"{loc}.tmp-{os.getpid()}"
         self._sink = storage.open_output(self._target)
-        self._writer = pq.ParquetWriter(self._sink, schema, compression="zstd", compression_level=1)
+        # split by `key` into `buckets` (buckets.py): the file's row groups are one bucket's each
+        self._bucketed = None if key is None else BucketedFile(self._sink, schema, key, buckets, **OPTIONS)
+        self._writer = self._bucketed or pq.ParquetWriter(self._sink, schema, **OPTIONS)
         self._held: list[pa.Table] = []
         self._rows = self._bytes = 0
         self.rows = 0  # written so far
 
     def write(self, table: pa.Table | pa.RecordBatch) -> None:
         if not table.num_rows:
+            return
+        if self._bucketed is not None:
+            self._bucketed.write(table)
+            self.rows += table.num_rows
             return
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
@@ -50,7 +59,7 @@ class TableFile:
     def _flush(self) -> None:
         self._flush_to(self._writer)
 
-    def _flush_to(self, writer: pq.ParquetWriter) -> None:
+    def _flush_to(self, writer) -> None:
         if self._held:  # one row group
             writer.write_table(pa.concat_tables(self._held).combine_chunks(), row_group_size=self._rows)
             self._held, self._rows, self._bytes = [], 0, 0
@@ -76,9 +85,11 @@ class TableFile:
                     storage.delete(self._target)
 
 
-def write_table(loc: str, schema: pa.Schema, tables: Iterable[pa.Table | pa.RecordBatch]) -> None:
-    """Tables (or batches) into one Parquet file at `loc`, whole."""
-    file = TableFile(loc, schema)
+def write_table(
+    loc: str, schema: pa.Schema, tables: Iterable[pa.Table | pa.RecordBatch], key: str | None = None, buckets: int = 1
+) -> None:
+    """Tables (or batches) into one Parquet file at `loc`, whole (split by `key`: TableFile)."""
+    file = TableFile(loc, schema, key, buckets)
     try:
         for table in tables:
             file.write(table)
@@ -92,11 +103,14 @@ class PartTables:
     """The warehouse's four tables of a part (rollouts, ledger, rejects, token_keys) as
     TableFiles in `folder`: a context that closes them whole, or on an error leaves none."""
 
-    def __init__(self, folder: str, schemas: dict[str, pa.Schema]):
+    def __init__(
+        self, folder: str, schemas: dict[str, pa.Schema], keys: dict[str, str] | None = None, buckets: int = 1
+    ):
         self.files: dict[str, TableFile] = {}
         try:
             for name, schema in schemas.items():
-                self.files[name] = TableFile(storage.join(folder, f"{name}.parquet"), schema)
+                key = (keys or {}).get(name)
+                self.files[name] = TableFile(storage.join(folder, f"{name}.parquet"), schema, key, buckets)
         except BaseException:
             self.close(ok=False)
             raise

@@ -27,7 +27,7 @@ from ..formats.night import NightFiles
 
 PART_BYTES = 256 << 20  # the default: one part per this much input
 PLAN = "plan.json"
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: the merge's buckets
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class LoadPlan:
     night: NightFiles
     parts: list[NightFiles]
     input_bytes: int
+    buckets: int = 1  # the merge's fan-out: each part splits its per-call rows into as many (merge/)
 
     @property
     def plan_id(self) -> str:
@@ -52,6 +53,7 @@ class LoadPlan:
                 "night": asdict(self.night),
                 "parts": [asdict(p) for p in self.parts],
                 "input_bytes": self.input_bytes,
+                "buckets": self.buckets,
             },
             indent=1,
         ).encode()
@@ -61,7 +63,9 @@ class LoadPlan:
         plan = json.loads(data)
         if plan.get("version") != PLAN_VERSION:
             raise RuntimeError(f"{where}: load plan of version {plan.get('version')}, expected {PLAN_VERSION}")
-        return cls(NightFiles(**plan["night"]), [NightFiles(**p) for p in plan["parts"]], plan["input_bytes"])
+        return cls(
+            NightFiles(**plan["night"]), [NightFiles(**p) for p in plan["parts"]], plan["input_bytes"], plan["buckets"]
+        )
 
 
 def default_parts(input_bytes: int) -> int:
@@ -81,8 +85,9 @@ def _cut(units: list[tuple[list[str], int]], parts: int) -> list[list[str]]:
     return out
 
 
-def plan_parts(night: NightFiles, parts: int | None = None) -> LoadPlan:
-    """Cut `night` into `parts` parts (None: one per PART_BYTES). Sizes come from the
+def plan_parts(night: NightFiles, parts: int | None = None, buckets: int = 1) -> LoadPlan:
+    """Cut `night` into `parts` parts (None: one per PART_BYTES), whose per-call rows the
+    merge takes in `buckets` buckets. Sizes come from the
     listing on object storage, a stat locally; a file gone since counts 0 bytes (its read
     is what fails, naming it)."""
     kinds = {
@@ -119,7 +124,7 @@ def plan_parts(night: NightFiles, parts: int | None = None) -> LoadPlan:
         )
         for k in range(n)
     ]
-    return LoadPlan(night, shares, total)
+    return LoadPlan(night, shares, total, max(1, buckets))
 
 
 def plan_location(folder: str) -> str:

@@ -12,12 +12,10 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,16 +27,16 @@ from ..formats import token_file
 from ..formats.night import NightFiles
 from ..formats.records import parse_ledger_row
 from ..progress import Progress
-from ..settings import DEFAULTS, Settings
+from ..settings import DEFAULTS
 from ..warehouse import sql
-from . import capture_children, rollout_lines
+from . import rollout_lines
 from .gym_capture import GymSummary
 from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter, Sink
 from .json_lines import decode, one_line, read_file_lines
 from .ledger_columns import Chunk, ledger_chunks
 
 if TYPE_CHECKING:
-    from .parts import LoadPlan
+    pass
 from .token_keys import group_keys
 
 # ---------------------------------------------------------------- JSON lines -> warehouse
@@ -106,33 +104,6 @@ class LoadSummary:
 
 def _ledger_files(night: NightFiles) -> list[tuple[str, str]]:
     return [(rel, night.path("ledger", rel)) for rel in night.ledger]
-
-
-def load_night(
-    con: duckdb.DuckDBPyConnection,
-    night: NightFiles,
-    settings: Settings = DEFAULTS,
-    background: rollout_lines.InBackground | None = None,
-    scratch: str | None = None,
-    readers: capture_children.CaptureChildren | None = None,
-    plan: LoadPlan | None = None,
-) -> LoadSummary:
-    """Replace the night `night.ds` in the warehouse: cut it into load parts
-    (`settings.load_parts`, or `plan`: load/parts.py), parse each (load/part_load.py: in
-    this process, or `settings.workers` at a time in worker processes), then merge them in
-    one transaction (load/merge.py). `scratch`: the run's folder, where the parts and the
-    token rows the load derives go (a temporary folder when not given). `background`,
-    `readers`: child processes load.NightLoad started for a night of one part (its rollout
-    lines, its local-mode captures)."""
-    from .merge import merge_parts
-    from .part_load import run_parts
-    from .parts import plan_parts, write_plan
-
-    folder = scratch if scratch is not None else tempfile.mkdtemp(prefix="reassembler-load-")
-    plan = plan or plan_parts(night, settings.load_parts)
-    write_plan(folder, plan)
-    run_parts(plan, folder, settings, background, readers)
-    return merge_parts(con, plan, folder, settings)
 
 
 def load_rollout_lines(

@@ -37,7 +37,6 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..errors import InputError
-from ..formats.fields import CALL, select_list
 from ..formats.token_file import TokenFile
 from ..warehouse import sql
 
@@ -65,26 +64,18 @@ def plan_dir(staging, shard: int) -> str:
     return storage.join(str(staging), "plan", f"shard-{shard:05d}")
 
 
-def write_plans(con, staging, ds: str, shards: int) -> None:
-    """Write the plan of every shard of the loaded night `ds` (sql/plan_shards.sql split it)."""
-    starts: dict[str, np.ndarray] = {}  # each token file's row-group starts, its footer read once
+def write_rollout_plans(con, staging, ds: str, shards: int) -> None:
+    """Write the rollouts of every shard of the night `ds` the warehouse behind `con` holds
+    (its groups and the rollouts' rejected ledger lines registered by the caller as
+    `night_groups` and `rollout_rejects`: merge/commit.py); each shard writes its calls
+    (merge/pieces.py)."""
     [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
-    calls_query = sql(
-        "shard_calls", tokens=sql("night_token_rows"), call_columns=select_list(CALL, "l"), buckets="plan_buckets"
-    )
+    query = sql("shard_rollouts", buckets="plan_buckets", rejected="rollout_rejects")
     for shard in range(shards):
         params = {"ds": ds, "shard": shard, "rollout_id": None}
-        folder = plan_dir(staging, shard)
-        buckets = con.sql(
-            sql("plan_buckets"), params={"ds": ds, "shard": shard, "bucket_rows": BUCKET_ROWS}
-        ).to_arrow_table()
-        rollouts = _sorted(con, sql("shard_rollouts", buckets="plan_buckets"), params, buckets, ROLLOUT_ORDER, spill)
-        _write(storage.join(folder, "rollouts.parquet"), None, rollouts)
-        groups = _TokenGroups(starts)
-        calls = (groups.add(batch) for batch in _sorted(con, calls_query, params, buckets, CALL_ORDER, spill))
-        _write(storage.join(folder, "calls.parquet"), None, calls)
-        table = groups.table()
-        _write(storage.join(folder, "token_groups.parquet"), table.schema, [table])
+        buckets = con.sql(sql("plan_buckets"), params={"shard": shard, "bucket_rows": BUCKET_ROWS}).to_arrow_table()
+        rollouts = _sorted(con, query, params, buckets, ROLLOUT_ORDER, spill)
+        write_sorted(storage.join(plan_dir(staging, shard), "rollouts.parquet"), None, rollouts)
 
 
 def sort_rows(table: pa.Table, order: list[tuple[str, str]]) -> pa.Table:
@@ -98,7 +89,7 @@ TOKEN_GROUPS = pa.schema([("file", pa.string()), ("row_group", pa.int32()), ("ro
 TOKENS_KEY = b"reassembler.tokens"  # token_groups.parquet's metadata: the shard's tokens
 
 
-class _TokenGroups:
+class TokenGroups:
     """The token row groups a shard reads, in the order it first needs them, with how many
     of each one's rows it takes (the plan's token_groups.parquet)."""
 
@@ -142,7 +133,7 @@ class _TokenGroups:
         )
 
 
-def _write(loc: str, schema: pa.Schema | None, parts) -> None:
+def write_sorted(loc: str, schema: pa.Schema | None, parts) -> None:
     """Write the tables or record batches of `parts` (the schema from the first, if not given)."""
     writer = None
     with storage.open_output(loc) as sink:
@@ -160,23 +151,27 @@ def _sorted(con, query: str, params: dict, buckets, order: list[tuple[str, str]]
     """The rows of `query` (the shard's rollouts or calls, each with its bucket in `buckets`:
     plan_buckets.sql's rows) in `order`, a table a bucket; the first is empty (it carries
     the schema)."""
-    with con.cursor() as cursor:  # a one-process build shares the connection
-        cursor.register("plan_buckets", buckets)
-        reader = cursor.sql(query, params=params).to_arrow_reader(READ_ROWS)
+    # the connection itself, not a cursor: the night's per-call tables are its temporary ones
+    con.register("plan_buckets", buckets)
+    try:
+        reader = con.sql(query, params=params).to_arrow_reader(READ_ROWS)
         schema = reader.schema
-        yield _empty(schema)
-        with _Buckets(schema, spill) as buckets:
+        yield empty_of(schema)
+        with SortBuckets(schema, spill) as held:
             for batch in reader:
-                buckets.add(batch)
-            for table in buckets.tables():
+                held.add(batch)
+            reader = None
+            for table in held.tables():
                 yield sort_rows(table, order)
+    finally:
+        con.unregister("plan_buckets")
 
 
-def _empty(schema: pa.Schema) -> pa.Table:
+def empty_of(schema: pa.Schema) -> pa.Table:
     return pa.schema([f for f in schema if not f.name.startswith("plan_")]).empty_table()
 
 
-class _Buckets:
+class SortBuckets:
     """Rows routed to their bucket, held in memory up to HELD_BYTES, then spilled: one Arrow
     stream file a bucket, in a folder of its own in `spill`, removed on leaving."""
 
@@ -251,10 +246,14 @@ def read_rollouts(staging, shard: int) -> list[dict]:
         source = storage.open_parquet(loc)
         return pq.read_table(source).to_pylist()
     except FileNotFoundError:
-        raise InputError(
-            f"{loc}: this run's plan is gone: the night was loaded again by another run since (the later "
-            "load wins), or the run's folder was removed; run the night again"
-        ) from None
+        raise plan_gone(loc) from None
+
+
+def plan_gone(loc: str) -> InputError:
+    return InputError(
+        f"{loc}: this run's plan is gone: the night was loaded again by another run since (the later "
+        "load wins), or the run's folder was removed; run the night again"
+    )
 
 
 def read_token_groups(staging, shard: int) -> tuple[list[tuple[str, int]], int]:

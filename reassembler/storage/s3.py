@@ -44,9 +44,11 @@ def _environment() -> tuple:
     return tuple(os.environ.get(k) for k in (*names, "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION"))
 
 
-def filesystem():
-    """pyarrow's S3FileSystem for the current AWS environment (its own retries off)."""
-    return _filesystem(_environment())
+def filesystem(attempts: int = 1):
+    """pyarrow's S3FileSystem for the current AWS environment: its own retries off (this
+    module retries), or `attempts` for a reader this module cannot wrap (the per-call views
+    DuckDB scans through pyarrow datasets: call_tables.py)."""
+    return _filesystem(_environment(), attempts)
 
 
 def client():
@@ -55,7 +57,7 @@ def client():
 
 
 @lru_cache(maxsize=4)
-def _filesystem(environment: tuple):
+def _filesystem(environment: tuple, attempts: int = 1):
     from pyarrow import fs
 
     kwargs = {}
@@ -67,7 +69,7 @@ def _filesystem(environment: tuple):
         connect_timeout=_CONNECT_TIMEOUT,
         request_timeout=_REQUEST_TIMEOUT,
         force_virtual_addressing=False,
-        retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=1),
+        retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=attempts),
         **kwargs,
     )
 

@@ -19,9 +19,9 @@ command enters a NightLoad before it imports them, so the children parse while i
 from __future__ import annotations
 
 from ..formats.night import NightFiles, find_night
+from ..load import capture_children, rollout_lines
+from ..load.parts import LoadPlan, plan_parts
 from ..settings import DEFAULTS, Settings
-from . import capture_children, rollout_lines
-from .parts import LoadPlan, plan_parts
 
 
 class NightLoad:
@@ -38,7 +38,7 @@ class NightLoad:
 
     def __enter__(self) -> NightLoad:
         try:
-            self.plan = plan_parts(self.night, self.settings.load_parts)
+            self.plan = plan_parts(self.night, self.settings.load_parts, self.settings.buckets)
             if len(self.plan.parts) == 1:  # parts of their own start their own helpers
                 self._children = rollout_lines.start(self.night, self.settings.max_line_bytes)
                 self._readers = capture_children.start(self.night)
@@ -58,25 +58,25 @@ class NightLoad:
             self._readers.close()
             self._readers = None
 
-    def into(self, con, scratch=None):
-        """Replace the night in the warehouse behind `con` (load.read.load_night), with the
+    def into(self, con, scratch=None, calls=None):
+        """Replace the night in the warehouse behind `con` (merge.run.load_night), with the
         rollout lines the children parsed and the local-mode captures the readers read;
-        they are done with once it returns. `scratch`:
-        where the token rows the load derives go (the run's staging folder)."""
-        from .read import load_night
+        they are done with once it returns. `scratch`: where the token rows the load
+        derives go (the run's staging folder); `calls`: where its per-call rows go."""
+        from .run import load_night
 
         try:
-            return load_night(con, self.night, self.settings, self._children, scratch, self._readers, self.plan)
+            return load_night(con, self.night, self.settings, self._children, scratch, self._readers, self.plan, calls)
         finally:
             self.close()
 
 
 class PartsLoaded:
-    """A night whose load parts already ran (the DAG's mapped load_part tasks) into the
-    run's folder `staging`: its plan read from there; `into` only merges them."""
+    """A night whose load parts and merge steps already ran (the DAG's mapped tasks) into
+    the run's folder `staging`: its plan read from there; `into` only commits it."""
 
     def __init__(self, staging: str, settings: Settings = DEFAULTS):
-        from .parts import read_plan
+        from ..load.parts import read_plan
 
         self.staging, self.settings = staging, settings
         self.plan = read_plan(staging)
@@ -86,8 +86,8 @@ class PartsLoaded:
     def ds(self) -> str:
         return self.night.ds
 
-    def into(self, con, scratch=None):
-        """The parts' tables into the warehouse behind `con` (load.merge.merge_parts)."""
-        from .merge import merge_parts
+    def into(self, con, scratch=None, calls=None):
+        """The merged night into the warehouse behind `con` (merge.commit.commit_merge)."""
+        from .commit import commit_merge
 
-        return merge_parts(con, self.plan, self.staging, self.settings)
+        return commit_merge(con, self.plan, self.staging, calls)

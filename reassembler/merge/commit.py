@@ -1,0 +1,107 @@
+"""The night into the warehouse (the warehouse task's part of the merge: merge/__init__.py):
+in one transaction, the night's rollout rows and shard ranges replace the night's, and
+`night_calls` names the run whose per-call files the night reads (call_tables.py); then
+each shard's rollouts are written into its plan. Its cost grows with the night's rollouts
+and groups, never with its calls: those the buckets wrote are not read here, only their
+markers' counts.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import call_tables, storage
+from ..load.gym_capture import GymSummary
+from ..load.parts import LoadPlan
+from ..load.read import LoadSummary, SourceCount
+from ..load.shard_plan import write_rollout_plans
+from ..warehouse import run_script
+from . import bucket, keys, rollouts
+from .staging import merge_dir, read_marker, read_part_markers
+
+
+def markers(plan: LoadPlan, folder: str) -> tuple[list[dict], dict, list[dict], list[dict]]:
+    """The markers of every step of the merge (RuntimeError naming one not finished)."""
+    parts = read_part_markers(plan, folder)
+    top = read_marker(folder, rollouts.NAME, "the merge's global step", plan)
+    key_markers = [read_marker(folder, keys.name(b), f"key bucket {b}", plan) for b in range(plan.buckets)]
+    buckets = [read_marker(folder, bucket.name(b), f"merge bucket {b}", plan) for b in range(plan.buckets)]
+    return parts, top, key_markers, buckets
+
+
+def commit_merge(con, plan: LoadPlan, folder: str, calls: tuple[str, str]) -> LoadSummary:
+    """Replace the night in the warehouse behind `con` with the merge's (every step done).
+    Returns the load's summary; every line and token row read is accounted for."""
+    parts, top, key_markers, bucket_markers = markers(plan, folder)
+    ds, (_, run) = plan.night.ds, calls
+    where = merge_dir(folder)
+    night = pq.ParquetFile(storage.open_parquet(storage.join(where, "rollouts.parquet")))
+    groups = pq.read_table(storage.open_parquet(storage.join(where, "groups.parquet")))
+    con.execute("BEGIN TRANSACTION")
+    try:
+        run_script(con, "clear_night", {"ds": ds})
+        con.register("night_rollouts", pa.RecordBatchReader.from_batches(night.schema_arrow, night.iter_batches()))
+        con.execute("INSERT INTO rollouts BY NAME SELECT CAST($ds AS DATE) AS ds, * FROM night_rollouts", {"ds": ds})
+        con.unregister("night_rollouts")
+        con.register("night_groups", groups)
+        con.execute("INSERT INTO shard_plan SELECT CAST($ds AS DATE), group_id, shard FROM night_groups", {"ds": ds})
+        con.unregister("night_groups")
+        call_tables.commit_night(con, ds, run)
+        con.execute("COMMIT")
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except Exception:  # noqa: BLE001, S110 - the error that aborted the commit is the one reported
+            pass
+        raise
+    return summarize(plan, parts, top, key_markers, bucket_markers)
+
+
+def summarize(
+    plan: LoadPlan, parts: list[dict], top: dict, key_markers: list[dict], buckets: list[dict]
+) -> LoadSummary:
+    counts: dict[str, int] = {}
+    for marker in [top, *key_markers, *buckets]:
+        for source, n in marker["rejects"].items():
+            counts[source] = counts.get(source, 0) + n
+    token_rows = sum(m["in_token_files"] for m in key_markers) + sum(m["too_big_rows"] for m in parts)
+    summary = LoadSummary(
+        rollouts=SourceCount(top["rollout_lines"], top["rollouts_loaded"], counts.get("rollouts", 0)),
+        ledger=SourceCount(
+            sum(m["ledger_lines"] for m in parts),
+            sum(m["ledger_used"] for m in buckets),
+            counts.get("ledger", 0),
+            sum(m["ledger_failed"] for m in buckets),
+        ),
+        tokens=SourceCount(token_rows, token_rows - counts.get("tokens", 0), counts.get("tokens", 0)),
+        n_ledger_rows=sum(m["ledger_lines"] for m in buckets),
+        n_token_files=len(plan.night.tokens),
+        sidecars=tuple(plan.night.sidecars),
+        gym=GymSummary(**top["gym"]),
+        other_rejects=counts.get("failures", 0) + counts.get("capture", 0),
+        traces=tuple(top["traces"]),
+        envelopes=tuple(top["envelopes"]),
+    )
+    for name in ("rollouts", "ledger", "tokens"):
+        c = getattr(summary, name)
+        if c.read != c.loaded + c.rejected + c.failed_attempts:  # every line and token row is accounted for
+            raise RuntimeError(f"internal: {name} {c}")
+    return summary
+
+
+def write_shard_rollouts(con, plan: LoadPlan, folder: str, shards: int, plans: str | None = None) -> None:
+    """Each shard's rollouts into its plan (in the run's `folder`, or in `plans`), from the
+    night the warehouse behind `con` now holds, with the buckets' rejected ledger lines."""
+    where = merge_dir(folder)
+    rejected = [
+        pq.read_table(storage.open_parquet(storage.join(bucket.pieces_dir(folder, b), "rollout_rejects.parquet")))
+        for b in range(plan.buckets)
+    ]
+    con.register("rollout_rejects", pa.concat_tables(rejected) if rejected else bucket.ROLLOUT_REJECTS.empty_table())
+    con.register("night_groups", pq.read_table(storage.open_parquet(storage.join(where, "groups.parquet"))))
+    try:
+        write_rollout_plans(con, plans or folder, plan.night.ds, shards)
+    finally:
+        con.unregister("rollout_rejects")
+        con.unregister("night_groups")

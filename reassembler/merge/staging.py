@@ -1,0 +1,126 @@
+"""What the merge's steps share: where they write in the run's folder, their markers, the
+scratch DuckDB each runs in, and the parts' tables read into it.
+
+    <run folder>/load/part-NNNNN/...          the load parts (load/part_load.py)
+    <run folder>/load/merge/rollouts.json     the global step's marker (merge/rollouts.py)
+    <run folder>/load/merge/keys-NNNNN.json   a key bucket's (merge/keys.py)
+    <run folder>/load/merge/bucket-NNNNN.json a rollout bucket's (merge/bucket.py)
+
+A step's files are written before its marker, and a step reads another's only through its
+marker: a step run again (a retried task) rewrites its files whole, and its marker last.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import storage
+from ..buckets import read_bucket
+from ..load.parts import LoadPlan, part_folder
+from ..settings import DuckDBSettings
+from ..warehouse import scratch_config
+
+PART_MARKER = "part.json"
+
+
+def merge_dir(folder: str) -> str:
+    return storage.join(folder, "load", "merge")
+
+
+def marker_path(folder: str, name: str) -> str:
+    return storage.join(merge_dir(folder), f"{name}.json")
+
+
+def write_marker(folder: str, name: str, marker: dict) -> None:
+    storage.write_bytes(marker_path(folder, name), json.dumps(marker, indent=1, sort_keys=True).encode())
+
+
+def read_marker(folder: str, name: str, what: str, plan: LoadPlan) -> dict:
+    """A step's marker; RuntimeError naming it when the step has not finished, or ran for
+    another load plan."""
+    where = marker_path(folder, name)
+    try:
+        marker = json.loads(storage.read_bytes(where))
+    except FileNotFoundError:
+        raise RuntimeError(f"{where}: {what} has not finished") from None
+    if marker.get("plan") != plan.plan_id:
+        raise RuntimeError(f"{where}: {what} ran for another load plan; run it again")
+    return marker
+
+
+def read_part_markers(plan: LoadPlan, folder: str) -> list[dict]:
+    """Each part's marker; a part without one did not finish (RuntimeError naming it)."""
+    out = []
+    for k in range(len(plan.parts)):
+        where = storage.join(part_folder(folder, k), PART_MARKER)
+        try:
+            marker = json.loads(storage.read_bytes(where))
+        except FileNotFoundError:
+            raise RuntimeError(f"{where}: load part {k} of {len(plan.parts)} has not finished") from None
+        if marker.get("plan") != plan.plan_id:
+            raise RuntimeError(f"{where}: load part {k} was parsed for another load plan; run it again")
+        out.append(marker)
+    return out
+
+
+def scratch(settings: DuckDBSettings) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB for one step, bounded like the warehouse's (its spill folder local)."""
+    return duckdb.connect(config=scratch_config(settings))
+
+
+def part_files(plan: LoadPlan, folder: str, name: str) -> list[str]:
+    return [storage.join(part_folder(folder, k), f"{name}.parquet") for k in range(len(plan.parts))]
+
+
+def stage(con, table: str, locations: list[str], bucket: int | None = None, with_part: bool = True) -> None:
+    """Temporary table `table`: the rows of the Parquet files at `locations` (the parts',
+    in part order, each row with its part's number when `with_part`), all of them or those
+    of one `bucket` of BucketedFiles, streamed a row group at a time."""
+    files = [pq.ParquetFile(storage.open_parquet(loc)) for loc in locations]
+    schema = files[0].schema_arrow if files else None
+    if schema is not None and "bucket" in schema.names:
+        schema = schema.remove(schema.get_field_index("bucket"))
+    if schema is None:
+        raise RuntimeError(f"internal: no files to stage as {table}")
+    if with_part:
+        schema = schema.append(pa.field("part", pa.int64()))
+
+    def tables() -> Iterator[pa.Table]:
+        for k, file in enumerate(files):
+            pieces = (
+                (file.read_row_group(g) for g in range(file.num_row_groups))
+                if bucket is None
+                else read_bucket(file, bucket)
+            )
+            for piece in pieces:
+                if "bucket" in piece.column_names:
+                    piece = piece.drop_columns(["bucket"])
+                if with_part:
+                    piece = piece.append_column("part", pa.repeat(pa.scalar(k, pa.int64()), piece.num_rows))
+                yield piece.cast(schema)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for piece in tables():
+            yield from piece.to_batches()
+
+    con.register("staged_rows", pa.RecordBatchReader.from_batches(schema, batches()))
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM staged_rows")  # noqa: S608 - fixed names
+    finally:
+        try:  # on an aborted transaction this fails too: the first error is the one to report
+            con.unregister("staged_rows")
+        except Exception:  # noqa: BLE001, S110 - the error in flight, if any, is re-raised
+            pass
+
+
+def write_query(con, loc: str, query: str, params: dict | None = None, schema: pa.Schema | None = None) -> int:
+    """The rows of `query` into one Parquet file at `loc` (whole or absent); returns them."""
+    from ..call_tables import ROW_GROUP_ROWS, write_file
+
+    reader = con.sql(query, params=params).to_arrow_reader(ROW_GROUP_ROWS)
+    return write_file(loc, schema or reader.schema, reader)
