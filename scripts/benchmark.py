@@ -174,9 +174,13 @@ CALLS_HEAVY = dict(
 )
 
 
-def calls_night(workdir: Path, name: str, rollouts: int, seed: int, reuse: bool = False) -> tuple[Path, dict]:
-    """A synthetic night of the calls-heavy shape (`reuse` as `night`)."""
-    return _synth(workdir / name, SynthConfig(rollouts=rollouts, seed=seed, **CALLS_HEAVY), reuse)
+def calls_night(
+    workdir: Path, name: str, rollouts: int, seed: int, reuse: bool = False, deeper: int = 1
+) -> tuple[Path, dict]:
+    """A synthetic night of the calls-heavy shape (`reuse` as `night`); `deeper` times the
+    calls a rollout (the same rollouts, more calls each)."""
+    calls = {"min_calls": 5 * deeper, "max_calls": 40 * deeper}
+    return _synth(workdir / name, SynthConfig(rollouts=rollouts, seed=seed, **CALLS_HEAVY, **calls), reuse)
 
 
 def outcomes_match(root: Path) -> tuple[int, int]:
@@ -814,9 +818,12 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
     calls_rollouts = max(8, int(tokens / 5_000))  # ~2,000 rollouts, ~47k calls for the 10M-token bench
     rootc, tc = calls_night(work, "calls-1x", calls_rollouts, seed=5, reuse=reuse)
     rootc4, tc4 = calls_night(work, "calls-4x", 4 * calls_rollouts, seed=6, reuse=reuse)
+    # the same rollouts as calls 1x, 4x the calls each: what grows with calls alone
+    rootd, td = calls_night(work, "calls-deep", calls_rollouts, seed=5, reuse=reuse, deeper=4)
     inp = root / "input"
     steps = {}
-    for tag, r in (("1x", root), ("4x", root4), ("calls-1x", rootc), ("calls-4x", rootc4)):
+    nights = (("1x", root), ("4x", root4), ("calls-1x", rootc), ("calls-4x", rootc4), ("calls-deep", rootd))
+    for tag, r in nights:
         out = work / f"scale-{tag}"
         shutil.rmtree(out, ignore_errors=True)
         steps[tag] = _night_steps(
@@ -873,16 +880,20 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
     ]
     skew = max(skews)
     warehouse_slope = max(slopes["commit"][0], slopes["commit"][2])
+    cd = td["calls"]
+    deep = {step: _slope(med["calls-1x"][step], med["calls-deep"][step], cc1, cd)[0] for step in ("commit", "rollouts")}
     print(
-        f"warehouse    the warehouse task's slope {warehouse_slope * 1e6:.2f} us a call (goal < 0.5)  "
-        f"{_met(warehouse_slope < 0.5e-6)}; the global step's "
-        f"{max(slopes['rollouts'][0], slopes['rollouts'][2]) * 1e6:.2f} us; the largest of {BENCH_BUCKETS} buckets "
+        f"warehouse    the same {calls_rollouts} rollouts with {cc1} and {cd} calls: the warehouse task "
+        f"{deep['commit'] * 1e6:.2f} us a call (goal < 0.5)  {_met(deep['commit'] < 0.5e-6)}, the global step "
+        f"{deep['rollouts'] * 1e6:.2f} us a call; with the rollouts growing as the calls (above), "
+        f"{warehouse_slope * 1e6:.2f} us a call: they grow with rollouts; the largest of {BENCH_BUCKETS} buckets "
         f"{skew:.2f} x the mean"
     )
     size = lambda tag: (work / f"scale-{tag}.duckdb").stat().st_size  # noqa: E731
     print(
         f"warehouse    file size after one night: 1x {size('1x') / 2**20:.1f} MiB, 4x {size('4x') / 2**20:.1f} MiB, "
-        f"calls 1x {size('calls-1x') / 2**20:.1f} MiB, calls 4x {size('calls-4x') / 2**20:.1f} MiB"
+        f"calls 1x {size('calls-1x') / 2**20:.1f} MiB, calls 4x {size('calls-4x') / 2**20:.1f} MiB, same rollouts "
+        f"4x calls {size('calls-deep') / 2**20:.1f} MiB"
     )
     part_s3 = rcpu["part"] / cpu["1x"]["part"]
     merge_s3 = (rcpu["keys"] + rcpu["bucket"]) / (cpu["1x"]["keys"] + cpu["1x"]["bucket"])
@@ -928,7 +939,9 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
         f"call + {figures['global_fixed'] + figures['commit_fixed']:.2f} s; {STEPS} steps x {TASK_GAP} s under "
         f"Celery, {TAIL:.0f} s of publish, report and gate"
     )
-    print_model(figures, [("bench shape", per_call_b), ("calls-heavy shape", per_call_c)])
+    print_model(
+        figures, [("~1,000 tokens a call", 1000.0), ("bench shape", per_call_b), ("calls-heavy shape", per_call_c)]
+    )
     if before:
         ratio = statistics.median(r["wall"] for r in now) / statistics.median(r["wall"] for r in before)
         print(

@@ -702,9 +702,9 @@ MUTANTS = [
     ),
     Mutant(
         "a failed attempt's ledger rows rejected",
-        "sql/orphan_ledger_rejects.sql",
-        "WHERE l.ds = $ds AND l.rollout_id NOT IN (SELECT rollout_id FROM failed_attempts);",
-        "WHERE l.ds = $ds;",
+        "sql/bucket_merge.sql",
+        "FROM ledger l ANTI JOIN decisions d ON d.rollout_id = l.rollout_id",
+        "FROM ledger l ANTI JOIN (SELECT * FROM decisions WHERE kept) d ON d.rollout_id = l.rollout_id",
         (GYM,),
     ),
     Mutant(

@@ -2,7 +2,7 @@
 airflow_celery.sh): Redis and PostgreSQL from Debian, moto's S3 server, the scheduler,
 dag-processor and api-server, and two Celery workers, each in a mount namespace of its own
 where the other worker's folder is an empty tmpfs, so that they cannot share a local file.
-A triggered night succeeds; its load parts and its shards ran on both workers, every task that opens the
+A triggered night succeeds; its load parts, merge buckets and shards ran on both workers, every task that opens the
 warehouse on the warehouse worker; its rows equal a local build's."""
 
 from __future__ import annotations
@@ -45,7 +45,14 @@ def test_a_night_on_two_celery_workers_that_share_only_object_storage(tmp_path, 
         look = ["nsenter", "-t", str(worker2), "-m", "ls", "-A", str(celery_dir / "worker-1")]
         seen = subprocess.run(look, capture_output=True, text=True)
         assert seen.returncode == 0 and seen.stdout.strip() == "", seen
-        conf = {"ds": DS, "shards": 4, "load_parts": 4, "gate_max_mask_rate": None, "gate_max_reason_rate": None}
+        conf = {
+            "ds": DS,
+            "shards": 4,
+            "load_parts": 4,
+            "merge_buckets": 4,
+            "gate_max_mask_rate": None,
+            "gate_max_reason_rate": None,
+        }
         state = deployment.run_night("celery_night", conf)
         tasks = deployment.query(
             "SELECT task_id, map_index, hostname, queue, state FROM task_instance "
@@ -56,6 +63,8 @@ def test_a_night_on_two_celery_workers_that_share_only_object_storage(tmp_path, 
         assert shards == {"worker-1", "worker-2"}, tasks  # the shards ran on both workers
         parts = {host for task, _, host, _, _ in tasks if task == "load_part"}
         assert parts == {"worker-1", "worker-2"}, tasks  # and so did the load's parts
+        for merged in ("merge_keys", "merge_bucket"):  # and the merge's buckets
+            assert {host for task, _, host, _, _ in tasks if task == merged} == {"worker-1", "worker-2"}, tasks
         for task, _, host, queue, _ in tasks:
             if task in WAREHOUSE_TASKS:  # and every task that opens the warehouse on its worker
                 assert (host, queue) == ("worker-1", "warehouse"), (task, host, queue)

@@ -67,8 +67,10 @@ def _size(text: str) -> int:
         ("nights of per-call tables kept", lambda d, c: c[1] == str(d.retention_nights)),
         (
             "load parts / merge buckets",
-            lambda d, c: (d.load_parts, d.merge_buckets) == (None, None)
-            and c[1] == f"one per {PART_BYTES >> 20} MiB / the shards",
+            lambda d, c: (
+                (d.load_parts, d.merge_buckets) == (None, None)
+                and c[1] == f"one per {PART_BYTES >> 20} MiB / the shards"
+            ),
         ),
         ("refuse to publish above mask rate", lambda d, c: float(c[1]) == d.max_mask_rate),
         (

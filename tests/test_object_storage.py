@@ -110,8 +110,10 @@ def test_a_night_loaded_in_parts_on_s3_reads_exactly_like_the_local_build(s3, ni
     byte, and the parts' tables are gone once merged (the derived token files stay)."""
     inp, out = f"s3://{s3.bucket('capture')}/parts", f"s3://{s3.bucket('rows')}/parts"
     s3.upload(nights / "small", inp)
-    res = build(inp, out, tmp_path / "warehouse.duckdb", "--load-parts", "3", "--workers", "2")
+    res = build(inp, out, tmp_path / "warehouse.duckdb", "--load-parts", "3", "--workers", "2", "--merge-buckets", "3")
     assert res.returncode == 0, res.stderr
+    per_call = [k for k in s3.keys(out) if k.startswith(f"calls/ledger/ds={DS}/")]
+    assert sorted(k.rsplit("/", 1)[-1] for k in per_call) == [f"bucket-0000{b}.parquet" for b in range(3)]
     s3.download(out, tmp_path / "mirror")
     local, mirror = nights / "local", tmp_path / "mirror"
     assert [p.read_bytes() for p in sorted((local / "rows" / f"ds={DS}").iterdir())] == [
@@ -123,6 +125,43 @@ def test_a_night_loaded_in_parts_on_s3_reads_exactly_like_the_local_build(s3, ni
     assert any(k.endswith("/load/plan.json") for k in left)
     assert {k.rsplit("/", 2)[-2] for k in left if "/load/part-" in k} <= {f"part-0000{k}" for k in range(3)}
     assert all("derived-tokens" in k for k in left if "/load/part-" in k), left
+
+
+def test_per_call_tables_on_s3_are_views_explain_reads_and_retention_deletes(s3, nights, tmp_path):
+    """The per-call tables of a night on S3 are the current run's files (a reader of the
+    warehouse sees them through temporary views); a second night with --retention-nights 1
+    deletes the first night's ledger and token_rows folders, its reject rows stay."""
+    from reassembler.warehouse import connect
+
+    inp, out = f"s3://{s3.bucket('capture')}/kept", f"s3://{s3.bucket('rows')}/kept"
+    warehouse = tmp_path / "warehouse.duckdb"
+    s3.upload(nights / "small", inp)
+    storage.write_bytes(f"{inp}/ledger/ds={DS}/zz-broken.jsonl", b"not json\n")  # a reject row
+    assert build(inp, out, warehouse).returncode == 0
+    with connect(out, read_only=True, database=warehouse) as con:
+        [[ledger, rejects]] = con.execute(
+            "SELECT (SELECT count(*) FROM ledger), (SELECT count(*) FROM rejects)"
+        ).fetchall()
+        kinds = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
+    assert ledger > 0 and rejects > 0 and not {"ledger", "token_rows", "rejects"} & kinds
+    res = build(inp, out, warehouse)  # the same night again: one run's files stay
+    assert res.returncode == 0, res.stderr
+    runs = {k.split("/")[3] for k in s3.keys(out) if k.startswith(f"calls/ledger/ds={DS}/")}
+    assert len(runs) == 1, runs
+    later = "2026-11-29"
+    for key in [k for k in s3.keys(inp) if k.startswith(("rollouts/", "ledger/", "tokens/"))]:  # a night later
+        storage.copy(f"{inp}/{key}", f"{inp}/{key.replace(f'ds={DS}', f'ds={later}')}")
+    res = cli(
+        "build", "--input", inp, "--output", out, "--warehouse", warehouse, "--ds", later, "--retention-nights", "1"
+    )
+    assert res.returncode == 0, res.stderr
+    keys = s3.keys(out)
+    assert not [k for k in keys if k.startswith((f"calls/ledger/ds={DS}/", f"calls/token_rows/ds={DS}/"))]
+    assert [k for k in keys if k.startswith(f"calls/rejects/ds={DS}/")]  # kept for good
+    with connect(out, read_only=True, database=warehouse) as con:
+        nights_seen = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM ledger").fetchall()}
+        assert con.execute(f"SELECT count(*) FROM rejects WHERE ds = '{DS}'").fetchone()[0] == rejects
+    assert nights_seen == {later}
 
 
 def test_the_quality_ui_serves_reports_from_object_storage(s3, nights, tmp_path):
