@@ -695,7 +695,7 @@ MUTANTS = [
     ),
     Mutant(
         "given up after 4 attempts",
-        "reassembler/load/gym_capture.py",
+        "reassembler/merge/captures.py",
         "GIVE_UP_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS (CONTRACT.md 2.1)",
         "GIVE_UP_ATTEMPTS = 4",
         (GYM,),
@@ -758,14 +758,14 @@ MUTANTS = [
     ),
     Mutant(
         "only a sample's first failure may be terminal",
-        "reassembler/load/gym_capture.py",
+        "reassembler/merge/captures.py",
         'if not (any(r["terminal"] for _, _, r in attempts) or len(attempts) >= GIVE_UP_ATTEMPTS):',
         'if not (attempts[0][2]["terminal"] or len(attempts) >= GIVE_UP_ATTEMPTS):',
         (GYM,),
     ),
     Mutant(
         "a given-up sample named after its first attempt",
-        "reassembler/load/gym_capture.py",
+        "reassembler/merge/captures.py",
         "rel, line, last = attempts[-1]",
         "rel, line, last = attempts[0]",
         (GYM,),
@@ -801,7 +801,7 @@ MUTANTS = [
     ),
     Mutant(
         "mixed capture read as staged",
-        "reassembler/load/gym_capture.py",
+        "reassembler/merge/captures.py",
         "            if entries is not None:",
         "                if False:",
         (GYM, REASONS),
@@ -852,8 +852,8 @@ MUTANTS = [
     Mutant(
         "a branch without a sampled token is a row",
         "reassembler/formats/verifiers.py",
-        "        if not any(checked[k][1].any() for k in path):",
-        "        if False:",
+        "        if all(k in owner for k in sampled):",
+        "        if sampled and all(k in owner for k in sampled):",
         (VERIFIERS_PROPERTY,),
     ),
     Mutant(
@@ -887,8 +887,8 @@ MUTANTS = [
     Mutant(
         "a row's prompt_len from its first token row alone",
         "reassembler/verify/rows.py",
-        '            meta["prompt_len"].append(prompt_len(batch, rows))',
-        '            meta["prompt_len"].append(int(batch.zeros[rows[0]]))',
+        "else prompt_len(batch, rows))",
+        "else int(batch.zeros[rows[0]]))",
         (VERIFIERS_PROPERTY,),
     ),
     Mutant(

@@ -1,10 +1,10 @@
--- Every ledger row of one shard joined with the location of its token rows (file, row
--- number: load/token_keys.py, or night_token_rows.sql once loaded), unordered: each row has
--- its rollout's slot and the bucket of its group (plan_buckets.sql, or none: no_buckets.sql), and load/shard_plan.py sorts a
--- bucket at a time into output order then capture order (CALL_ORDER), never the whole shard.
--- A call without a token row comes once with null t_ columns; a call with several comes once
--- per token row. $rollout_id (explain) narrows it to one rollout. The call columns are
--- reassembler/fields.py's CALL.
+-- The calls of one rollout as a shard reads them, for `reassembler explain` (the shards' own
+-- come from the merge's buckets: sql/bucket_calls.sql): every ledger row joined with the
+-- location of its token rows (file, row number: the fragment `tokens`, the token files as they
+-- are now, or none for a derived capture), each with its rollout's slot and no bucket
+-- (no_buckets.sql); load/shard_plan.py sorts them into CALL_ORDER. A call without a token
+-- row comes once with null t_ columns; a call with several comes once per token row. The
+-- call columns are reassembler/formats/fields.py's CALL.
 SELECT r.group_id, {call_columns},
        t.t_file, t.t_row, r.slot AS plan_slot, b.bucket AS plan_bucket
 FROM ledger l

@@ -16,7 +16,7 @@ import pytest
 from nights import DS, Night, worked_example_local
 from reassembler.load import entry_reader
 from reassembler.load.entry_reader import EntryReader
-from reassembler.load.gym_capture import _capture_files
+from reassembler.load.gym_capture import capture_files
 from reassembler.load.local_capture import read_capture, read_captures
 
 
@@ -26,7 +26,7 @@ def capture(tmp_path):
     night = Night(tmp_path, DS)
     worked_example_local(night, delta=True)
     folder = night.write() / "ledger" / f"ds={DS}"
-    [files] = _capture_files(sorted(p.name for p in folder.iterdir()), None).values()
+    [files] = capture_files(sorted(p.name for p in folder.iterdir()), None).values()
     return str(folder), files, (folder / files.entries).read_bytes()
 
 
@@ -155,7 +155,7 @@ def test_the_batched_reader_gives_every_capture_as_read_alone(capture, monkeypat
                 own = content.replace(f'"rollout_id":"{files.key}"'.encode(), f'"rollout_id":"{name}"'.encode())
                 target.write_bytes(own if rel == files.entries else (Path(folder) / rel).read_bytes())
         names.append(name)
-    every = _capture_files(sorted(p.name for p in Path(folder).iterdir()), None)
+    every = capture_files(sorted(p.name for p in Path(folder).iterdir()), None)
     captures = [every[n] for n in names]
     monkeypatch.setattr("reassembler.load.local_capture.BATCH_BYTES", 2 * len(data))
     queried, real = [], EntryReader._query

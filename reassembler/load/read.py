@@ -1,4 +1,4 @@
-"""Read one night of capture (CONTRACT.md section 2) into the DuckDB warehouse.
+"""Read one load part of a night of capture (CONTRACT.md section 2), for the merge (merge/).
 
 - rollout JSONL is parsed line by line (rollout_lines.py: in child processes for a big
   night); the ledger's files are parsed in columns (ledger_columns.py), and the files and
@@ -28,7 +28,6 @@ from ..formats.night import NightFiles
 from ..formats.records import parse_ledger_row
 from ..progress import Progress
 from ..settings import DEFAULTS
-from ..warehouse import sql
 from . import rollout_lines
 from .gym_capture import GymSummary
 from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter, Sink
@@ -238,16 +237,6 @@ def too_big_rejects(night: NightFiles, files: TokenFiles) -> pa.Table:
                     )
                 )
     return pa.Table.from_batches(batches, schema=REJECT_BATCH)
-
-
-def reject_orphans(con, night: NightFiles, tokens: str) -> None:
-    """Ledger rows of no rollout of the night (except a failed attempt's, `failed_attempts`:
-    CONTRACT.md 2.1), and token rows no ledger row asks for."""
-    con.execute(sql("orphan_ledger_rejects"), {"ds": night.ds})
-    con.execute(
-        sql("orphan_token_rejects", tokens=tokens),
-        {"ds": night.ds, "token_dir": token_dir(night)},
-    )
 
 
 def token_dir(night: NightFiles) -> str:

@@ -7,7 +7,7 @@ local-mode outcomes, and their calls counted per rollout), never a call:
 - given-up samples, which capture each rollout is read from, the derived calls it keeps
   (load/gym_capture.py: decide) and where their numbers start (`derived_base`: after every
   ledger line, in rollout order, as one process numbered them);
-- verifiers slots, an empty night refused, the shard ranges (sql/merge_plan_shards.sql).
+- verifiers slots, an empty night refused, the shard ranges (sql/merge_plan.sql).
 
 Written into the run's folder (merge/staging.py): `rollouts.parquet` (the night's rollout
 rows), `decisions.parquet` (per rollout, split by bucket: kept or a failed attempt, its
@@ -25,12 +25,13 @@ from .. import call_tables, storage
 from ..buckets import BucketedFile
 from ..errors import InputError
 from ..formats.fields import LEDGER, ROLLOUT, ddl
-from ..load.gym_capture import CAPTURE_SEQ_BASE, decide
+from ..load.gym_capture import CAPTURE_SEQ_BASE
 from ..load.inserter import REJECT_BATCH, Inserter, IntoWarehouse
 from ..load.json_lines import ROLLOUT_DECODER, decode, guess_ids, reject, seen_before
 from ..load.parts import LoadPlan
 from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script
+from .captures import decide
 from .staging import merge_dir, part_files, read_part_markers, scratch, stage, write_marker, write_query
 
 NAME = "rollouts"

@@ -1,1 +1,0 @@
-INSERT INTO ledger BY NAME SELECT CAST($ds AS DATE) AS ds, * FROM batch;
