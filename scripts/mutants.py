@@ -803,7 +803,7 @@ MUTANTS = [
         "mixed capture read as staged",
         "reassembler/merge/captures.py",
         "            if entries is not None:",
-        "                if False:",
+        "            if False:",
         (GYM, REASONS),
     ),
     # verifiers traces (CONTRACT.md 10)
