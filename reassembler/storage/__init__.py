@@ -9,7 +9,8 @@ either kind. The layer's parts:
 - `s3.py`: the S3 client (botocore and pyarrow's S3FileSystem from the AWS environment),
   every request through `retry.py`, the one retry policy (backoff with full jitter, a
   longer budget for throttling, REASSEMBLER_S3_RETRY_SECONDS), and every failure one line
-  (StoreError, exit code 6).
+  (StoreError, exit code 6); `s3_streams.py`: an object read by retried ranges, and one
+  written whole when closed (one PUT, or parts).
 - `conditional.py`: conditional writes (the manifest, the output lease).
 
 On object storage, reads of many small files are fetched ahead on threads (`read_many`),
@@ -23,7 +24,7 @@ import io
 import os
 import shutil
 
-from . import local, retry, s3
+from . import local, retry, s3, s3_streams
 from .conditional import Conflict, delete_if, put_if, read_versioned
 from .locations import S3, is_remote, join, location, name, parent, relative, split
 from .s3 import store_error
@@ -82,7 +83,7 @@ def open_input(loc: str, buffer_size: int = 1 << 20):
     whole first), each range a retried request, the next ones fetched ahead."""
     if not is_remote(loc):
         return open(loc, "rb")
-    return io.BufferedReader(s3.RangeReader(loc, STREAM_CHUNK, STREAM_AHEAD), buffer_size=buffer_size)
+    return io.BufferedReader(s3_streams.RangeReader(loc, STREAM_CHUNK, STREAM_AHEAD), buffer_size=buffer_size)
 
 
 def open_parquet(loc: str, size: int | None = None):
@@ -92,7 +93,7 @@ def open_parquet(loc: str, size: int | None = None):
         return loc
     import pyarrow as pa
 
-    return pa.PythonFile(s3.RangeReader(loc, size=size), mode="r")
+    return pa.PythonFile(s3_streams.RangeReader(loc, size=size), mode="r")
 
 
 def read_ranges(loc: str, ranges: list[tuple[int, int]], size: int | None = None) -> list[bytes]:
@@ -100,7 +101,7 @@ def read_ranges(loc: str, ranges: list[tuple[int, int]], size: int | None = None
     if not is_remote(loc):
         with open(loc, "rb") as f:
             return [os.pread(f.fileno(), length, offset) for offset, length in ranges]
-    reader = s3.RangeReader(loc, size=size)
+    reader = s3_streams.RangeReader(loc, size=size)
     return [reader.read_at(length, offset) for offset, length in ranges]
 
 
@@ -112,7 +113,7 @@ class _Served(io.RawIOBase):
         self._loc, self._pieces, self._pos = loc, pieces, 0
         self._size = size if size is not None else os.path.getsize(loc)
         self._file: io.BufferedReader | None = None  # the rest, locally
-        self._object: s3.RangeReader | None = None  # the rest, on object storage
+        self._object: s3_streams.RangeReader | None = None  # the rest, on object storage
 
     def readable(self) -> bool:
         return True
@@ -136,7 +137,7 @@ class _Served(io.RawIOBase):
                 return data[at - start : at - start + n]
         if is_remote(self._loc):
             if self._object is None:
-                self._object = s3.RangeReader(self._loc, size=self._size)
+                self._object = s3_streams.RangeReader(self._loc, size=self._size)
             out = self._object.read_at(n, at)
         else:
             if self._file is None:
@@ -171,7 +172,7 @@ def read_parquet(loc: str, columns: list[str] | None = None):
 
     if not is_remote(loc):
         return pq.read_table(loc, columns=columns)
-    first = s3.RangeReader(loc)
+    first = s3_streams.RangeReader(loc)
     size = first.size()
     file = pq.ParquetFile(pa.PythonFile(first, mode="r"))
     groups = list(range(file.metadata.num_row_groups))
@@ -380,15 +381,15 @@ def open_output(loc: str):
     if not is_remote(loc):
         os.makedirs(os.path.dirname(loc), exist_ok=True)
         return open(loc, "wb")
-    return s3.Upload(loc)
+    return s3_streams.Upload(loc)
 
 
 def close_outputs(streams: list, ok: bool = True) -> None:
     """Close streams of `open_output`: objects uploaded at once; with `ok` False (the writer
     failed) no object is uploaded."""
-    remote = [s for s in streams if isinstance(s, s3.Upload)]
+    remote = [s for s in streams if isinstance(s, s3_streams.Upload)]
     for stream in streams:
-        if not isinstance(stream, s3.Upload):
+        if not isinstance(stream, s3_streams.Upload):
             stream.close()
         elif not ok:
             stream.discard()
