@@ -16,7 +16,7 @@ load of the night removes them. Retention deletes a night's folders (warehouse.p
 
 While a load runs, `open_night` shadows the views of its connection with temporary tables
 of the same names (sql/night_tables.sql): the merge's SQL fills them with the night, the
-shard plans read them, `write_night` writes them out, `close_night` drops them.
+shard plans read them, and `write_bucket` writes them out as the bucket's files.
 Each table has a zero-row file of its schema under ds=1970-01-01/run=schema, so that a
 view over a warehouse that loaded no night yet has its columns.
 """
@@ -29,12 +29,12 @@ import weakref
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from . import storage
 from .errors import StoreError
 from .formats.fields import LEDGER, ddl
+from .table_file import write_table
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def ensure_schema_files(output) -> None:
     for table, schema in schemas().items():
         loc = storage.join(night_folder(output, table, SCHEMA_DS, SCHEMA_RUN), "schema.parquet")
         if not storage.exists(loc):
-            _write(loc, schema, [])
+            write_file(loc, schema, [])
 
 
 def define_views(con, output, temporary: bool) -> None:
@@ -189,14 +189,6 @@ def open_night(con) -> None:
     _create_night_tables(con)
 
 
-def close_night(con, output) -> None:
-    """Drop the night tables: the connection sees the views again."""
-    for table in TABLES:
-        con.execute(f"DROP TABLE IF EXISTS temp.{table}")
-    if storage.is_remote(root(output)):
-        define_views(con, output, temporary=True)
-
-
 def write_bucket(con, output, ds: str, run: str, piece: str) -> dict[str, int]:
     """Write the night tables of `con` (one bucket's rows) into the run's folders as the
     file `piece` of each table, sorted by rollout (one rollout's rows are found by the row
@@ -220,37 +212,10 @@ def _order(table: str) -> str:
     }[table]
 
 
-def _write(loc: str, schema: pa.Schema, batches) -> int:
-    return write_file(loc, schema, batches)
-
-
-def write_file(loc: str, schema: pa.Schema, batches, row_group_rows: int = ROW_GROUP_ROWS) -> int:
-    """Record batches (or tables) into one Parquet file at `loc`, whole or absent: a local
-    file is written under a temporary name and renamed once closed (a view's glob never
-    sees a torn file), an object appears once its upload completes. Returns the rows."""
-    import os
-
-    rows = 0
-    target = loc if storage.is_remote(loc) else f"{loc}.tmp-{os.getpid()}"
-    ok = False
-    sink = storage.open_output(target)
-    try:
-        writer = pq.ParquetWriter(sink, schema, compression="zstd", compression_level=1)
-        for batch in batches:
-            if batch.num_rows:
-                table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-                writer.write_table(table.cast(schema), row_group_size=row_group_rows)
-                rows += batch.num_rows
-        writer.close()
-        ok = True
-    finally:
-        storage.close_outputs([sink], ok=ok)
-        if target != loc:
-            if ok:
-                os.replace(target, loc)
-            else:
-                storage.delete(target)
-    return rows
+def write_file(loc: str, schema: pa.Schema, batches) -> int:
+    """Record batches (or tables) into one Parquet file at `loc`, whole or absent (a view's
+    glob never sees a torn file: table_file.py). Returns the rows."""
+    return write_table(loc, schema, batches)
 
 
 def commit_night(con, ds: str, run: str) -> None:
@@ -299,7 +264,9 @@ def export_tables(con, output) -> None:
                 f"SELECT {columns} FROM main.{table} WHERE ds = CAST($ds AS DATE) ORDER BY {_order(table)}",  # noqa: S608
                 params={"ds": str(ds)},
             ).to_arrow_reader(ROW_GROUP_ROWS)
-            _write(storage.join(night_folder(output, table, str(ds), MIGRATED), "part-00000.parquet"), schema, reader)
+            write_file(
+                storage.join(night_folder(output, table, str(ds), MIGRATED), "part-00000.parquet"), schema, reader
+            )
             nights.add(str(ds))
     for ds in sorted(nights):
         commit_night(con, ds, MIGRATED)

@@ -192,7 +192,7 @@ def test_a_part_of_another_plan_is_refused(tmp_path):
         part_load.load_part(plan, k, run, Settings(load_parts=2))
     later = plan_parts(find_night(inp, DS), 3)  # the listing cut again: part 0 is not this plan's
     shutil.rmtree(Path(part_folder(run, 2)), ignore_errors=True)
-    with pytest.raises(RuntimeError, match="parsed for another load plan"):
+    with pytest.raises(RuntimeError, match="load part 0 of 3 ran for another load plan"):
         merge_rollouts(later, run, (str(tmp_path / "wh"), "r1"), Settings())
 
 

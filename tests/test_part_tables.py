@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reassembler.load import part_tables
+from reassembler import table_file as part_tables
 from reassembler.load.part_tables import PartTables, TableFile, write_table
 
 SCHEMA = pa.schema([("id", pa.string()), ("n", pa.int64())])

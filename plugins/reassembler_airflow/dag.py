@@ -306,18 +306,9 @@ def capture_rows_nightly():
     @task(map_index_template="{{ bucket_label }}")
     def merge_keys(output_dir: str, night_ds: str, bucket: int, params=None, run_id=None) -> dict:
         """One bucket of staging keys (no warehouse): token rows found by their ledger lines."""
-        from airflow.sdk import get_current_context
-
-        from reassembler.load.parts import read_plan
-        from reassembler.memory import step_memory
         from reassembler.merge.keys import merge_keys as run
-        from reassembler.publish.protocol import path_safe, staging_dir
 
-        get_current_context()["bucket_label"] = f"keys {bucket}"
-        settings = task_settings(params, POOL)
-        staging = staging_dir(output_dir, night_ds, run_id)
-        with task_errors(), step_memory():
-            marker = run(read_plan(staging), staging, bucket, (output_dir, path_safe(run_id)), settings)
+        marker = _merge_step(run, f"keys {bucket}", output_dir, night_ds, bucket, params, run_id)
         print(f"key bucket {bucket}: {marker['token_rows']} token rows")
         return {"bucket": bucket, "token_rows": marker["token_rows"]}
 
@@ -325,18 +316,9 @@ def capture_rows_nightly():
     def merge_bucket(output_dir: str, night_ds: str, keyed: list, bucket: int, params=None, run_id=None) -> dict:
         """One bucket of rollouts (no warehouse): its per-call tables beside the warehouse,
         its shard plan pieces."""
-        from airflow.sdk import get_current_context
-
-        from reassembler.load.parts import read_plan
-        from reassembler.memory import step_memory
         from reassembler.merge.bucket import merge_bucket as run
-        from reassembler.publish.protocol import path_safe, staging_dir
 
-        get_current_context()["bucket_label"] = f"bucket {bucket}"
-        settings = task_settings(params, POOL)
-        staging = staging_dir(output_dir, night_ds, run_id)
-        with task_errors(), step_memory():
-            marker = run(read_plan(staging), staging, bucket, (output_dir, path_safe(run_id)), settings)
+        marker = _merge_step(run, f"bucket {bucket}", output_dir, night_ds, bucket, params, run_id)
         print(f"merge bucket {bucket}: {marker['ledger_lines']} ledger lines, rows {marker['rows']}")
         return {"bucket": bucket, "ledger_lines": marker["ledger_lines"]}
 
@@ -503,6 +485,21 @@ def capture_rows_nightly():
     published = publish(night["input_dir"], night["output_dir"], night["ds"], numbers)
     report = quality_report(night["output_dir"], night["ds"], published)
     quality_gate(night["output_dir"], night["ds"], report)
+
+
+def _merge_step(run, label: str, output_dir: str, night_ds: str, bucket: int, params, run_id) -> dict:
+    """Run one bucket step of the merge (keys or rollouts) in a mapped task; returns its marker."""
+    from airflow.sdk import get_current_context
+
+    from reassembler.load.parts import read_plan
+    from reassembler.memory import step_memory
+    from reassembler.publish.protocol import path_safe, staging_dir
+
+    get_current_context()["bucket_label"] = label  # the map index the UI shows
+    settings = task_settings(params, POOL)
+    staging = staging_dir(output_dir, night_ds, run_id)
+    with task_errors(), step_memory():
+        return run(read_plan(staging), staging, bucket, (output_dir, path_safe(run_id)), settings)
 
 
 def _by(params) -> list[str] | None:

@@ -18,13 +18,22 @@ from __future__ import annotations
 import pyarrow as pa
 
 from .. import call_tables, storage
-from ..buckets import BucketedFile
 from ..formats.fields import CALL, select_list
 from ..load.parts import LoadPlan
 from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script, sql
 from . import keys, rollouts
-from .staging import merge_dir, part_files, read_marker, read_part_markers, scratch, stage, write_marker, write_query
+from .staging import (
+    merge_dir,
+    part_files,
+    read_marker,
+    read_part_markers,
+    scratch,
+    stage,
+    write_bucketed,
+    write_marker,
+    write_query,
+)
 
 ROLLOUT_REJECTS = pa.schema([("rollout_id", pa.string()), ("n_rejected", pa.int64()), ("first_rejected", pa.string())])
 
@@ -65,7 +74,8 @@ def merge_bucket(
         con.unregister("part_bases")
         written = call_tables.write_bucket(con, output, ds, run, f"{name(bucket)}.parquet")
         pieces = pieces_dir(folder, bucket)
-        _write_pieces(con, storage.join(pieces, "calls.parquet"), plan)
+        reader = con.sql(sql("bucket_calls", call_columns=select_list(CALL, "l"))).to_arrow_reader(8192)
+        write_bucketed(reader, storage.join(pieces, "calls.parquet"), "plan_shard", 0, direct=True)
         write_query(
             con,
             storage.join(pieces, "rollout_rejects.parquet"),
@@ -93,18 +103,3 @@ def merge_bucket(
     }
     write_marker(folder, name(bucket), marker)
     return marker
-
-
-def _write_pieces(con, loc: str, plan: LoadPlan) -> None:
-    reader = con.sql(sql("bucket_calls", call_columns=select_list(CALL, "l"))).to_arrow_reader(8192)
-    with storage.open_output(loc) as sink:
-        file = None
-        for batch in reader:
-            if file is None:
-                file = BucketedFile(
-                    sink, reader.schema, "plan_shard", 0, direct=True, compression="zstd", compression_level=1
-                )
-            file.write(batch)
-        if file is None:
-            file = BucketedFile(sink, reader.schema, "plan_shard", 0, direct=True)
-        file.close()

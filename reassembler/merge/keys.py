@@ -17,12 +17,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from .. import call_tables, storage
-from ..buckets import BucketedFile
 from ..load.parts import LoadPlan
 from ..load.read import token_dir
 from ..settings import DEFAULTS, Settings
 from ..warehouse import sql
-from .staging import merge_dir, part_files, read_part_markers, scratch, stage, write_marker, write_query
+from .staging import merge_dir, part_files, read_part_markers, scratch, stage, write_bucketed, write_marker, write_query
 
 MATCHES = pa.schema(
     [
@@ -76,11 +75,7 @@ def merge_keys(plan: LoadPlan, folder: str, bucket: int, calls: tuple[str, str],
             "SELECT count(*) FROM p_token_keys WHERE starts_with(t_file, $token_dir)", {"token_dir": tokens}
         ).fetchall()
         reader = con.sql(sql("keys_matches")).to_arrow_reader(65_536)
-        with storage.open_output(matches_path(folder, bucket)) as sink:
-            file = BucketedFile(sink, MATCHES, "rollout_id", plan.buckets, compression="zstd", compression_level=1)
-            for batch in reader:
-                file.write(batch)
-            file.close()
+        write_bucketed(reader, matches_path(folder, bucket), "rollout_id", plan.buckets, MATCHES)
     finally:
         con.close()
     marker = {"plan": plan.plan_id, "bucket": bucket, "token_rows": token_rows, "in_token_files": in_token_files}

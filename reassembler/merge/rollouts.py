@@ -22,7 +22,6 @@ from dataclasses import asdict
 import pyarrow as pa
 
 from .. import call_tables, storage
-from ..buckets import BucketedFile
 from ..errors import InputError
 from ..formats.fields import LEDGER, ROLLOUT, ddl
 from ..load.gym_capture import CAPTURE_SEQ_BASE
@@ -32,7 +31,7 @@ from ..load.parts import LoadPlan
 from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script
 from .captures import decide
-from .staging import merge_dir, part_files, read_part_markers, scratch, stage, write_marker, write_query
+from .staging import merge_dir, part_files, read_part_markers, scratch, stage, write_bucketed, write_marker, write_query
 
 NAME = "rollouts"
 DECISIONS = pa.schema(
@@ -89,7 +88,8 @@ def merge_rollouts(
         }
         con.register("failed_keys", pa.table({"rollout_id": pa.array(sorted(failed), pa.string())}))
         run_script(con, "merge_plan", {"ds": ds, "shards": shards, "base": CAPTURE_SEQ_BASE})
-        _write_decisions(con, storage.join(out, "decisions.parquet"), plan.buckets)
+        reader = con.sql("SELECT * FROM m_decisions").to_arrow_reader(65_536)
+        write_bucketed(reader, storage.join(out, "decisions.parquet"), "rollout_id", plan.buckets, DECISIONS)
         con.unregister("failed_keys")
         write_query(
             con, storage.join(out, "rollouts.parquet"), "SELECT * EXCLUDE (ds) FROM rollouts ORDER BY rollout_seq"
@@ -119,15 +119,6 @@ def merge_rollouts(
     }
     write_marker(folder, NAME, marker)
     return marker
-
-
-def _write_decisions(con, loc: str, buckets: int) -> None:
-    reader = con.sql("SELECT * FROM m_decisions").to_arrow_reader(65_536)
-    with storage.open_output(loc) as sink:
-        file = BucketedFile(sink, DECISIONS, "rollout_id", buckets, compression="zstd", compression_level=1)
-        for batch in reader:
-            file.write(pa.Table.from_batches([batch]).cast(DECISIONS))
-        file.close()
 
 
 def _reject_repeated(con, plan: LoadPlan, rejects: Inserter) -> None:

@@ -23,6 +23,7 @@ from .. import storage
 from ..buckets import read_bucket
 from ..load.parts import LoadPlan, part_folder
 from ..settings import DuckDBSettings
+from ..table_file import write_table
 from ..warehouse import scratch_config
 
 PART_MARKER = "part.json"
@@ -43,7 +44,18 @@ def write_marker(folder: str, name: str, marker: dict) -> None:
 def read_marker(folder: str, name: str, what: str, plan: LoadPlan) -> dict:
     """A step's marker; RuntimeError naming it when the step has not finished, or ran for
     another load plan."""
-    where = marker_path(folder, name)
+    return _marker_at(marker_path(folder, name), what, plan)
+
+
+def read_part_markers(plan: LoadPlan, folder: str) -> list[dict]:
+    """Each part's marker; a part without one did not finish (RuntimeError naming it)."""
+    return [
+        _marker_at(storage.join(part_folder(folder, k), PART_MARKER), f"load part {k} of {len(plan.parts)}", plan)
+        for k in range(len(plan.parts))
+    ]
+
+
+def _marker_at(where: str, what: str, plan: LoadPlan) -> dict:
     try:
         marker = json.loads(storage.read_bytes(where))
     except FileNotFoundError:
@@ -51,21 +63,6 @@ def read_marker(folder: str, name: str, what: str, plan: LoadPlan) -> dict:
     if marker.get("plan") != plan.plan_id:
         raise RuntimeError(f"{where}: {what} ran for another load plan; run it again")
     return marker
-
-
-def read_part_markers(plan: LoadPlan, folder: str) -> list[dict]:
-    """Each part's marker; a part without one did not finish (RuntimeError naming it)."""
-    out = []
-    for k in range(len(plan.parts)):
-        where = storage.join(part_folder(folder, k), PART_MARKER)
-        try:
-            marker = json.loads(storage.read_bytes(where))
-        except FileNotFoundError:
-            raise RuntimeError(f"{where}: load part {k} of {len(plan.parts)} has not finished") from None
-        if marker.get("plan") != plan.plan_id:
-            raise RuntimeError(f"{where}: load part {k} was parsed for another load plan; run it again")
-        out.append(marker)
-    return out
 
 
 def scratch(settings: DuckDBSettings) -> duckdb.DuckDBPyConnection:
@@ -124,3 +121,11 @@ def write_query(con, loc: str, query: str, params: dict | None = None, schema: p
 
     reader = con.sql(query, params=params).to_arrow_reader(ROW_GROUP_ROWS)
     return write_file(loc, schema or reader.schema, reader)
+
+
+def write_bucketed(
+    reader: pa.RecordBatchReader, loc: str, key: str, buckets: int, schema: pa.Schema | None = None, direct=False
+) -> None:
+    """The batches of `reader` into one BucketedFile at `loc`, split by `key` into `buckets`
+    (or, `direct`, by the int bucket `key` holds), each batch cast to `schema` if given."""
+    write_table(loc, schema or reader.schema, reader, key, buckets, direct)
