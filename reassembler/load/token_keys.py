@@ -76,7 +76,7 @@ def group_keys(metadata: pq.FileMetaData, loc: str, group: int, first: int, size
     table = read_row_group(loc, metadata, group, present, size)
     n = table.num_rows
     columns = [table.column(c).cast(pa.string()) if c in present else pa.nulls(n, pa.string()) for c in KEY_COLUMNS]
-    columns += [pa.array(np.full(n, loc, dtype=object), pa.string()), pa.array(np.arange(first, first + n))]
+    columns += [pa.repeat(pa.scalar(loc, pa.string()), n), pa.array(np.arange(first, first + n))]
     return pa.RecordBatch.from_arrays(
         [pa.concat_arrays(c.chunks) if isinstance(c, pa.ChunkedArray) else c for c in columns], schema=KEYS
     )
