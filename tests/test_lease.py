@@ -73,3 +73,18 @@ def test_a_lease_that_cannot_be_deleted_is_expired_in_place(s3, monkeypatch, cap
     assert "could not be deleted" in caplog.text
     with lock.OutputLock(out, "2026-11-28", "build"):  # the next build takes it at once
         pass
+
+
+def test_releasing_a_lease_whose_file_is_gone_is_quiet(tmp_path, caplog):
+    """A lease deleted under its holder (a clean-up, an operator) is released without a
+    word of a takeover: nobody else holds the output. On a local folder, where the
+    conditional delete is decided under a lock file (storage/conditional.py)."""
+    out = str(tmp_path / "out")
+    lease = lock._Lease(lock.OutputLock(out, "2026-11-28", "build"))
+    lease.take()
+    storage.delete(f"{out}/_lock")
+    assert storage.delete_if(f"{out}/_lock", lease.version) is True  # gone counts as deleted
+    with caplog.at_level("INFO", logger="reassembler"):
+        lease.release()
+    assert "taken over" not in caplog.text and "could not be deleted" not in caplog.text
+    assert storage.read_versioned(f"{out}/_lock") == (None, None)

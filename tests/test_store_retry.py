@@ -51,6 +51,8 @@ URL = "http://127.0.0.1:9/b/k"
 PASSING = {
     "503 SlowDown": (client_error("SlowDown", 503), retry.THROTTLE),
     "429": (client_error("TooManyRequests", 429), retry.THROTTLE),
+    "429 without a code": (client_error("", 429), retry.THROTTLE),
+    "503 with a code not listed (MinIO's SlowDownWrite)": (client_error("SlowDownWrite", 503), retry.THROTTLE),
     "RequestLimitExceeded": (client_error("RequestLimitExceeded", 400), retry.THROTTLE),
     "HeadBucket 503 (no body)": (client_error("503", 503, "HeadBucket"), retry.THROTTLE),
     "500 InternalError": (client_error("InternalError", 500), retry.TRANSIENT),
@@ -164,6 +166,42 @@ def test_the_budget_is_set_by_the_environment_and_shortened_for_cleanup(clock, m
     with retry.short_budget(1.0), pytest.raises(StoreError):
         retry.call("s3://b/k", "DELETE", throttled)
     assert clock.now <= 1.0
+    monkeypatch.setenv("REASSEMBLER_S3_RETRY_SECONDS", "0.5")  # shorter than the cleanup's own budget
+    clock.now = 0.0
+    with retry.short_budget(), pytest.raises(StoreError):
+        retry.call("s3://b/k", "DELETE", throttled)
+    assert clock.now <= 0.5
+
+
+def test_a_failure_in_one_of_several_parallel_requests_fails_the_step(clock):
+    """Copies, uploads and deletes run several at once (storage.s3.each): one that fails is
+    raised once the others have finished, never dropped."""
+    done: list[int] = []
+
+    def request(k: int) -> None:
+        if k == 3:
+            raise storage.s3.store_error(f"s3://b/k{k}", client_error("AccessDenied", 403, "CopyObject"))
+        done.append(k)
+
+    with pytest.raises(StoreError, match=r"s3://b/k3: "):
+        storage.s3.each(request, list(range(8)), threads=4)
+    assert sorted(done) == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_a_conditional_request_conflict_is_a_conflict_not_a_store_error(clock, monkeypatch):
+    """S3 answers a conditional write that races another with 409 ConditionalRequestConflict:
+    another writer's object, so the put lost (storage.Conflict), it did not fail (exit 6)."""
+    from reassembler.storage import conditional
+
+    class Client:
+        def put_object(self, **kw):
+            raise client_error("ConditionalRequestConflict", 409, "PutObject")
+
+    monkeypatch.setattr(storage.s3, "client", lambda: Client())
+    monkeypatch.setattr(storage.s3, "get_versioned", lambda loc: (b"another writer's", '"e2"'))
+    with pytest.raises(storage.Conflict):
+        conditional.put_if("s3://b/_lock", b"mine", '"e1"')
+    assert clock.sleeps == []
 
 
 class Raising:
