@@ -1013,6 +1013,13 @@ MUTANTS = [
         ("tests/test_lease.py",),
     ),
     Mutant(
+        "a list ending in a comma and a blank read by DuckDB",
+        "reassembler/load/entry_reader.py",
+        '        if text.rstrip(_BLANKS).endswith(b","):',
+        '        if text.endswith(b","):',
+        ("tests/test_entry_reader.py",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

@@ -78,6 +78,8 @@ DAMAGE = {
     "plus sign id": (_in_list(b"prompt_token_ids", b"+101"), False),
     "minus alone": (_in_list(b"prompt_token_ids", b"-"), False),
     "trailing comma": (_in_list(b"prompt_token_ids", b"101,"), False),
+    "trailing comma and a blank": (_in_list(b"prompt_token_ids", b"101, "), False),
+    "a comma alone": (_in_list(b"generation_token_ids", b" , "), False),
     "empty element": (_in_list(b"prompt_token_ids", b"101,,102"), False),
     "string log probability": (_in_list(b"generation_log_probs", b'"-0.5"'), False),
     "NaN log probability": (_in_list(b"generation_log_probs", b"NaN"), False),
