@@ -1020,6 +1020,13 @@ MUTANTS = [
         ("tests/test_entry_reader.py",),
     ),
     Mutant(
+        "a footer understating a chunk's uncompressed size is trusted",
+        "reassembler/formats/parquet_pages.py",
+        "    if uncompressed > chunk.uncompressed:",
+        "    if False:",
+        ("tests/test_token_file_pages.py",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

@@ -64,6 +64,42 @@ def test_a_footer_that_understates_a_columns_values_is_refused(tmp_path):
     )
 
 
+def test_a_footer_that_understates_a_columns_uncompressed_size_is_refused(tmp_path):
+    """The footer's total_uncompressed_size bounds what a chunk inflates to before it is
+    decoded: a footer that declares less than the pages hold is refused, not trusted."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(_table(rows=1, tokens=200_000), path, compression="zstd", use_dictionary=False)
+    metadata = pq.read_metadata(path)
+    column = next(
+        metadata.row_group(0).column(i)
+        for i in range(metadata.row_group(0).num_columns)
+        if metadata.row_group(0).column(i).path_in_schema.startswith("token_ids")
+    )
+    held = column.total_uncompressed_size
+    claimed = held - 1_000  # of the same varint length
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = bytes(data[-8 - length : -8])
+    old, new = _varint(held), _varint(claimed)
+    assert len(old) == len(new) and footer.count(old) >= 1
+    data[-8 - length : -8] = footer.replace(old, new)
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError) as e:
+        read_row_group(str(path), pq.read_metadata(path), 0, COLUMNS)
+    assert str(e.value).startswith(f"{path}: row group 0: column token_ids_delta.list.element: its pages inflate to ")
+    assert f"its footer declares {claimed:,}; not read" in str(e.value)
+
+
+def _varint(v: int) -> bytes:
+    """A Thrift compact-protocol i64 (zigzag, then 7 bits a byte)."""
+    v, out = (v << 1) ^ (v >> 63), b""
+    while True:
+        out += bytes([(v & 0x7F) | (0x80 if v > 0x7F else 0)])
+        v >>= 7
+        if not v:
+            return out
+
+
 def test_page_headers_that_do_not_parse_are_refused(tmp_path):
     path = tmp_path / "t.parquet"
     pq.write_table(_table(), path, compression="none", use_dictionary=False)
