@@ -192,6 +192,12 @@ def parser() -> argparse.ArgumentParser:
         help="longest JSON line read; a longer one is a reject row",
     )
     b.add_argument(
+        "--max-rollout-tokens",
+        type=_positive,
+        default=DEFAULTS.max_rollout_tokens,
+        help="tokens a verifiers rollout's rows may hold, shared context counted on every branch; more is masked",
+    )
+    b.add_argument(
         "--retention-nights",
         type=_positive,
         default=DEFAULTS.retention_nights,

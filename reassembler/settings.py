@@ -17,6 +17,7 @@ imports nothing heavy: the DAG file reads it when it is parsed.
 | merge_buckets | the shards | buckets of rollouts the night is merged in (DAG: one task each) |
 | max_mask_rate | 1.0 (DAG: 0.5) | refuse to publish above this mask rate |
 | max_line_bytes | 16 MiB | longest JSON line read |
+| max_rollout_tokens | 16,777,216 | tokens a verifiers rollout's rows may hold, shared context each branch |
 | batch_rows / batch_tokens | 16,384 calls / 1,000,000 tokens | one batch of a shard |
 | token_cache_bytes | 64 MiB | decoded token row groups kept |
 | max_row_group_bytes | 64 MiB | largest token row group decoded; its rows are reject rows beyond |
@@ -115,6 +116,7 @@ class Settings:
     max_mask_rate: float = 1.0
     allow_empty: bool = False
     max_line_bytes: int = MAX_LINE_BYTES
+    max_rollout_tokens: int = 1 << 24  # formats/verifiers.MAX_ROLLOUT_TOKENS (CONTRACT.md 12)
     batch_rows: int = 16_384
     batch_tokens: int = 1_000_000
     token_cache_bytes: int = 64 << 20
@@ -140,6 +142,7 @@ class Settings:
             max_mask_rate=args.max_mask_rate,
             allow_empty=args.allow_empty,
             max_line_bytes=args.max_line_bytes,
+            max_rollout_tokens=args.max_rollout_tokens,
             batch_rows=d.batch_rows,
             batch_tokens=d.batch_tokens,
             token_cache_bytes=d.token_cache_bytes,
@@ -175,6 +178,7 @@ class Settings:
             max_mask_rate=get("max_mask_rate", d.max_mask_rate, float),
             allow_empty=get("allow_empty", d.allow_empty, _bool),
             max_line_bytes=get("max_line_bytes", d.max_line_bytes, int),
+            max_rollout_tokens=get("max_rollout_tokens", d.max_rollout_tokens, int),
             batch_rows=get("batch_rows", d.batch_rows, int),
             batch_tokens=get("batch_tokens", d.batch_tokens, int),
             token_cache_bytes=get("token_cache_bytes", d.token_cache_bytes, int),

@@ -1027,6 +1027,20 @@ MUTANTS = [
         ("tests/test_token_file_pages.py",),
     ),
     Mutant(
+        "verifiers: rows past max_rollout_tokens are built",
+        "reassembler/formats/verifiers.py",
+        "    if held > max_tokens:",
+        "    if False:",
+        (VERIFIERS,),
+    ),
+    Mutant(
+        "verifiers: the rollout parser's children ignore max_rollout_tokens",
+        "reassembler/load/rollout_lines.py",
+        '            parse_rollouts(night, args["max_line_bytes"], chunks.add_row, chunks, part, args["max_rollout_tokens"]),',
+        '            parse_rollouts(night, args["max_line_bytes"], chunks.add_row, chunks, part),',
+        (VERIFIERS,),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from reassembler.formats.verifiers import MAX_ROLLOUT_TOKENS
 from reassembler.load.parts import PART_BYTES
 from reassembler.settings import MAX_JSON_DEPTH
 
@@ -74,8 +75,11 @@ def _size(text: str) -> int:
         ),
         ("refuse to publish above mask rate", lambda d, c: float(c[1]) == d.max_mask_rate),
         (
-            "longest JSON line / deepest nesting",
-            lambda d, c: c[1] == f"{d.max_line_bytes >> 20} MiB / {MAX_JSON_DEPTH} levels",
+            "longest JSON line / deepest nesting / tokens a verifiers rollout's rows hold (CONTRACT.md 12.3)",
+            lambda d, c: (
+                c[1] == f"{d.max_line_bytes >> 20} MiB / {MAX_JSON_DEPTH} levels / 2^24"
+                and d.max_rollout_tokens == 1 << 24 == MAX_ROLLOUT_TOKENS
+            ),
         ),
         (
             "batch of a shard",

@@ -194,6 +194,40 @@ def test_a_shared_sampled_node_trains_on_its_first_row_only(tmp_path):
     assert (a["n_segments"], a["n_ledger_calls"], a["n_selected"], a["n_generated"]) == (2, 3, 3, 5)
 
 
+@pytest.mark.parametrize("children", [False, True])
+def test_a_rollout_whose_rows_would_hold_more_than_the_limit_is_masked(tmp_path, monkeypatch, children):
+    """A fork tree's rows repeat the shared context on every branch (CONTRACT.md 12): the
+    fork episode's three trainable branches hold 7 + 8 + 6 = 21 tokens (prompt [1 2] and
+    node 1 [3 4 5] on each). Over max_rollout_tokens the rollout is masked before a row is
+    built, naming the limit; the other rollouts of the night are built as before; at the
+    limit it builds. The same in the rollout parser's child processes."""
+    from reassembler.load import rollout_lines
+
+    if children:
+        monkeypatch.setattr(rollout_lines, "BACKGROUND_BYTES", 0)
+    other = episode("ep-other", [trace(_ok_nodes())], group="go")
+    root = write_traces(tmp_path / "in", [_fork_episode(), other])
+    _, rows, audit = build(root, tmp_path / "over", max_rollout_tokens=20)
+    a = audit["ep-fork"]
+    assert (a["status"], a["reason"]) == ("masked", "invalid_record")
+    assert a["detail"] == (
+        "its trainable branches hold 21 tokens with their shared context, over the 20 a rollout's rows may hold "
+        "(max_rollout_tokens); not built"
+    )
+    assert audit["ep-other"]["status"] == "ok" and {r["rollout_id"] for r in rows} == {"ep-other"}
+    _, rows, audit = build(root, tmp_path / "at", max_rollout_tokens=21)
+    assert audit["ep-fork"]["status"] == "ok" and sum(r["rollout_id"] == "ep-fork" for r in rows) == 2
+
+
+def test_the_rollout_token_limit_is_a_flag_of_the_command(tmp_path):
+    root = write_traces(tmp_path / "in", [_fork_episode()])
+    out = tmp_path / "out"
+    res = cli("build", "--input", root, "--output", out, "--ds", DS, "--max-rollout-tokens", "20", "--allow-empty")
+    assert res.returncode == 0, res.stderr
+    [a] = read_partition(out, "audit", DS)
+    assert a["reason"] == "invalid_record" and "over the 20 a rollout's rows may hold" in a["detail"]
+
+
 def test_explain_says_which_row_owns_a_shared_node(tmp_path):
     root = write_traces(tmp_path / "in", [_fork_episode()])
     out = tmp_path / "out"

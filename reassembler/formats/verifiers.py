@@ -40,6 +40,9 @@ TRACES_SUFFIX = ".traces.jsonl"  # choice (10.2): several runs in one night, e.g
 TRACE_VERSION = 1  # verifiers' TRACE_VERSION (trace.py)
 TOKEN_LIMIT = 2**31
 TORN_FINAL_LINE = "torn_final_line"
+# the tokens a rollout's rows may hold, shared context counted on every branch (CONTRACT.md 12;
+# Settings.max_rollout_tokens): a fork tree's rows repeat the context of each branch
+MAX_ROLLOUT_TOKENS = 1 << 24
 
 
 def is_traces_file(rel: str) -> bool:
@@ -146,9 +149,10 @@ class Masked(Exception):
         self.reason, self.detail, self.node = reason, detail, node
 
 
-def parse_episode(value) -> list[TraceRollout]:
-    """The rollouts of one decoded Episode line, each checked (10.3, 10.4); RecordError when
-    the line is not an Episode (10.2: a rejected input line)."""
+def parse_episode(value, max_tokens: int = MAX_ROLLOUT_TOKENS) -> list[TraceRollout]:
+    """The rollouts of one decoded Episode line, each checked (10.3, 10.4; its rows at most
+    `max_tokens` tokens); RecordError when the line is not an Episode (10.2: a rejected
+    input line)."""
     if not isinstance(value, dict) or "traces" not in value:
         raise RecordError("not a verifiers Episode: a JSON object with the key traces")
     episode_id = _text(value.get("id"))
@@ -180,7 +184,7 @@ def parse_episode(value) -> list[TraceRollout]:
         out = TraceRollout(rid, group_id, episode_id, i, _metadata(value, trace, i))
         out.policy = policy
         out.env, out.agent, out.temperature = origin(value, trace)
-        check_trace(value, trace, out)
+        check_trace(value, trace, out, max_tokens)
         rollouts.append(out)
     return rollouts
 
@@ -276,7 +280,7 @@ def _reward(rewards) -> tuple[float | None, str | None]:
     return total, None
 
 
-def check_trace(episode: dict, trace, out: TraceRollout) -> None:
+def check_trace(episode: dict, trace, out: TraceRollout, max_tokens: int = MAX_ROLLOUT_TOKENS) -> None:
     """The checks of 10.4 in order, into `out` (the first failure: reason, detail, node);
     its rows and nodes when all pass. The reward is computed whatever the outcome: the
     audit keeps it when check 2 passes."""
@@ -300,7 +304,7 @@ def check_trace(episode: dict, trace, out: TraceRollout) -> None:
             raise Masked(Reason.PRODUCER_MASKED, f"dropped: {storable_text(dropped)}")
         if out.reward is None:  # check 3
             raise Masked(Reason.INVALID_REWARD, out.reward_problem or "no reward")
-        _check_graph(trace, out)
+        _check_graph(trace, out, max_tokens)
     except Masked as m:
         out.reason, out.detail = m.reason, m.detail
         out.call_id = None if m.node is None else str(m.node)
@@ -310,7 +314,7 @@ def check_trace(episode: dict, trace, out: TraceRollout) -> None:
 _LISTS = ("token_ids", "mask", "logprobs", "semantic_parents")
 
 
-def _check_graph(trace: dict, out: TraceRollout) -> None:
+def _check_graph(trace: dict, out: TraceRollout, max_tokens: int) -> None:
     version = trace.get("version", TRACE_VERSION)
     if not (_is_int(version) and version == TRACE_VERSION):
         raise Masked(Reason.UNSUPPORTED_VERSION, f"trace version {json.dumps(version)[:40]}, expected 1")
@@ -331,7 +335,7 @@ def _check_graph(trace: dict, out: TraceRollout) -> None:
             "no node holds a token id (an eval/relay client recorded no tokens)" if n else "the trace has no node",
         )
     checked = [_check_node(i, node) for i, node in enumerate(nodes)]  # check 8
-    _rows(nodes, parents, checked, out)
+    _rows(nodes, parents, checked, out, max_tokens)
     if not out.rows:  # check 9
         raise Masked(Reason.EMPTY_SELECTION, "no trainable branch holds a sampled token")
 
@@ -447,6 +451,24 @@ def path_to(leaf: int, parents: list[int | None]) -> list[int]:
     return path
 
 
+def branch_tokens(parents: list[int | None], sizes: list[int], ends: list[int]) -> int:
+    """The tokens of the branches root..k for each k of `ends`, shared nodes counted on every
+    branch and each node as at least one token: what the rows of those branches would hold,
+    found without building one (a pass over the nodes, never over their tokens)."""
+    upto = [-1] * len(parents)  # the tokens root..k
+    for start in range(len(parents)):
+        walk: list[int] = []
+        k: int | None = start
+        while k is not None and upto[k] < 0:
+            walk.append(k)
+            k = parents[k]
+        held = 0 if k is None else upto[k]
+        for j in reversed(walk):
+            held += max(sizes[j], 1)
+            upto[j] = held
+    return sum(upto[k] for k in ends)
+
+
 def untrainable_leaves(nodes: list[dict]) -> set[int]:
     """Leaves' candidates that are unaccepted compaction attempts (10.5): a node with a
     `compaction_attempt` link that no node's `compaction` link names."""
@@ -464,13 +486,21 @@ def _link(x) -> str | None:
     return x.get("type") if isinstance(x, dict) else None
 
 
-def _rows(nodes: list[dict], parents: list[int | None], checked: list, out: TraceRollout) -> None:
+def _rows(nodes: list[dict], parents: list[int | None], checked: list, out: TraceRollout, max_tokens: int) -> None:
     """10.5: the trainable branches in leaf order; each sampled node is trained on the first
     of them that holds it and is context on the later ones (exactly-once ownership); a
-    branch left with nothing to train is not a row."""
+    branch left with nothing to train is not a row. Nothing is built when the trainable
+    branches hold more than `max_tokens` tokens (CONTRACT.md 12): the rollout is masked."""
     import numpy as np
 
     rejected = untrainable_leaves(nodes)
+    held = branch_tokens(parents, [len(c[0]) for c in checked], [k for k in leaves(parents) if k not in rejected])
+    if held > max_tokens:
+        raise Masked(
+            Reason.INVALID_RECORD,
+            f"its trainable branches hold {held:,} tokens with their shared context, over the {max_tokens:,} "
+            "a rollout's rows may hold (max_rollout_tokens); not built",
+        )
     owner: dict[int, int] = {}  # a sampled node: the row that trains it
     for leaf in leaves(parents):
         if leaf in rejected:

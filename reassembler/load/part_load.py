@@ -149,7 +149,7 @@ def load_part(
     storage.delete_tree(out)  # a part run again is written whole
     own = helpers and background is None and readers is None
     if own:
-        background = rollout_lines.start(part, settings.max_line_bytes)
+        background = rollout_lines.start(part, settings.max_line_bytes, settings.max_rollout_tokens)
         readers = capture_children.start(part)
     try:
         what = "load" if len(plan.parts) == 1 else f"load part {k}"  # the progress line's name
@@ -190,11 +190,15 @@ def _parse(
         rollouts = tables["rollouts"]
         rollouts_first = background is None or background.done()
         if rollouts_first:
-            rollout_lines_read = load_rollout_lines(rollouts, part, rejects, max_line_bytes, background, gym.rollout)
+            rollout_lines_read = load_rollout_lines(
+                rollouts, part, rejects, max_line_bytes, background, gym.rollout, settings.max_rollout_tokens
+            )
             progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
         ledger_lines = load_ledger_lines(ledger, part, rejects, max_line_bytes, progress.read)
         if not rollouts_first:
-            rollout_lines_read = load_rollout_lines(rollouts, part, rejects, max_line_bytes, background, gym.rollout)
+            rollout_lines_read = load_rollout_lines(
+                rollouts, part, rejects, max_line_bytes, background, gym.rollout, settings.max_rollout_tokens
+            )
             progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
         gym.read()
         rejects.flush()

@@ -26,6 +26,7 @@ from ..errors import InputError, StoreError
 from ..formats import token_file
 from ..formats.night import NightFiles
 from ..formats.records import parse_ledger_row
+from ..formats.verifiers import MAX_ROLLOUT_TOKENS
 from ..progress import Progress
 from ..settings import DEFAULTS
 from . import rollout_lines
@@ -112,6 +113,7 @@ def load_rollout_lines(
     max_line_bytes: int,
     background: rollout_lines.InBackground | None = None,
     take: Callable[[dict], dict] | None = None,
+    max_rollout_tokens: int = MAX_ROLLOUT_TOKENS,
 ) -> int:
     """Every rollout line of `night` (a load part): a rollout row, or a reject row (an id
     repeated in these files keeps the first); parsed here, or by `background` (the same code
@@ -123,7 +125,7 @@ def load_rollout_lines(
         rollouts.add(take(row) if take is not None else row)
 
     if background is None:
-        lines = rollout_lines.parse_rollouts(night, max_line_bytes, add, rejects)
+        lines = rollout_lines.parse_rollouts(night, max_line_bytes, add, rejects, None, max_rollout_tokens)
     else:
         lines = background.results(add, rejects)
     rollouts.flush()

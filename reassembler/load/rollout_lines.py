@@ -27,7 +27,7 @@ from collections.abc import Callable
 from .. import storage
 from ..formats.night import NightFiles
 from ..formats.records import parse_rollout
-from ..formats.verifiers import is_traces_file
+from ..formats.verifiers import MAX_ROLLOUT_TOKENS, is_traces_file
 from .child_process import ChildProcess, Records
 from .json_lines import (
     ROLLOUT_DECODER,
@@ -52,11 +52,17 @@ Part = list[tuple[str, LineRange]]  # runs of lines of the night's rollout files
 
 
 def parse_rollouts(
-    night: NightFiles, max_line_bytes: int, add: Callable[[dict], None], rejects, part: Part | None = None
+    night: NightFiles,
+    max_line_bytes: int,
+    add: Callable[[dict], None],
+    rejects,
+    part: Part | None = None,
+    max_rollout_tokens: int = MAX_ROLLOUT_TOKENS,
 ) -> int:
     """Every rollout line of the night (`part`: of these runs of lines only), files by path
     then lines: a row for `add`, or a reject row for `rejects.add` (a rollout_id seen before
-    keeps the first). Returns the lines read."""
+    keeps the first; a verifiers rollout's rows at most `max_rollout_tokens`). Returns the
+    lines read."""
     seen: set[str] = set()
     episodes: set[str] = set()  # verifiers' Episode ids (load/verifiers_traces.py)
 
@@ -72,7 +78,9 @@ def parse_rollouts(
     runs = [(rel, None) for rel in night.rollouts] if part is None else part
     for rel, lines in runs:
         if is_traces_file(rel):  # verifiers' traces.jsonl (CONTRACT.md 10)
-            number = read_traces_file(night, rel, number, seen, add, rejects, max_line_bytes, lines, episodes)
+            number = read_traces_file(
+                night, rel, number, seen, add, rejects, max_line_bytes, lines, episodes, max_rollout_tokens
+            )
             continue
         number = read_file_lines(
             night, "rollouts", rel, number, parse, lambda _, row: add(row), rejects, max_line_bytes, lines
@@ -110,7 +118,7 @@ class _Child:
     """One child process running `parse_rollouts` (over `part`, or every line), its results
     pickled in chunks (child_process.py)."""
 
-    def __init__(self, night: NightFiles, max_line_bytes: int, part: Part | None):
+    def __init__(self, night: NightFiles, max_line_bytes: int, part: Part | None, max_rollout_tokens: int):
         self.part = part
         ranges = None if part is None else [[rel, r.start, r.end, r.first_line] for rel, r in part]
         what = {
@@ -120,7 +128,7 @@ class _Child:
             "folders": night.folders,
             "ranges": ranges,
         }
-        work = json.dumps(dict(what, max_line_bytes=max_line_bytes)).encode()
+        work = json.dumps(dict(what, max_line_bytes=max_line_bytes, max_rollout_tokens=max_rollout_tokens)).encode()
         self._proc = ChildProcess(__name__, "rollout parser", work)
 
     def done(self) -> bool:
@@ -152,13 +160,19 @@ class InBackground:
     holds makes its line a reject row (re-read here, a rare case), and rows are numbered
     across parts."""
 
-    def __init__(self, night: NightFiles, max_line_bytes: int, parts: list[Part] | None = None):
+    def __init__(
+        self,
+        night: NightFiles,
+        max_line_bytes: int,
+        parts: list[Part] | None = None,
+        max_rollout_tokens: int = MAX_ROLLOUT_TOKENS,
+    ):
         self.night, self.max_line_bytes = night, max_line_bytes
         self._children: list[_Child] = []
         try:
             whole: list[Part | None] = [None]  # one child over every line
             for part in parts or whole:
-                self._children.append(_Child(night, max_line_bytes, part))
+                self._children.append(_Child(night, max_line_bytes, part, max_rollout_tokens))
         except BaseException:
             self.close()
             raise
@@ -222,7 +236,7 @@ def _line_at(path: str, lines: LineRange, number: int) -> bytes:
         return fh.readline()
 
 
-def start(night: NightFiles, max_line_bytes: int) -> InBackground | None:
+def start(night: NightFiles, max_line_bytes: int, max_rollout_tokens: int = MAX_ROLLOUT_TOKENS) -> InBackground | None:
     """Child processes parsing the night's rollout lines, if they are worth it: one for more
     than BACKGROUND_BYTES of lines, one more for each PART_BYTES beyond, at most one per
     core (and MAX_PARTS)."""
@@ -237,7 +251,7 @@ def start(night: NightFiles, max_line_bytes: int) -> InBackground | None:
         except OSError:
             parts = None  # a file gone: one child over every line says which
     try:
-        return InBackground(night, max_line_bytes, parts if parts and len(parts) > 1 else None)
+        return InBackground(night, max_line_bytes, parts if parts and len(parts) > 1 else None, max_rollout_tokens)
     except OSError:
         return None  # parsed in this process instead
 
@@ -292,5 +306,8 @@ def _child() -> None:
     records = Records()
     chunks = _Chunks(records)
     records.run(
-        lambda: chunks.put("lines", parse_rollouts(night, args["max_line_bytes"], chunks.add_row, chunks, part))
+        lambda: chunks.put(
+            "lines",
+            parse_rollouts(night, args["max_line_bytes"], chunks.add_row, chunks, part, args["max_rollout_tokens"]),
+        )
     )

@@ -27,7 +27,15 @@ import orjson
 from ..formats.fields import LEDGER
 from ..formats.night import NightFiles
 from ..formats.records import RecordError
-from ..formats.verifiers import DECODER, TORN_FINAL_LINE, TraceRollout, context_call, describe, parse_episode
+from ..formats.verifiers import (
+    DECODER,
+    MAX_ROLLOUT_TOKENS,
+    TORN_FINAL_LINE,
+    TraceRollout,
+    context_call,
+    describe,
+    parse_episode,
+)
 from .json_lines import LineRange, decode, guess_ids, json_lines, reject, seen_before
 
 if TYPE_CHECKING:  # the rollout parse's child processes import this module: nothing heavy at import
@@ -46,6 +54,7 @@ def read_traces_file(
     max_line_bytes: int,
     lines: LineRange | None = None,
     episodes: set[str] | None = None,
+    max_rollout_tokens: int = MAX_ROLLOUT_TOKENS,
 ) -> int:
     """Every line of the traces file `rel` (`lines`: of that range only): its rollouts to
     `add` (an id in `seen` is a reject row; the ids kept go into `seen`), or one reject row.
@@ -58,7 +67,7 @@ def read_traces_file(
                 if not raw.endswith(b"\n"):
                     raise RecordError(f"{TORN_FINAL_LINE}: the last line has no newline and is not whole ({value})")
                 raise value
-            rollouts = parse_episode(value)
+            rollouts = parse_episode(value, max_rollout_tokens)
         except RecordError as e:
             number += 1
             reject(rejects, "rollouts", rel, line, str(e), raw, *_ids(value))

@@ -40,7 +40,9 @@ class NightLoad:
         try:
             self.plan = plan_parts(self.night, self.settings.load_parts, self.settings.buckets)
             if len(self.plan.parts) == 1:  # parts of their own start their own helpers
-                self._children = rollout_lines.start(self.night, self.settings.max_line_bytes)
+                self._children = rollout_lines.start(
+                    self.night, self.settings.max_line_bytes, self.settings.max_rollout_tokens
+                )
                 self._readers = capture_children.start(self.night)
         except BaseException:
             self.close()
