@@ -277,19 +277,20 @@ def test_a_tiny_token_file_that_decodes_to_a_huge_row_is_not_decoded(tmp_path):
     assert (a["a_g0"]["status"], a["a_g1"]["reason"], a["a_g1"]["failed_call_id"]) == ("ok", "missing_tokens", "c2")
 
 
+def varint(v: int) -> bytes:
+    """A Thrift compact-protocol i64, as a Parquet footer holds it (zigzag, then 7 bits a byte)."""
+    v, out = (v << 1) ^ (v >> 63), b""
+    while True:
+        out += bytes([(v & 0x7F) | (0x80 if v > 0x7F else 0)])
+        v >>= 7
+        if not v:
+            return out
+
+
 def understate(path: str, group: int, claimed: int) -> None:
     """Rewrite the footer of `path` so that row group `group`'s list columns declare
     `claimed` values where their pages hold what they hold (a damaged or crafted file): each
     of those counts, a Thrift varint in the footer, replaced by one of the same length."""
-
-    def varint(v: int) -> bytes:
-        v, out = (v << 1) ^ (v >> 63), b""
-        while True:
-            out += bytes([(v & 0x7F) | (0x80 if v > 0x7F else 0)])
-            v >>= 7
-            if not v:
-                return out
-
     data = bytearray(Path(path).read_bytes())
     length = int.from_bytes(data[-8:-4], "little")
     footer = bytes(data[-8 - length : -8])

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_hostile_input import understate
+from test_hostile_input import understate, varint
 
 from reassembler.errors import InputError
 from reassembler.formats.token_file import read_row_group
@@ -80,7 +80,7 @@ def test_a_footer_that_understates_a_columns_uncompressed_size_is_refused(tmp_pa
     data = bytearray(path.read_bytes())
     length = int.from_bytes(data[-8:-4], "little")
     footer = bytes(data[-8 - length : -8])
-    old, new = _varint(held), _varint(claimed)
+    old, new = varint(held), varint(claimed)
     assert len(old) == len(new) and footer.count(old) >= 1
     data[-8 - length : -8] = footer.replace(old, new)
     path.write_bytes(bytes(data))
@@ -88,16 +88,6 @@ def test_a_footer_that_understates_a_columns_uncompressed_size_is_refused(tmp_pa
         read_row_group(str(path), pq.read_metadata(path), 0, COLUMNS)
     assert str(e.value).startswith(f"{path}: row group 0: column token_ids_delta.list.element: its pages inflate to ")
     assert f"its footer declares {claimed:,}; not read" in str(e.value)
-
-
-def _varint(v: int) -> bytes:
-    """A Thrift compact-protocol i64 (zigzag, then 7 bits a byte)."""
-    v, out = (v << 1) ^ (v >> 63), b""
-    while True:
-        out += bytes([(v & 0x7F) | (0x80 if v > 0x7F else 0)])
-        v >>= 7
-        if not v:
-            return out
 
 
 def test_page_headers_that_do_not_parse_are_refused(tmp_path):
