@@ -22,9 +22,12 @@ import pyarrow.parquet as pq
 from . import storage
 from .buckets import BucketedFile
 
+DIGEST_CHUNK = 1 << 20
+
 ROW_GROUP_ROWS = 65_536
 ROW_GROUP_BYTES = 16 << 20  # a rollout row carries its whole output's fingerprints
-OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 1}
+# every page with its CRC32: a reader that asks (merge/staging.py) finds a page damaged since it was written
+OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 1, "write_page_checksum": True}
 
 
 class TableFile:
@@ -111,3 +114,16 @@ def write_table(
         raise
     file.close()
     return file.rows
+
+
+def digest(loc: str) -> dict:
+    """`loc`'s size and SHA-256, read a chunk at a time: what a writer records of a file it
+    wrote, and its reader checks before trusting it (a load part's files: merge/staging.py)."""
+    import hashlib
+
+    sha, size = hashlib.sha256(), 0
+    with storage.open_input(loc) as fh:
+        while chunk := fh.read(DIGEST_CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return {"bytes": size, "sha256": sha.hexdigest()}

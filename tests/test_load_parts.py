@@ -349,3 +349,96 @@ def test_a_killed_bucket_is_run_again_alone_and_leaves_nothing_twice(tmp_path, m
     assert {p.name for p in (tmp_path / "wh" / "calls" / "ledger" / f"ds={DS}" / "run=r1").iterdir()} == {
         f"bucket-{b:05d}.parquet" for b in range(3)
     }
+
+
+def _flip(back: int):
+    """One byte of the file's first column chunk inverted, `back` bytes before its end (a
+    damaged disk): the last bytes are page data, which only the page's CRC tells damaged;
+    further back, a page header."""
+
+    def flip(path: Path) -> None:
+        column = pq.read_metadata(path).row_group(0).column(0)
+        start = column.dictionary_page_offset or column.data_page_offset
+        data = bytearray(path.read_bytes())
+        data[start + column.total_compressed_size - back] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    return flip
+
+
+def _rewrite(path: Path, change) -> None:
+    """The file rewritten by a tool with `change` applied to its table (an edit in place)."""
+    pq.write_table(change(pq.read_table(path)), path)
+
+
+def _edited_rewards(t):
+    import pyarrow.compute as pc
+
+    return t.set_column(t.schema.get_field_index("reward"), "reward", pc.add(t.column("reward"), 1.0))
+
+
+# what is done to part 1's files between the part and the merge: the file, and what the error says
+PART_DAMAGE = {
+    "truncated": (
+        "ledger.parquet",
+        lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+        "not the file load part 1 wrote",
+    ),
+    "garbage of the same size": (
+        "token_keys.parquet",
+        lambda p: p.write_bytes(b"\x07" * p.stat().st_size),
+        "damaged since it was written (Parquet magic bytes not found",
+    ),
+    "a byte of page data inverted": ("ledger.parquet", _flip(2), "CRC checksum verification failed"),
+    "rewards edited": (
+        "rollouts.parquet",
+        lambda p: _rewrite(p, _edited_rewards),
+        "not the file load part 1 wrote",
+    ),
+    "a row dropped": (
+        "rollouts.parquet",
+        lambda p: _rewrite(p, lambda t: t.slice(0, t.num_rows - 1)),
+        "not the file load part 1 wrote",
+    ),
+    "gone": ("ledger_keys.parquet", lambda p: p.unlink(), "written by load part 1, now missing"),
+    "marker not JSON": ("part.json", lambda p: p.write_text("{not json"), "marker of load part 1 of 2 is unreadable"),
+    "marker of another shape": ("part.json", lambda p: p.write_text("[1, 2]"), "is not a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", list(PART_DAMAGE))
+def test_a_part_file_changed_since_its_part_wrote_it_stops_the_merge_naming_it(tmp_path, case):
+    """Each part records the size and SHA-256 of every file it writes (and each page carries
+    its CRC): the merge checks them before it reads, so a file damaged, truncated, edited or
+    gone since, or a marker that does not parse, is one InputError (exit 2) naming it,
+    never an internal error and never a night built from it."""
+    from reassembler.errors import InputError
+
+    inp = _damaged(tmp_path / "in", 7, None)
+    settings_ = Settings(load_parts=2, merge_buckets=2, allow_empty=True)
+    plan = plan_parts(find_night(inp, DS), 2, settings_.buckets)
+    run = tmp_path / "run"
+    write_plan(str(run), plan)
+    for k in range(2):
+        part_load.load_part(plan, k, str(run), settings_)
+    name, damage, said = PART_DAMAGE[case]
+    target = Path(part_folder(str(run), 1)) / name
+    damage(target)
+    with pytest.raises(InputError) as raised:
+        merge_night(plan, str(run), (str(tmp_path / "wh"), "r1"), settings_)
+    message = str(raised.value)
+    assert message.startswith(f"{target}: ") and "\n" not in message and message.endswith("run the load again")
+    assert said in message
+
+
+def test_a_load_plan_that_does_not_parse_is_one_line_naming_it(tmp_path):
+    from reassembler.errors import InputError
+    from reassembler.load.parts import plan_location
+
+    run = tmp_path / "run"
+    write_plan(str(run), plan_parts(find_night(_damaged(tmp_path / "in", 7, None), DS), 1))
+    where = Path(plan_location(str(run)))
+    for text in ("{not json", "[]", '{"version": 2}'):
+        where.write_text(text)
+        with pytest.raises(InputError, match=rf"^{where}: the load plan .*; plan the load again$"):
+            read_plan(str(run))

@@ -27,6 +27,7 @@ from .. import storage
 from ..errors import StoreError
 from ..formats.night import NightFiles
 from ..settings import DEFAULTS, Settings
+from ..table_file import digest
 from . import capture_children, rollout_lines
 from .gym_capture import GymCapture
 from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter
@@ -161,6 +162,8 @@ def load_part(
                 if helper is not None:
                     helper.close()
     marker.update(part=k, plan=plan.plan_id)
+    # what the merge checks before it reads a file of the part (merge/staging.py)
+    marker["files"] = {rel: digest(storage.join(out, rel)) for rel in storage.list_files(out, ".parquet")}
     storage.write_bytes(storage.join(out, MARKER), json.dumps(marker, indent=1).encode())  # last: the part is done
     return marker
 

@@ -22,6 +22,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from .. import storage
+from ..errors import InputError
 from ..formats.gym_local import capture_file
 from ..formats.night import NightFiles
 
@@ -60,12 +61,23 @@ class LoadPlan:
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> LoadPlan:
-        plan = json.loads(data)
+        try:
+            plan = json.loads(data)
+        except ValueError as e:
+            raise InputError(f"{where}: the load plan is unreadable ({e}); plan the load again") from None
+        if not isinstance(plan, dict):
+            raise InputError(f"{where}: the load plan is not a JSON object; plan the load again")
         if plan.get("version") != PLAN_VERSION:
             raise RuntimeError(f"{where}: load plan of version {plan.get('version')}, expected {PLAN_VERSION}")
-        return cls(
-            NightFiles(**plan["night"]), [NightFiles(**p) for p in plan["parts"]], plan["input_bytes"], plan["buckets"]
-        )
+        try:
+            return cls(
+                NightFiles(**plan["night"]),
+                [NightFiles(**p) for p in plan["parts"]],
+                plan["input_bytes"],
+                plan["buckets"],
+            )
+        except (KeyError, TypeError) as e:
+            raise InputError(f"{where}: the load plan lacks or mistypes {e}; plan the load again") from None
 
 
 def default_parts(input_bytes: int) -> int:

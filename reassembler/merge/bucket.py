@@ -65,7 +65,7 @@ def merge_bucket(
     try:
         call_tables.open_night(con)
         for table in ("ledger", "rejects"):
-            stage(con, f"p_{table}", part_files(plan, folder, table), bucket)
+            stage(con, f"p_{table}", part_files(plan, folder, table, markers), bucket)
         stage(con, "decisions", [storage.join(merge_dir(folder), "decisions.parquet")], bucket, with_part=False)
         matches = [keys.matches_path(folder, b) for b in range(plan.buckets)]
         stage(con, "matches", matches, bucket, with_part=False)

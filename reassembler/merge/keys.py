@@ -47,13 +47,13 @@ def matches_path(folder: str, bucket: int) -> str:
 def merge_keys(plan: LoadPlan, folder: str, bucket: int, calls: tuple[str, str], settings: Settings = DEFAULTS) -> dict:
     """Key bucket `bucket` of the night of `plan` (its parts in `folder`); `calls`: the
     output and run the night's per-call files go to. Returns its marker."""
-    read_part_markers(plan, folder)
+    markers = read_part_markers(plan, folder)
     ds, output, run = plan.night.ds, *calls
     con = scratch(settings.duckdb)
     try:
-        stage(con, "p_token_keys", part_files(plan, folder, "token_keys"), bucket, with_part=False)
-        stage(con, "p_derived_keys", part_files(plan, folder, "derived_keys"), bucket)
-        stage(con, "p_ledger_keys", part_files(plan, folder, "ledger_keys"), bucket)
+        stage(con, "p_token_keys", part_files(plan, folder, "token_keys", markers), bucket, with_part=False)
+        stage(con, "p_derived_keys", part_files(plan, folder, "derived_keys", markers), bucket)
+        stage(con, "p_ledger_keys", part_files(plan, folder, "ledger_keys", markers), bucket)
         schemas = call_tables.schemas()
         piece = f"{name(bucket)}.parquet"
         token_rows = write_query(

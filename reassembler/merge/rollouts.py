@@ -64,8 +64,8 @@ def merge_rollouts(
         run_script(con, "schema", rollouts_columns=ddl(ROLLOUT), ledger_columns=ddl(LEDGER))
         call_tables.open_night(con)
         for name in ("rollouts", "samples", "failures", "outcomes"):
-            stage(con, f"p_{name}", part_files(plan, folder, name))
-        stage(con, "p_calls", part_files(plan, folder, "calls_by_rollout"))
+            stage(con, f"p_{name}", part_files(plan, folder, name, markers, whole=True))
+        stage(con, "p_calls", part_files(plan, folder, "calls_by_rollout", markers, whole=True))
         run_script(con, "merge_rollouts", {"ds": ds})
         rejects = Inserter(IntoWarehouse(con, "insert_rejects", ds), REJECT_BATCH)
         _reject_repeated(con, plan, rejects)

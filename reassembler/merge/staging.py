@@ -8,6 +8,14 @@ scratch DuckDB each runs in, and the parts' tables read into it.
 
 A step's files are written before its marker, and a step reads another's only through its
 marker: a step run again (a retried task) rewrites its files whole, and its marker last.
+
+A part's marker records the size and SHA-256 of each file it wrote, and every file the job
+writes carries a CRC32 per page (table_file.py). The merge trusts none of them as found: each
+step checks the sizes of the part files it reads, the global step the SHA-256 of the
+per-rollout files it reads whole, and every page is checked against its CRC as it is read
+(the buckets read only their row groups of the per-call files, so no step hashes every file
+again). A file damaged, truncated, replaced or edited since its part wrote it, or a marker or
+plan that does not parse, is an InputError naming it (exit 2): run the load again.
 """
 
 from __future__ import annotations
@@ -21,9 +29,10 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..buckets import read_bucket
+from ..errors import InputError
 from ..load.parts import LoadPlan, part_folder
 from ..settings import DuckDBSettings
-from ..table_file import write_table
+from ..table_file import digest, write_table
 from ..warehouse import scratch_config
 
 PART_MARKER = "part.json"
@@ -60,6 +69,10 @@ def _marker_at(where: str, what: str, plan: LoadPlan) -> dict:
         marker = json.loads(storage.read_bytes(where))
     except FileNotFoundError:
         raise RuntimeError(f"{where}: {what} has not finished") from None
+    except ValueError as e:  # not JSON, not UTF-8
+        raise InputError(f"{where}: the marker of {what} is unreadable ({e}); run the load again") from None
+    if not isinstance(marker, dict):
+        raise InputError(f"{where}: the marker of {what} is not a JSON object; run the load again")
     if marker.get("plan") != plan.plan_id:
         raise RuntimeError(f"{where}: {what} ran for another load plan; run it again")
     return marker
@@ -70,15 +83,55 @@ def scratch(settings: DuckDBSettings) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(config=scratch_config(settings))
 
 
-def part_files(plan: LoadPlan, folder: str, name: str) -> list[str]:
-    return [storage.join(part_folder(folder, k), f"{name}.parquet") for k in range(len(plan.parts))]
+def part_files(plan: LoadPlan, folder: str, name: str, markers: list[dict], whole: bool = False) -> list[str]:
+    """Each part's file `name`, checked against what its part's marker (`markers`) recorded:
+    its size, and (`whole`: the caller reads it whole) its SHA-256; InputError naming a file
+    that differs."""
+    out = []
+    for k, marker in enumerate(markers):
+        loc = storage.join(part_folder(folder, k), f"{name}.parquet")
+        wrote = (marker.get("files") or {}).get(f"{name}.parquet")
+        if not isinstance(wrote, dict):
+            raise InputError(f"{loc}: load part {k}'s marker records no such file; run the load again")
+        try:
+            found = digest(loc) if whole else {"bytes": storage.size(loc), "sha256": wrote.get("sha256")}
+        except FileNotFoundError:
+            raise InputError(f"{loc}: written by load part {k}, now missing; run the load again") from None
+        expected = {"bytes": wrote.get("bytes"), "sha256": wrote.get("sha256")}
+        if found != expected:
+            raise InputError(
+                f"{loc}: not the file load part {k} wrote ({_file(found, whole)}; it wrote "
+                f"{_file(expected, whole)}); run the load again"
+            )
+        out.append(loc)
+    return out
+
+
+def _file(what: dict, sha: bool) -> str:
+    size = what["bytes"]
+    text = f"{size:,} bytes" if isinstance(size, int) else f"size {size!r}"
+    return text + (f", SHA-256 {str(what['sha256'])[:16]}..." if sha else "")
 
 
 def stage(con, table: str, locations: list[str], bucket: int | None = None, with_part: bool = True) -> None:
     """Temporary table `table`: the rows of the Parquet files at `locations` (the parts',
     in part order, each row with its part's number when `with_part`), all of them or those
     of one `bucket` of BucketedFiles, streamed a row group at a time."""
-    files = [pq.ParquetFile(storage.open_parquet(loc)) for loc in locations]
+    failed: list[InputError] = []
+
+    def damaged(loc: str, e: Exception) -> InputError:
+        said = " ".join(str(e).split())  # one line
+        failed.append(InputError(f"{loc}: damaged since it was written ({said}); run the load again"))
+        return failed[-1]
+
+    files = []
+    for loc in locations:
+        try:  # every page checked against its CRC as it is read (table_file.OPTIONS)
+            files.append(pq.ParquetFile(storage.open_parquet(loc), page_checksum_verification=True))
+        except (pa.ArrowException, OSError) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise damaged(loc, e) from None
     schema = files[0].schema_arrow if files else None
     if schema is not None and "bucket" in schema.names:
         schema = schema.remove(schema.get_field_index("bucket"))
@@ -88,13 +141,13 @@ def stage(con, table: str, locations: list[str], bucket: int | None = None, with
         schema = schema.append(pa.field("part", pa.int64()))
 
     def tables() -> Iterator[pa.Table]:
-        for k, file in enumerate(files):
+        for k, (loc, file) in enumerate(zip(locations, files)):
             pieces = (
                 (file.read_row_group(g) for g in range(file.num_row_groups))
                 if bucket is None
                 else read_bucket(file, bucket)
             )
-            for piece in pieces:
+            for piece in _checked(loc, pieces, damaged):
                 if "bucket" in piece.column_names:
                     piece = piece.drop_columns(["bucket"])
                 if with_part:
@@ -108,11 +161,26 @@ def stage(con, table: str, locations: list[str], bucket: int | None = None, with
     con.register("staged_rows", pa.RecordBatchReader.from_batches(schema, batches()))
     try:
         con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM staged_rows")  # noqa: S608 - fixed names
+    except Exception:
+        if failed:  # a damaged file, raised inside DuckDB's scan: the error that names it
+            raise failed[0] from None
+        raise
     finally:
         try:  # on an aborted transaction this fails too: the first error is the one to report
             con.unregister("staged_rows")
         except Exception:  # noqa: BLE001, S110 - the error in flight, if any, is re-raised
             pass
+
+
+def _checked(loc: str, pieces: Iterator[pa.Table], damaged) -> Iterator[pa.Table]:
+    """`pieces` of the file at `loc`, a page that fails its CRC (or does not decode) the
+    InputError `damaged` makes of it."""
+    try:
+        yield from pieces
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise damaged(loc, e) from None
 
 
 def write_query(con, loc: str, query: str, params: dict | None = None, schema: pa.Schema | None = None) -> int:
