@@ -1069,6 +1069,20 @@ MUTANTS = [
         ("tests/test_load_parts.py",),
     ),
     Mutant(
+        "a page header's list count drives the parser's loop",
+        "reassembler/formats/parquet_pages.py",
+        "        if n > len(buf) - pos:  # every element takes a byte at least: a count never drives the work",
+        "        if False:",
+        ("tests/test_token_file_pages.py",),
+    ),
+    Mutant(
+        "a page header's map count drives the parser's loop",
+        "reassembler/formats/parquet_pages.py",
+        "        if 2 * n > len(buf) - pos:  # every entry takes two bytes at least",
+        "        if False:",
+        ("tests/test_token_file_pages.py",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

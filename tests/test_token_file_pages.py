@@ -90,6 +90,39 @@ def test_a_footer_that_understates_a_columns_uncompressed_size_is_refused(tmp_pa
     assert f"its footer declares {claimed:,}; not read" in str(e.value)
 
 
+def _count(n: int) -> bytes:
+    """A Thrift compact-protocol size (unsigned, 7 bits a byte)."""
+    out = b""
+    while True:
+        out += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return out
+
+
+HUGE = 2**40
+# a page header whose field 1 declares a container of 2**40 elements, in a few bytes
+DECLARED = {
+    "a list of booleans": (bytes([0x19, 0xF1]) + _count(HUGE), "a list declares 1,099,511,627,776 elements in "),
+    "a list of bytes": (bytes([0x19, 0xF3]) + _count(HUGE), "a list declares 1,099,511,627,776 elements in "),
+    "a list of lists": (bytes([0x19, 0xF9]) + _count(HUGE), "a list declares 1,099,511,627,776 elements in "),
+    "a map of booleans": (bytes([0x1B]) + _count(HUGE) + bytes([0x11]), "a map declares 1,099,511,627,776 entries"),
+}
+
+
+@pytest.mark.parametrize("case", list(DECLARED))
+def test_a_page_header_declaring_more_elements_than_it_holds_is_refused(case):
+    """The page-header parser's work is bounded by the bytes it reads: a declared count
+    larger than the bytes left (every element takes one at least) is refused before any
+    element is read, whatever the element type (a boolean in a map takes no byte of its own
+    in the parser's skip, so a count there once looped without reading)."""
+    from reassembler.formats import parquet_pages
+
+    header, said = DECLARED[case]
+    with pytest.raises(parquet_pages.Malformed, match=said):
+        parquet_pages.pages(header + b"\x00" * 16)
+
+
 def test_page_headers_that_do_not_parse_are_refused(tmp_path):
     path = tmp_path / "t.parquet"
     pq.write_table(_table(), path, compression="none", use_dictionary=False)

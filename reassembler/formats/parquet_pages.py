@@ -119,11 +119,15 @@ def _skip(buf: bytes, pos: int, kind: int, depth: int) -> int:
         n, element = head >> 4, head & 0x0F
         if n == 15:
             n, pos = _varint(buf, pos)
+        if n > len(buf) - pos:  # every element takes a byte at least: a count never drives the work
+            raise Malformed(f"a list declares {n:,} elements in {len(buf) - pos:,} bytes")
         for _ in range(n):
             pos = pos + 1 if element in (_TRUE, _FALSE) else _skip(buf, pos, element, depth + 1)
         return pos
     if kind == _MAP:
         n, pos = _varint(buf, pos)
+        if 2 * n > len(buf) - pos:  # every entry takes two bytes at least
+            raise Malformed(f"a map declares {n:,} entries in {len(buf) - pos:,} bytes")
         if n:
             if pos >= len(buf):
                 raise Malformed("a header ends inside a map")
