@@ -1083,6 +1083,13 @@ MUTANTS = [
         ("tests/test_token_file_pages.py",),
     ),
     Mutant(
+        "a footer's chunk outside the file is read",
+        "reassembler/formats/token_file.py",
+        "        why = parquet_pages.outside(chunk, end)",
+        "        why = None",
+        ("tests/test_token_file_pages.py",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

@@ -135,6 +135,39 @@ def test_page_headers_that_do_not_parse_are_refused(tmp_path):
         read_row_group(str(path), metadata, 0, COLUMNS)
 
 
+def _refooter(path: Path, field: str, value: int) -> None:
+    """The footer of `path` with the token_ids column's `field` (a Thrift i64 of its column
+    metadata) declaring `value` instead, the footer's length written again."""
+    metadata = pq.read_metadata(path)
+    rg = metadata.row_group(0)
+    column = next(rg.column(i) for i in range(rg.num_columns) if rg.column(i).path_in_schema.startswith("token_ids"))
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = bytes(data[-8 - length : -8])
+    old = varint(getattr(column, field))
+    assert footer.count(old) == 1, field
+    footer = footer.replace(old, varint(value))
+    path.write_bytes(bytes(data[: -8 - length]) + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("total_compressed_size", 2**40), ("data_page_offset", -5), ("data_page_offset", 2**40)],
+)
+def test_a_footer_placing_a_chunk_outside_the_file_is_refused_before_a_byte_is_read(tmp_path, field, value):
+    """A footer's offsets and sizes never size a read: a chunk it declares of 2**40 bytes, at a
+    negative offset or past the end is exit 2 naming the file, the row group and the
+    column, not an attempt to read it (out of memory) nor an internal error."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(_table(rows=3, tokens=5_000), path, compression="zstd", use_dictionary=False)
+    _refooter(path, field, value)
+    with pytest.raises(InputError) as e:
+        read_row_group(str(path), pq.read_metadata(path), 0, COLUMNS)
+    assert str(e.value).startswith(
+        f"{path}: row group 0: column token_ids_delta.list.element's chunk lies past the end of the file (at "
+    )
+
+
 def test_a_column_chunk_past_the_end_of_the_file_is_refused(tmp_path):
     path = tmp_path / "t.parquet"
     pq.write_table(_table(), path, row_group_size=25)

@@ -65,6 +65,16 @@ def chunks(metadata: pq.FileMetaData, group: int, columns: list[str]) -> list[Ch
     return sorted(out, key=lambda c: c.start)
 
 
+def outside(chunk: Chunk, size: int) -> str | None:
+    """Why `chunk`, as its footer declares it, is not in a file of `size` bytes; or None."""
+    if chunk.start < 0 or chunk.length < 0 or chunk.start + chunk.length > size:
+        return (
+            f"column {chunk.path}'s chunk lies past the end of the file (at {chunk.start:,}, "
+            f"{chunk.length:,} bytes, in a file of {size:,})"
+        )
+    return None
+
+
 def spans(found: list[Chunk], gap: int) -> list[tuple[int, int]]:
     """(offset, length) ranges covering the chunks (in file order), neighbours less than
     `gap` bytes apart joined into one."""

@@ -101,6 +101,11 @@ def read_row_group(
     the file, the row group and the column, and nothing is decoded. The chunks' bytes are
     read once, checked, and decoded from memory."""
     found = parquet_pages.chunks(metadata, group, columns)
+    end = size if size is not None else storage.size(loc)
+    for chunk in found:  # before a byte is read: a footer's offsets and sizes never size a read past the file
+        why = parquet_pages.outside(chunk, end)
+        if why is not None:
+            raise InputError(f"{loc}: row group {group}: {why}; not read (a damaged or crafted token file)")
     spans = parquet_pages.spans(found, MERGE_GAP)
     datas = storage.read_ranges(loc, spans, size)  # one request a span: on S3 a row group's columns at once
     for chunk in found:
