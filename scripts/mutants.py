@@ -1090,6 +1090,20 @@ MUTANTS = [
         ("tests/test_token_file_pages.py",),
     ),
     Mutant(
+        "a dictionary of more entries than values is decoded",
+        "reassembler/formats/parquet_pages.py",
+        "    if entries > values:  # a dictionary holds the values' distinct ones: never more",
+        "    if False:",
+        ("tests/test_token_file_pages.py",),
+    ),
+    Mutant(
+        "token pages that do not decode end in pyarrow's error, naming no file",
+        "reassembler/formats/token_file.py",
+        "        if isinstance(e, pa.ArrowMemoryError):  # out of memory stays what it is (exit 4)",
+        "        if True:",
+        ("tests/test_token_file_pages.py",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

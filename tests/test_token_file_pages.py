@@ -168,6 +168,49 @@ def test_a_footer_placing_a_chunk_outside_the_file_is_refused_before_a_byte_is_r
     )
 
 
+def test_a_dictionary_of_more_entries_than_values_is_refused(tmp_path):
+    """A dictionary holds the distinct values of its chunk: a dictionary page that declares
+    more entries than the chunk's values (2**31 keys in a crafted file) is refused before
+    Parquet's reader allocates them."""
+    from reassembler.formats import parquet_pages
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(_table(rows=50), path, compression="none", use_dictionary=["staging_key"])
+    column = pq.read_metadata(path).row_group(0).column(0)
+    assert column.path_in_schema == "staging_key" and column.has_dictionary_page
+    start, data = column.dictionary_page_offset, bytearray(path.read_bytes())
+    chunk = bytes(data[start : start + column.total_compressed_size])
+    assert parquet_pages.pages(chunk)[2] == 50
+    at = next(  # the dictionary header's num_values, 50 (zigzag 0x64), declared 63 instead
+        k for k in range(40) if chunk[k] == 0x64 and parquet_pages.pages(chunk[:k] + b"\x7e" + chunk[k + 1 :])[2] == 63
+    )
+    data[start + at] = 0x7E
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError) as e:
+        read_row_group(str(path), pq.read_metadata(path), 0, COLUMNS)
+    assert str(e.value) == (
+        f"{path}: row group 0: column staging_key: its dictionary declares 63 entries for 50 values; "
+        "not read (a damaged or crafted token file)"
+    )
+
+
+def test_pages_that_do_not_decode_are_one_line_naming_the_file(tmp_path):
+    """Pages whose headers keep the invariant but whose data does not decode (a codec that
+    lies, a damaged zstd frame) are exit 2 naming the file and the row group, not exit 70."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(_table(rows=3, tokens=5_000), path, compression="zstd", use_dictionary=False)
+    data = bytearray(path.read_bytes())
+    frame = data.find(b"\x28\xb5\x2f\xfd", 4)  # the first zstd frame's magic number
+    assert frame > 0
+    data[frame] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError) as e:
+        read_row_group(str(path), pq.read_metadata(path), 0, COLUMNS)
+    message = str(e.value)
+    assert message.startswith(f"{path}: row group 0: its pages do not decode (") and "\n" not in message
+    assert message.endswith("; not read (a damaged or crafted token file)")
+
+
 def test_a_column_chunk_past_the_end_of_the_file_is_refused(tmp_path):
     path = tmp_path / "t.parquet"
     pq.write_table(_table(), path, row_group_size=25)

@@ -9,8 +9,13 @@ bytes of their column chunks are read (what the decode reads anyway) and each pa
 is parsed (`PageHeader` of parquet.thrift, Thrift's compact protocol):
 
     invariant: for each column chunk read, the data pages' `num_values` sum to the footer's
-               `num_values`, and the pages' `uncompressed_page_size` sum to no more than the
-               footer's `total_uncompressed_size` (which counts the headers too)
+               `num_values`, the pages' `uncompressed_page_size` sum to no more than the
+               footer's `total_uncompressed_size` (which counts the headers too), and the
+               dictionary pages' `num_values` to no more than the data pages' (a dictionary
+               holds distinct values); the chunk lies inside the file (`outside`)
+
+The parser's work is bounded by the bytes it reads: a list or map that declares more elements
+than the bytes left is refused before one is read.
 
 A chunk that breaks it, or whose headers do not parse, is refused; a chunk that keeps it is
 bounded by its footer, which too_big checks. Only headers are parsed here (a few dozen bytes
@@ -177,9 +182,10 @@ def _struct(buf: bytes, pos: int, wanted: tuple[int, ...], depth: int = 0) -> tu
             pos = _skip(buf, pos, kind, depth)
 
 
-def pages(data: bytes) -> tuple[int, int]:
-    """(values of the data pages, uncompressed bytes of every page) of a column chunk's bytes."""
-    values = uncompressed = 0
+def pages(data: bytes) -> tuple[int, int, int]:
+    """(values of the data pages, uncompressed bytes of every page, entries of the dictionary
+    pages) of a column chunk's bytes."""
+    values = uncompressed = entries = 0
     pos = 0
     while pos < len(data):
         header, pos = _struct(data, pos, (_DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2))
@@ -194,11 +200,17 @@ def pages(data: bytes) -> tuple[int, int]:
             if not isinstance(n, int) or n < 0:
                 raise Malformed("a data page header without its number of values")
             values += n
+        elif kind == _DICTIONARY_PAGE:
+            nested = header.get(kind)
+            n = nested.get(1) if isinstance(nested, dict) else None
+            if not isinstance(n, int) or n < 0:
+                raise Malformed("a dictionary page header without its number of entries")
+            entries += n
         uncompressed += size
         pos += stored
     if pos != len(data):
         raise Malformed("the last page runs past its column chunk")
-    return values, uncompressed
+    return values, uncompressed, entries
 
 
 def refusal(chunk: Chunk, data: bytes) -> str | None:
@@ -206,11 +218,13 @@ def refusal(chunk: Chunk, data: bytes) -> str | None:
     if len(data) != chunk.length:
         return f"column {chunk.path}'s chunk lies past the end of the file"
     try:
-        values, uncompressed = pages(data)
+        values, uncompressed, entries = pages(data)
     except Malformed as e:
         return f"column {chunk.path}: unreadable page headers ({e})"
     if values != chunk.values:
         return f"column {chunk.path}: its pages hold {values:,} values, its footer declares {chunk.values:,}"
+    if entries > values:  # a dictionary holds the values' distinct ones: never more
+        return f"column {chunk.path}: its dictionary declares {entries:,} entries for {values:,} values"
     if uncompressed > chunk.uncompressed:
         return (
             f"column {chunk.path}: its pages inflate to {uncompressed:,} bytes, "

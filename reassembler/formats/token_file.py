@@ -116,6 +116,13 @@ def read_row_group(
     source = storage.served(loc, [(s, d) for (s, _), d in zip(spans, datas)], size)
     try:
         return pq.ParquetFile(source, metadata=metadata).read_row_group(group, columns=columns)
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, pa.ArrowMemoryError):  # out of memory stays what it is (exit 4)
+            raise
+        said = " ".join(str(e).split())  # one line
+        raise InputError(
+            f"{loc}: row group {group}: its pages do not decode ({said}); not read (a damaged or crafted token file)"
+        ) from None
     finally:
         source.close()
 
