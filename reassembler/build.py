@@ -82,14 +82,17 @@ def load_step(
         with step_memory():
             summary = load.into(con, staging, (output, path_safe(run)))  # parts, merge, commit
         con.execute("BEGIN TRANSACTION")
-        run_script(con, "record_load", {"ds": ds, "run_id": run_id, "n_rollouts": summary.n_rollouts})
+        run_script(
+            con, "record_load", {"ds": ds, "run_id": run_id, "run": path_safe(run), "n_rollouts": summary.n_rollouts}
+        )
         kept = apply_retention(con, ds, settings.retention_nights)
         con.execute("COMMIT")
         con.execute("CHECKPOINT")  # the night into the file
         assert load.plan is not None, "internal: a night loaded without its plan"
         with step_memory():  # what each shard reads instead of the warehouse (it sorts its calls itself)
-            write_shard_rollouts(con, load.plan, staging, settings.shards, plans)
-        call_tables.remove_other_runs(output, ds, path_safe(run))  # earlier loads of the night
+            write_shard_rollouts(con, load.plan, staging, path_safe(run), settings.shards, plans)
+        # earlier loads of the night, but its current run's (a published night's, until this run publishes)
+        call_tables.remove_other_runs(output, ds, {path_safe(run), *call_tables.current_runs(con, ds)})
         drop_call_files(output, kept)
         if call_tables.is_temporary(con):
             call_tables.define_views(con, output, temporary=True)  # the files as they are now

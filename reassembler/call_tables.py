@@ -224,14 +224,21 @@ def commit_night(con, ds: str, run: str) -> None:
     con.execute("INSERT INTO night_calls VALUES (CAST($ds AS DATE), $run)", {"ds": ds, "run": run})
 
 
-def remove_other_runs(output, ds: str, run: str | None) -> None:
-    """Remove the night's folders of every run but `run` (all of them for None): earlier
-    loads, failed ones. Best effort: a folder left is invisible and goes next time."""
+def current_runs(con, ds: str) -> list[str]:
+    """The night's current run, as `night_calls` names it (none, or one)."""
+    rows = con.execute("SELECT run FROM night_calls WHERE ds = CAST($ds AS DATE)", {"ds": ds}).fetchall()
+    return [run for (run,) in rows]
+
+
+def remove_other_runs(output, ds: str, keep: set[str]) -> None:
+    """Remove the night's folders of every run not in `keep` (all of them for none): earlier
+    loads, failed ones, a published run another replaced. Best effort: a folder left is
+    invisible and goes next time."""
     for table in TABLES:
         night = storage.join(root(output), table, f"ds={ds}")
         try:
             runs = {rel.split("/", 1)[0] for rel in storage.list_files(night, "", recursive=True)}
-            for folder in sorted(runs - {f"run={run}"}):
+            for folder in sorted(runs - {f"run={run}" for run in keep}):
                 storage.delete_tree(storage.join(night, folder))
         except (StoreError, OSError) as e:
             log.info("the earlier per-call files of ds=%s in %s stay for now: %s", ds, night, e)

@@ -27,7 +27,7 @@ from .errors import InputError, OutputBusy, StoreError
 from .formats.fields import LEDGER, ROLLOUT, ddl
 from .settings import DuckDBSettings
 
-SCHEMA_VERSION = 9  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
+SCHEMA_VERSION = 10  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
 
 
 def _sql_dir() -> Path:
@@ -129,7 +129,7 @@ def run_statements(con, text: str, params: dict | None = None) -> None:
     for statement in re.split(r";[ \t]*(?:\n|$)", text):
         body = "\n".join(line for line in statement.splitlines() if not line.strip().startswith("--"))
         if body.strip():
-            used = {k: v for k, v in (params or {}).items() if f"${k}" in body}
+            used = {k: v for k, v in (params or {}).items() if re.search(rf"\${k}\b", body)}
             con.execute(body, used)
 
 

@@ -54,6 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -287,14 +288,28 @@ def _tokens(path: Path) -> int:
 def report_seconds(workdir: Path, nights: int = 30, rollouts: int = 10_000, calls: int = 8) -> tuple[float, int]:
     """Time the capture-quality report over `nights` nights of `rollouts` rollouts each,
     written straight into a fresh warehouse (scripts/report_bench.sql): (seconds, HTML bytes)."""
+    from reassembler import call_tables
     from reassembler.audit.report_html import write_reports
     from reassembler.warehouse import connect, run_statements
 
     out = workdir / "report"
     shutil.rmtree(out, ignore_errors=True)
+    here = Path(__file__).parent
     with connect(out, DuckDBSettings(memory_limit="1GB")) as con:
-        text = (Path(__file__).parent / "report_bench.sql").read_text()
-        run_statements(con, text, {"nights": nights, "rollouts": rollouts, "calls": calls})
+        sizes = {"nights": nights, "rollouts": rollouts, "calls": calls}
+        run_statements(con, (here / "report_bench.sql").read_text(), sizes)
+        schema = call_tables.schemas()["ledger"]
+        for (ds,) in con.execute("SELECT DISTINCT CAST(ds AS VARCHAR) FROM rollouts").fetchall():
+            ledger = con.sql((here / "report_bench_ledger.sql").read_text(), params={"ds": ds, "calls": calls})
+            table = ledger.to_arrow_table()
+            columns = [
+                table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
+                for f in schema
+            ]
+            rows = pa.table(columns, schema=schema)
+            call_tables.write_file(
+                str(Path(call_tables.night_folder(out, "ledger", ds, "bench")) / "part-00000.parquet"), schema, [rows]
+            )
     with connect(out, read_only=True) as con:
         start = time.perf_counter()
         page = write_reports(con, out, "2026-11-28", nights)

@@ -2,8 +2,15 @@
 -- and kept across nights; older warehouses are brought here by sql/migrations/. Every
 -- night-scoped table carries ds. The columns of rollouts and ledger are reassembler/fields.py's,
 -- filled in below by warehouse.py.
-CREATE TABLE IF NOT EXISTS rollouts (
+--
+-- A night's rollouts and shard plan are kept per run (the load that wrote them), and readers
+-- see only the night's current run, through the views `rollouts` and `shard_plan` below (the
+-- per-call views too: sql/call_views.sql). A load of a night no run has published yet is its
+-- current run at once; a load of a published night becomes current only when it publishes
+-- (sql/publish_audit.sql): a rebuild that fails changes nothing a reader or the report sees.
+CREATE TABLE IF NOT EXISTS rollout_runs (
     ds                     DATE    NOT NULL,
+    run                    VARCHAR NOT NULL,   -- the run that loaded them (path-safe, as night_calls)
 {rollouts_columns}
 );
 
@@ -12,8 +19,12 @@ CREATE TABLE IF NOT EXISTS rollouts (
 -- each night reads the files of the run named here, through views (sql/call_views.sql).
 CREATE TABLE IF NOT EXISTS night_calls (
     ds   DATE    NOT NULL,
-    run  VARCHAR NOT NULL          -- the folder run=<run> of the night's per-call files
+    run  VARCHAR NOT NULL          -- the night's current run: its rollouts, and its per-call files' folder run=<run>
 );
+
+CREATE OR REPLACE VIEW rollouts AS
+SELECT r.* EXCLUDE (run) FROM rollout_runs r
+SEMI JOIN night_calls c ON c.ds = r.ds AND c.run = r.run;
 
 -- The latest load of each night not yet published: the run that loaded it and the rollouts
 -- it read. Publish checks the staged night against it and deletes it; retention keeps the
@@ -22,15 +33,21 @@ CREATE TABLE IF NOT EXISTS loads (
     ds          DATE      NOT NULL,
     run_id      VARCHAR,
     n_rollouts  BIGINT    NOT NULL,
-    loaded_at   TIMESTAMP NOT NULL
+    loaded_at   TIMESTAMP NOT NULL,
+    run         VARCHAR             -- run_id path-safe: its rows in rollout_runs, its per-call folder
 );
 
--- Groups of the night assigned to shards: contiguous ranges of group_id.
-CREATE TABLE IF NOT EXISTS shard_plan (
+-- Groups of the night assigned to shards: contiguous ranges of group_id (per run, as rollout_runs).
+CREATE TABLE IF NOT EXISTS shard_plan_runs (
     ds       DATE    NOT NULL,
     group_id VARCHAR NOT NULL,
-    shard    INTEGER NOT NULL
+    shard    INTEGER NOT NULL,
+    run      VARCHAR NOT NULL
 );
+
+CREATE OR REPLACE VIEW shard_plan AS
+SELECT p.* EXCLUDE (run) FROM shard_plan_runs p
+SEMI JOIN night_calls c ON c.ds = p.ds AND c.run = p.run;
 
 -- The published audit rows of every night (CONTRACT.md 5.2), for cross-night queries.
 CREATE TABLE IF NOT EXISTS audit (

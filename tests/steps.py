@@ -24,12 +24,25 @@ def publish(inp, out, ds: str, run_id: str, settings: Settings = DEFAULTS):
 
 
 def back_to_version(con, version: int, tables=("ledger", "token_rows", "rejects")) -> None:
-    """A current warehouse as a release of schema `version` (before 9) left it: its
-    per-call `tables` rows in the file, no night_calls."""
+    """A current warehouse as a release of schema `version` left it: before 10, the
+    night's rollouts and shard plan as tables of the current run's rows; before 9, also its
+    per-call `tables` rows in the file and no night_calls."""
     from reassembler.call_tables import TABLES
     from reassembler.formats.fields import LEDGER, ddl
     from reassembler.warehouse import run_statements, sql
 
+    tables_now = {name for (name,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if "rollout_runs" in tables_now:  # not taken back before
+        for view, table in (("rollouts", "rollout_runs"), ("shard_plan", "shard_plan_runs")):
+            con.execute(f"CREATE TABLE {view}_old AS SELECT * FROM {view}")
+            con.execute(f"DROP VIEW {view}")
+            con.execute(f"DROP TABLE {table}")
+            con.execute(f"ALTER TABLE {view}_old RENAME TO {view}")
+        con.execute("ALTER TABLE loads DROP COLUMN run")
+    con.execute("DELETE FROM schema_version")
+    con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [version])
+    if version >= 9:
+        return
     for table in TABLES:
         con.execute(f"DROP VIEW IF EXISTS {table}")
     run_statements(con, sql("night_tables", ledger_columns=ddl(LEDGER)).replace("CREATE TEMP TABLE", "CREATE TABLE"))

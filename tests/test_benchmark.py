@@ -122,3 +122,14 @@ def test_the_envelope_comparison_builds_one_seed_as_envelope_and_as_rebuilt_line
         assert total == agreed, line
     for what in ("load", "load_cpu", "build"):
         assert f"per token    envelope / rebuilt, {what}" in out
+
+
+def test_the_report_timing_writes_its_nights_as_a_published_warehouse_holds_them(tmp_path):
+    """--report-only's fixture: its nights are what the report reads (each night's current
+    run, its ledger rows as the per-call Parquet), so the page shows every night's numbers."""
+    seconds, size = benchmark.report_seconds(tmp_path, nights=2, rollouts=40, calls=3)
+    assert seconds > 0 and size > 0
+    with duckdb.connect(str(tmp_path / "report" / "warehouse.duckdb"), read_only=True) as con:
+        per_night = con.execute("SELECT CAST(ds AS VARCHAR), count(*) FROM ledger GROUP BY ALL ORDER BY 1").fetchall()
+        assert per_night == [("2026-11-27", 120), ("2026-11-28", 120)]
+        assert con.execute("SELECT count(*) FROM rollouts").fetchone()[0] == 80

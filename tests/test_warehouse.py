@@ -60,7 +60,7 @@ def test_a_warehouse_of_release_2_gets_the_token_rows_table(tmp_path):
     worked_example(n, "a_g0")
     summary = build_night(n.write(), out, DS)
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 9
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 10
         assert con.execute("SELECT count(*) FROM token_rows").fetchone()[0] == summary.load.tokens.read > 0
     assert summary.numbers.ok_rollouts == 1
 
@@ -76,6 +76,7 @@ def test_a_warehouse_of_release_7_gets_where_rows_came_from_and_its_old_nights_s
     worked_example(old, "a_g0")
     build_night(old.write(), out, "2026-11-27")
     with connect(out) as con:  # taken back to version 7, as a release before contract 5 left it
+        back_to_version(con, 9)  # rollouts a table again
         for table, columns in (
             ("rollouts", ("evidence", "env", "agent", "temperature")),
             ("audit", ("capture", "evidence")),
@@ -218,7 +219,7 @@ def test_publish_refuses_a_night_whose_rollouts_left_the_warehouse_after_the_loa
     before = _published(out, DS)
     load(inp, out, DS, run_id="r2")
     with connect(out) as con:
-        con.execute("DELETE FROM rollouts WHERE ds = ?", [DS])
+        con.execute("DELETE FROM rollout_runs WHERE ds = ? AND run = 'r2'", [DS])
     shard(out, DS, 0, "r2")  # builds what the load planned (its plan, not the warehouse)
     with pytest.raises(AuditCheckFailed, match=r"the load read 2 rollouts but the warehouse holds 0") as e:
         publish(inp, out, DS, "r2")
@@ -245,6 +246,106 @@ def test_publish_refuses_a_night_another_run_loaded_again(tmp_path):
     load(inp, out, DS, run_id="second")
     shard(out, DS, 0, "second")
     assert publish(inp, out, DS, "second").ok_rollouts == 1
+
+
+def _seen(out: Path) -> dict[str, list]:
+    """What a reader of the warehouse sees: every view's rows."""
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        return {
+            t: sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr)
+            for t in ("rollouts", "shard_plan", "ledger", "token_rows", "rejects")
+        }
+
+
+def _runs_of(out: Path) -> dict[str, set[str]]:
+    """The runs whose rows (rollout_runs) and per-call folders the warehouse keeps."""
+    from reassembler.call_tables import root
+
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        rows = {r for (r,) in con.execute("SELECT DISTINCT run FROM rollout_runs").fetchall()}
+    folders = {p.name.removeprefix("run=") for p in Path(root(out)).glob(f"*/ds={DS}/run=*")}
+    return {"rows": rows, "files": folders}
+
+
+def test_a_rebuild_changes_what_readers_see_only_when_it_publishes(tmp_path, capsys):
+    """A rebuild of a published night that loads and then never publishes (a shard or the
+    publish failed, the worker died) changes nothing a reader or the report sees: the views
+    and `reassembler report` still show the published run, one reject row included. A
+    second rebuild replaces the first's rows and files, never the published run's; the run
+    that publishes becomes what readers see, and the replaced run's rows and files go."""
+    from reassembler.cli import main
+    from steps import load, publish, shard
+
+    out = tmp_path / "out"
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    worked_example(n, "b_g0")
+    inp = n.write()
+    with open(inp / "ledger" / f"ds={DS}" / "ledger.jsonl", "a") as fh:
+        fh.write("{not json\n")
+    first = build_night(inp, out, DS, run_id="r1")
+    assert first.load.n_rejects == 1
+    before = _seen(out)
+    assert len(before["rollouts"]) == 2 and len(before["rejects"]) == 1 and before["ledger"]
+    assert main(["report", "--output", str(out), "--ds", DS]) == 0
+    report = capsys.readouterr().out
+    assert "rejects" in report
+
+    other = Night(tmp_path / "other")
+    worked_example(other, "c_g0")
+    rebuilt = other.write()
+    load(rebuilt, out, DS, run_id="r2")
+    shard(out, DS, 0, "r2")  # ... and it never publishes
+    assert _seen(out) == before
+    assert main(["report", "--output", str(out), "--ds", DS]) == 0
+    assert capsys.readouterr().out == report
+    assert _runs_of(out) == {"rows": {"r1", "r2"}, "files": {"r1", "r2"}}
+
+    load(rebuilt, out, DS, run_id="r3")  # another rebuild: the one before it goes, the published run stays
+    assert _seen(out) == before
+    assert _runs_of(out) == {"rows": {"r1", "r3"}, "files": {"r1", "r3"}}
+    shard(out, DS, 0, "r3")
+    assert publish(rebuilt, out, DS, "r3").ok_rollouts == 1
+    after = _seen(out)
+    assert len(after["rollouts"]) == 1 and "c_g0" in after["rollouts"][0]
+    assert after["rejects"] == [] and all("c_g0" in row for row in after["ledger"])
+    assert _runs_of(out) == {"rows": {"r3"}, "files": {"r3"}}
+    assert main(["report", "--output", str(out), "--ds", DS]) == 0
+    assert capsys.readouterr().out != report
+
+
+def test_a_rebuild_left_unpublished_past_the_hold_goes_and_the_published_run_stays(tmp_path):
+    """A rebuild of a published night that loaded and was then abandoned holds its rows for
+    LOAD_HOLD_DAYS; the retention of a later load then deletes them, never the published
+    run's rows, which readers still see."""
+    from reassembler.warehouse import LOAD_HOLD_DAYS
+    from steps import load
+
+    out = tmp_path / "out"
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    inp = n.write()
+    build_night(inp, out, DS, run_id="r1")
+    before = _seen(out)
+    load(inp, out, DS, run_id="r2")
+    later = Night(tmp_path / "later", ds="2026-11-29")
+    worked_example(later, "b_g0")
+    later_inp = later.write()
+    build_night(later_inp, out, "2026-11-29", run_id="l1")
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        assert {r for (r,) in con.execute("SELECT run FROM rollout_runs WHERE ds = ?", [DS]).fetchall()} == {
+            "r1",
+            "r2",
+        }
+    with duckdb.connect(str(out / "warehouse.duckdb")) as con:
+        con.execute(f"UPDATE loads SET loaded_at = loaded_at - INTERVAL {LOAD_HOLD_DAYS + 1} DAY")
+    build_night(later_inp, out, "2026-11-29", run_id="l2")
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        runs = {r for (r,) in con.execute("SELECT run FROM rollout_runs WHERE ds = ?", [DS]).fetchall()}
+        plans = {r for (r,) in con.execute("SELECT run FROM shard_plan_runs WHERE ds = ?", [DS]).fetchall()}
+    assert runs == plans == {"r1"}
+    now = _seen(out)
+    assert {t: [r for r in rows if str(r[0]) == DS] for t, rows in now.items()} == before
 
 
 def test_an_empty_staged_night_replaces_nothing_without_allow_empty(tmp_path):

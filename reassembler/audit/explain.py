@@ -49,7 +49,7 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     """The trace of one published rollout replayed from the warehouse alone (no token
     reads): its ledger, selection, cut and walks, then the outcome the build recorded. The
     per-call token checks are not rerun here; `explain` reruns everything."""
-    records = _rollouts(con, {"ds": ds, "shard": None, "rollout_id": rollout_id})
+    records = _rollouts(con, {"ds": ds, "run": None, "shard": None, "rollout_id": rollout_id})
     published = con.execute(sql("explain_audit"), {"ds": ds, "rollout_id": rollout_id}).fetchone()
     if not records or published is None:
         return [f"rollout {rollout_id}: not in the warehouse for ds={ds}"]
@@ -113,7 +113,7 @@ def _evidence(night: NightFiles, rollout: dict, failed: dict | None) -> list[str
 def rerun(con, night: NightFiles, rollout_id: str, options: Options):
     """One rollout rerun through verification (verify.batch) on the night's files as they
     are now: (outcome or None, the trace of its steps, its token batch)."""
-    params = {"ds": night.ds, "shard": None, "rollout_id": rollout_id}
+    params = {"ds": night.ds, "run": None, "shard": None, "rollout_id": rollout_id}
     rollouts = _rollouts(con, params)
     if not rollouts:
         return None, [], None
@@ -131,7 +131,7 @@ def rerun(con, night: NightFiles, rollout_id: str, options: Options):
             call_columns=select_list(CALL, "l"),
             buckets=sql("no_buckets"),
         ),
-        params=params,
+        params={k: v for k, v in params.items() if k != "run"},
     ).to_arrow_table()
     table = sort_rows(table, CALL_ORDER)
     walk: list[str] = []

@@ -64,15 +64,15 @@ def plan_dir(staging, shard: int) -> str:
     return storage.join(str(staging), "plan", f"shard-{shard:05d}")
 
 
-def write_rollout_plans(con, staging, ds: str, shards: int) -> None:
-    """Write the rollouts of every shard of the night `ds` the warehouse behind `con` holds
-    (its groups and the rollouts' rejected ledger lines registered by the caller as
-    `night_groups` and `rollout_rejects`: merge/commit.py); each shard writes its calls
-    (merge/pieces.py)."""
+def write_rollout_plans(con, staging, ds: str, run: str, shards: int) -> None:
+    """Write the rollouts of every shard of the night `ds` that the run `run` (path-safe)
+    loaded into the warehouse behind `con` (its groups and the rollouts' rejected ledger
+    lines registered by the caller as `night_groups` and `rollout_rejects`:
+    merge/commit.py); each shard writes its calls (merge/pieces.py)."""
     [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
     query = sql("shard_rollouts", buckets="plan_buckets", rejected="rollout_rejects")
     for shard in range(shards):
-        params = {"ds": ds, "shard": shard, "rollout_id": None}
+        params = {"ds": ds, "run": run, "shard": shard, "rollout_id": None}
         buckets = con.sql(sql("plan_buckets"), params={"shard": shard, "bucket_rows": BUCKET_ROWS}).to_arrow_table()
         rollouts = _sorted(con, query, params, buckets, ROLLOUT_ORDER, spill)
         write_sorted(storage.join(plan_dir(staging, shard), "rollouts.parquet"), None, rollouts)

@@ -1,7 +1,8 @@
 """The night into the warehouse (the warehouse task's part of the merge: merge/__init__.py):
-in one transaction, the night's rollout rows and shard ranges replace the night's, and
-`night_calls` names the run whose per-call files the night reads (call_tables.py); then
-each shard's rollouts are written into its plan. Its cost grows with the night's rollouts
+in one transaction, the night's rollout rows and shard ranges are written as the run's and
+replace those of the night's other loads, the night's current run kept when a run published
+it (sql/clear_night.sql: a rebuild replaces a published night only when it publishes); then
+each shard's rollouts are written into its plan, from the run's rows. Its cost grows with the night's rollouts
 and groups, never with its calls: those the buckets wrote are not read here, only their
 markers' counts.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import call_tables, storage
+from .. import storage
 from ..load.gym_capture import GymSummary
 from ..load.parts import LoadPlan
 from ..load.read import LoadSummary, SourceCount
@@ -40,14 +41,12 @@ def commit_merge(con, plan: LoadPlan, folder: str, calls: tuple[str, str]) -> Lo
     groups = pq.read_table(storage.open_parquet(storage.join(where, "groups.parquet")))
     con.execute("BEGIN TRANSACTION")
     try:
-        run_script(con, "clear_night", {"ds": ds})
+        run_script(con, "clear_night", {"ds": ds, "run": run})
         con.register("night_rollouts", pa.RecordBatchReader.from_batches(night.schema_arrow, night.iter_batches()))
-        con.execute("INSERT INTO rollouts BY NAME SELECT CAST($ds AS DATE) AS ds, * FROM night_rollouts", {"ds": ds})
-        con.unregister("night_rollouts")
         con.register("night_groups", groups)
-        con.execute("INSERT INTO shard_plan SELECT CAST($ds AS DATE), group_id, shard FROM night_groups", {"ds": ds})
+        run_script(con, "insert_night", {"ds": ds, "run": run})
+        con.unregister("night_rollouts")
         con.unregister("night_groups")
-        call_tables.commit_night(con, ds, run)
         con.execute("COMMIT")
     except BaseException:
         try:
@@ -90,9 +89,10 @@ def summarize(
     return summary
 
 
-def write_shard_rollouts(con, plan: LoadPlan, folder: str, shards: int, plans: str | None = None) -> None:
+def write_shard_rollouts(con, plan: LoadPlan, folder: str, run: str, shards: int, plans: str | None = None) -> None:
     """Each shard's rollouts into its plan (in the run's `folder`, or in `plans`), from the
-    night the warehouse behind `con` now holds, with the buckets' rejected ledger lines."""
+    rows of `run` (path-safe) the warehouse behind `con` now holds, with the buckets'
+    rejected ledger lines."""
     where = merge_dir(folder)
     rejected = [
         pq.read_table(storage.open_parquet(storage.join(bucket.pieces_dir(folder, b), "rollout_rejects.parquet")))
@@ -101,7 +101,7 @@ def write_shard_rollouts(con, plan: LoadPlan, folder: str, shards: int, plans: s
     con.register("rollout_rejects", pa.concat_tables(rejected) if rejected else bucket.ROLLOUT_REJECTS.empty_table())
     con.register("night_groups", pq.read_table(storage.open_parquet(storage.join(where, "groups.parquet"))))
     try:
-        write_rollout_plans(con, plans or folder, plan.night.ds, shards)
+        write_rollout_plans(con, plans or folder, plan.night.ds, run, shards)
     finally:
         con.unregister("rollout_rejects")
         con.unregister("night_groups")

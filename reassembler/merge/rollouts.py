@@ -62,6 +62,7 @@ def merge_rollouts(
     con = scratch(settings.duckdb)
     try:
         run_script(con, "schema", rollouts_columns=ddl(ROLLOUT), ledger_columns=ddl(LEDGER))
+        run_script(con, "night_rollouts")
         call_tables.open_night(con)
         for name in ("rollouts", "samples", "failures", "outcomes"):
             stage(con, f"p_{name}", part_files(plan, folder, name, markers, whole=True))

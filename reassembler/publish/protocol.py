@@ -14,13 +14,15 @@ rename. Keys below are relative to the output root.
   never both win; the loser gets OutputBusy and touches nothing of the winner's. The
   manifest names the run, its numbers, `files` (the run's files: what a trainer reads) and
   `partitions` (what `rows/ds=<ds>/` and `audit/ds=<ds>/` hold once applied).
-- `apply` then makes everything else follow the manifest, and is idempotent: it replaces
-  the night's audit rows in the warehouse and records the run; makes each partition folder
-  hold exactly the run's files, named `part-<run>-<shard>.parquet` (locally: a folder of
-  hard links swapped in with one `renameat2(RENAME_EXCHANGE)`, so the folder is at every
-  instant one complete run and never absent; on S3: server-side copies, then the other
-  objects deleted); refreshes the reader snapshots `tables/*.parquet`; and deletes the run
-  folders of the night that no manifest needs any more.
+- `apply` then makes everything else follow the manifest, and is idempotent: it makes the
+  run the night's current one in the warehouse (its rollouts and per-call files; until now
+  readers saw the run published before: sql/publish_audit.sql), replaces the night's audit
+  rows and records the run; makes each partition folder hold exactly the run's files, named
+  `part-<run>-<shard>.parquet` (locally: a folder of hard links swapped in with one
+  `renameat2(RENAME_EXCHANGE)`, so the folder is at every instant one complete run and
+  never absent; on S3: server-side copies, then the other objects deleted); refreshes the
+  reader snapshots `tables/*.parquet`; and deletes the run folders of the night that no
+  manifest needs any more.
 
 A crash before the commit leaves the previous night as it was (the new run's folder is
 removed by a later build of the night). A crash after it is finished by `recover`, which
@@ -45,7 +47,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import storage
+from .. import call_tables, storage
 from ..errors import AuditCheckFailed, OutputBusy, StoreError
 from ..warehouse import run_script, sql
 from .checkpoints import checkpoint
@@ -288,7 +290,7 @@ def apply(con, output: str, manifest: dict) -> None:
     con.execute("BEGIN TRANSACTION")
     con.register("staged_audit", _staged_audit(audit_files, keep=False))
     try:
-        run_script(con, "publish_audit", {"ds": ds})
+        run_script(con, "publish_audit", {"ds": ds, "run": path_safe(run_id)})
         run_script(
             con,
             "record_run",
@@ -309,6 +311,11 @@ def apply(con, output: str, manifest: dict) -> None:
         raise
     con.unregister("staged_audit")
     checkpoint("warehouse")
+    current = set(call_tables.current_runs(con, ds))
+    if current:  # the per-call files of the night's other runs (the one this replaced, failed loads)
+        call_tables.remove_other_runs(output, ds, current)
+    if call_tables.is_temporary(con):
+        call_tables.define_views(con, output, temporary=True)  # the run's files, now the night's
     if storage.is_remote(output):
         _fill_objects(output, ds, manifest)
     else:
