@@ -1132,6 +1132,27 @@ MUTANTS = [
         ("tests/test_warehouse.py",),
     ),
     Mutant(
+        "a row group's strings are not counted in what it decodes to",
+        "reassembler/formats/token_file.py",
+        "        total += column.num_values * width if width else column.total_uncompressed_size + 8 * column.num_values",  # noqa: E501
+        "        total += column.num_values * width if width else 0",
+        ("tests/test_hostile_input.py",),
+    ),
+    Mutant(
+        "a row group's columns are decoded whatever their footprint",
+        "reassembler/formats/token_file.py",
+        "    if footprint > bound:",
+        "    if False:",
+        ("tests/test_hostile_input.py",),
+    ),
+    Mutant(
+        "strings a dictionary repeats are laid out unmeasured",
+        "reassembler/formats/token_file.py",
+        "    measured = [c.column for c in found if c.strings] if footprint + inflated > bound else []",
+        "    measured = []",
+        ("tests/test_hostile_input.py",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

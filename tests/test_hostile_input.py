@@ -272,7 +272,7 @@ def test_a_tiny_token_file_that_decodes_to_a_huge_row_is_not_decoded(tmp_path):
     assert "tokens   10 read = 9 loaded + 1 rejected" in res.stdout
     [(source, file, line, error, rollout)] = rejects(tmp_path / "out", "tokens")
     assert (source, file, line, rollout) == ("tokens", "tokens.parquet", 9, "a_g1")
-    assert error.startswith("row group 1 (1 rows) decodes to 480,000,024 bytes, over the 67,108,864")
+    assert error.startswith("row group 1 (1 rows) decodes to 480,002,058 bytes, over the 67,108,864")
     a = audit(tmp_path / "out")
     assert (a["a_g0"]["status"], a["a_g1"]["reason"], a["a_g1"]["failed_call_id"]) == ("ok", "missing_tokens", "c2")
 
@@ -339,6 +339,103 @@ def test_a_footer_that_understates_its_pages_is_refused_before_anything_is_decod
     )
     assert peak_kib < 400 << 10, peak_kib  # decoding it takes ~1.6 GB
     assert not (tmp_path / "out" / "rows").exists()
+
+
+def write_key_bomb(path: str, column: str, compression: str = "gzip") -> None:
+    """Rewrite a token file with its 7th row (a_g1's c2) in a row group of its own, its
+    `column` a string of 100 million bytes, compressed to a few hundred KB."""
+    table = pq.read_table(path)
+    good = table.take([0, 1, 2, 3, 4, 5, 7, 8, 9])
+    one = table.take([6])
+    one = one.set_column(one.schema.get_field_index(column), column, pa.array(["k" * 100_000_000], pa.string()))
+    with pq.ParquetWriter(path, good.schema, compression=compression) as w:
+        w.write_table(good)
+        w.write_table(one)
+
+
+def write_dictionary_bomb(path: str, column: str, rows: int = 70_000) -> None:
+    """Rewrite a token file with a second row group of `rows` rows whose `column` repeats one
+    entry of 1 KiB from its dictionary: a few KB on disk, 70 MB once laid out as strings."""
+    good = pq.read_table(path)
+    arrays = []
+    for field in good.schema:
+        if field.name == column:
+            arrays.append(pa.array(["x" * 1024] * rows, field.type))
+        elif pa.types.is_list(field.type):
+            arrays.append(pa.array([[]] * rows, field.type))
+        elif pa.types.is_string(field.type):
+            arrays.append(pa.array(["z"] * rows, field.type))
+        else:
+            arrays.append(pa.array(np.zeros(rows, np.int64)).cast(field.type))
+    with pq.ParquetWriter(path, good.schema, compression="zstd") as w:
+        w.write_table(good)
+        w.write_table(pa.table(arrays, schema=good.schema))
+
+
+def _rewritten(path: Path, call: str) -> None:
+    """Run `call` (a write_* function above, with its arguments) in another process, so that
+    this one (whose size a new process starts from) never holds what it writes."""
+    script = f"from test_hostile_input import *; {call}"
+    subprocess.run(
+        [sys.executable, "-c", script], check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    )
+
+
+def test_a_key_column_that_inflates_past_the_bound_stops_the_night_before_it_is_decoded(tmp_path):
+    """A staging key of 100 MB, gzip-compressed to a few hundred KB (a gzip bomb in a key
+    column): the row group's keys are refused from the footer, held to its pages, before any
+    byte is inflated; one line names the file and the row group (exit 2), the build never
+    comes near the gigabytes it would take, and nothing is published."""
+    n, inp = two_rollouts(tmp_path / "n")
+    path = partition(inp, "tokens") / "tokens.parquet"
+    _rewritten(path, f"write_key_bomb({str(path)!r}, 'staging_key')")
+    assert path.stat().st_size < 1 << 20
+    cli = [sys.executable, "-m", "reassembler.cli", "build", "--input", str(inp), "--output", str(tmp_path / "out")]
+    res, peak_kib = peak_of([*cli, "--ds", DS])
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip()
+    keys = "staging_key, rollout_id, model_call_id"
+    assert err.startswith(f"reassembler: error: {path}: row group 1: its columns {keys} decode to 100,000,"), err
+    assert err.endswith(
+        "over the 67,108,864 the job decodes at once; not read (write token files in smaller row groups)"
+    )
+    assert "\n" not in err and peak_kib < 400 << 10, peak_kib
+    assert not (tmp_path / "out" / "rows").exists()
+
+
+def test_another_string_column_that_inflates_past_the_bound_makes_its_rows_reject_rows(tmp_path):
+    """The 100 MB string in parent_call_id instead, which only the shards read: the row group
+    is too big to decode (its keys are small), so its row is a reject row that says why and
+    its call is missing_tokens; the other rollout trains, and memory stays bounded."""
+    n, inp = two_rollouts(tmp_path / "n")
+    path = partition(inp, "tokens") / "tokens.parquet"
+    _rewritten(path, f"write_key_bomb({str(path)!r}, 'parent_call_id')")
+    cli = [sys.executable, "-m", "reassembler.cli", "build", "--input", str(inp), "--output", str(tmp_path / "out")]
+    res, peak_kib = peak_of([*cli, "--ds", DS])
+    assert res.returncode == 0, res.stderr
+    assert peak_kib < 400 << 10, peak_kib
+    [(source, file, line, error, rollout)] = rejects(tmp_path / "out", "tokens")
+    assert (source, file, line, rollout) == ("tokens", "tokens.parquet", 9, "a_g1")
+    assert error.startswith("row group 1 (1 rows) decodes to 100,00") and "over the 67,108,864" in error
+    a = audit(tmp_path / "out")
+    assert (a["a_g0"]["status"], a["a_g1"]["reason"], a["a_g1"]["failed_call_id"]) == ("ok", "missing_tokens", "c2")
+
+
+def test_a_dictionary_repeated_past_the_bound_is_measured_before_it_is_laid_out(tmp_path):
+    """70,000 rows whose model_call_id repeats one 1 KiB dictionary entry: a few KB on disk
+    and in the footer, 70 MB as strings. The keys are read as a dictionary and measured; the
+    night stops with one line naming the file, the row group and the column (exit 2)."""
+    n, inp = two_rollouts(tmp_path / "n")
+    path = partition(inp, "tokens") / "tokens.parquet"
+    _rewritten(path, f"write_dictionary_bomb({str(path)!r}, 'model_call_id')")
+    assert path.stat().st_size < 1 << 20 and pq.read_metadata(path).row_group(1).num_rows == 70_000
+    res = build(inp, tmp_path / "out")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == (
+        f"reassembler: error: {path}: row group 1: column model_call_id's strings decode to more than 67,108,864 "
+        "bytes with the rest of the row group (a dictionary of long entries, repeated); not read (a damaged or "
+        "crafted token file)"
+    )
 
 
 # ---------------------------------------------------------------- files that are not files

@@ -14,6 +14,11 @@ is parsed (`PageHeader` of parquet.thrift, Thrift's compact protocol):
                dictionary pages' `num_values` to no more than the data pages' (a dictionary
                holds distinct values); the chunk lies inside the file (`outside`)
 
+What a chunk takes decoded then follows from its footer (token_file.decoded_bytes), but for
+a column of strings read through a dictionary: each value may repeat the longest entry, so
+`inflated` bounds it from the pages (the dictionary's bytes), and a chunk that could pass the
+job's bound is decoded as a dictionary and measured before its strings are laid out.
+
 The parser's work is bounded by the bytes it reads: a list or map that declares more elements
 than the bytes left is refused before one is read.
 
@@ -25,6 +30,7 @@ a page, pages of about 1 MiB): no value is looked at.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyarrow.parquet as pq
 
@@ -51,6 +57,20 @@ class Chunk:
     length: int
     values: int
     uncompressed: int
+    strings: bool  # variable-length values (BYTE_ARRAY): what they decode to depends on the pages
+
+
+class Pages(NamedTuple):
+    """What a column chunk's page headers declare."""
+
+    values: int  # of the data pages
+    uncompressed: int  # bytes of every page
+    entries: int  # of the dictionary pages
+    dictionary: int  # uncompressed bytes of the dictionary pages
+
+
+class Refused(ValueError):
+    """A column chunk whose pages break the invariant (the message says how)."""
 
 
 def chunks(metadata: pq.FileMetaData, group: int, columns: list[str]) -> list[Chunk]:
@@ -65,7 +85,15 @@ def chunks(metadata: pq.FileMetaData, group: int, columns: list[str]) -> list[Ch
         offsets = [o for o in (c.dictionary_page_offset if c.has_dictionary_page else None, c.data_page_offset) if o]
         start = min(offsets) if offsets else 0
         out.append(
-            Chunk(name, c.path_in_schema, start, c.total_compressed_size, c.num_values, c.total_uncompressed_size)
+            Chunk(
+                name,
+                c.path_in_schema,
+                start,
+                c.total_compressed_size,
+                c.num_values,
+                c.total_uncompressed_size,
+                c.physical_type == "BYTE_ARRAY",
+            )
         )
     return sorted(out, key=lambda c: c.start)
 
@@ -182,10 +210,9 @@ def _struct(buf: bytes, pos: int, wanted: tuple[int, ...], depth: int = 0) -> tu
             pos = _skip(buf, pos, kind, depth)
 
 
-def pages(data: bytes) -> tuple[int, int, int]:
-    """(values of the data pages, uncompressed bytes of every page, entries of the dictionary
-    pages) of a column chunk's bytes."""
-    values = uncompressed = entries = 0
+def pages(data: bytes) -> Pages:
+    """What the pages of a column chunk's bytes declare."""
+    values = uncompressed = entries = dictionary = 0
     pos = 0
     while pos < len(data):
         header, pos = _struct(data, pos, (_DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2))
@@ -206,28 +233,51 @@ def pages(data: bytes) -> tuple[int, int, int]:
             if not isinstance(n, int) or n < 0:
                 raise Malformed("a dictionary page header without its number of entries")
             entries += n
+            dictionary += size
         uncompressed += size
         pos += stored
     if pos != len(data):
         raise Malformed("the last page runs past its column chunk")
-    return values, uncompressed, entries
+    return Pages(values, uncompressed, entries, dictionary)
+
+
+def checked(chunk: Chunk, data: bytes) -> Pages:
+    """The pages of `chunk` (its bytes `data`), which keep the invariant: else Refused."""
+    if len(data) != chunk.length:
+        raise Refused(f"column {chunk.path}'s chunk lies past the end of the file")
+    try:
+        found = pages(data)
+    except Malformed as e:
+        raise Refused(f"column {chunk.path}: unreadable page headers ({e})") from None
+    if found.values != chunk.values:
+        raise Refused(
+            f"column {chunk.path}: its pages hold {found.values:,} values, its footer declares {chunk.values:,}"
+        )
+    if found.entries > found.values:  # a dictionary holds the values' distinct ones: never more
+        raise Refused(
+            f"column {chunk.path}: its dictionary declares {found.entries:,} entries for {found.values:,} values"
+        )
+    if found.uncompressed > chunk.uncompressed:
+        raise Refused(
+            f"column {chunk.path}: its pages inflate to {found.uncompressed:,} bytes, "
+            f"its footer declares {chunk.uncompressed:,}"
+        )
+    return found
 
 
 def refusal(chunk: Chunk, data: bytes) -> str | None:
     """Why `chunk` (its bytes `data`) is not decoded: its pages break the invariant; or None."""
-    if len(data) != chunk.length:
-        return f"column {chunk.path}'s chunk lies past the end of the file"
     try:
-        values, uncompressed, entries = pages(data)
-    except Malformed as e:
-        return f"column {chunk.path}: unreadable page headers ({e})"
-    if values != chunk.values:
-        return f"column {chunk.path}: its pages hold {values:,} values, its footer declares {chunk.values:,}"
-    if entries > values:  # a dictionary holds the values' distinct ones: never more
-        return f"column {chunk.path}: its dictionary declares {entries:,} entries for {values:,} values"
-    if uncompressed > chunk.uncompressed:
-        return (
-            f"column {chunk.path}: its pages inflate to {uncompressed:,} bytes, "
-            f"its footer declares {chunk.uncompressed:,}"
-        )
+        checked(chunk, data)
+    except Refused as e:
+        return str(e)
     return None
+
+
+def inflated(chunk: Chunk, found: Pages) -> int:
+    """The most bytes a chunk of strings (`chunk.strings`) can decode to, from its pages: the
+    plain pages' bytes, and every value as long as the dictionary's entries together (each
+    entry stored after a 4-byte length). 0 for a chunk of fixed-width values."""
+    if not chunk.strings:
+        return 0
+    return found.uncompressed + found.values * max(0, found.dictionary - 4 * found.entries)
