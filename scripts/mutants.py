@@ -1153,6 +1153,13 @@ MUTANTS = [
         ("tests/test_hostile_input.py",),
     ),
     Mutant(
+        "a batch's rows are built at once, whatever they repeat",
+        "reassembler/verify/rows.py",
+        "            if rows.tokens >= piece_tokens:",
+        "            if False:",
+        ("tests/test_verifiers.py",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

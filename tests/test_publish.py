@@ -166,7 +166,7 @@ def test_a_crash_in_a_shard_leaves_the_previous_partition(tmp_path, two_groups, 
     def boom(*a, **k):
         raise RuntimeError("worker killed")
 
-    monkeypatch.setattr(shard_module, "rows_table", boom)
+    monkeypatch.setattr(shard_module, "row_tables", boom)
     with pytest.raises(RuntimeError):
         build_night(two_groups, out, DS)
     assert {k: _files(out / k / f"ds={DS}") for k in ("rows", "audit")} == before

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from commands import cli, one_line_error
@@ -217,6 +219,66 @@ def test_a_rollout_whose_rows_would_hold_more_than_the_limit_is_masked(tmp_path,
     assert audit["ep-other"]["status"] == "ok" and {r["rollout_id"] for r in rows} == {"ep-other"}
     _, rows, audit = build(root, tmp_path / "at", max_rollout_tokens=21)
     assert audit["ep-fork"]["status"] == "ok" and sum(r["rollout_id"] == "ep-fork" for r in rows) == 2
+
+
+def _amplifying_night(root: Path, context: int, branches: int, rollouts: int) -> Path:
+    """One group of `rollouts` fork trees, each a prompt of `context` tokens then `branches`
+    branches of a tool answer and one sampled token: every row repeats the prompt."""
+    episodes = []
+    for r in range(rollouts):
+        nodes = [prompt_node(list(range(1, context + 1)), None, "system")]
+        for _ in range(branches):
+            nodes.append(prompt_node([7], 0, "tool"))
+            nodes.append(sampled_node([], [9], [-0.5], len(nodes) - 1))
+        episodes.append(episode(f"ep-{r}", [trace(nodes)], group="g"))
+    return write_traces(root, episodes)
+
+
+def test_rows_are_built_and_written_a_bounded_piece_at_a_time(tmp_path):
+    """Four rollouts of one group (one batch) whose 150 rows each repeat a prompt of 100,000
+    tokens: 60 million tokens of rows from 400,000 read (under the rollout limit each). The
+    shard builds and writes them a few million tokens at a time: the build peaks far below
+    what building the batch's rows at once took (~1 GB), in a process of its own."""
+    from test_hostile_input import peak_of
+
+    root = _amplifying_night(tmp_path / "in", 100_000, 150, 4)
+    out = tmp_path / "out"
+    res, peak_kib = peak_of(
+        [sys.executable, "-m", "reassembler.cli", "build", "--input", str(root), "--output", str(out), "--ds", DS]
+    )
+    assert res.returncode == 0, res.stderr
+    assert peak_kib < 600 << 10, peak_kib
+    meta = pq.read_metadata(next((out / "rows" / f"ds={DS}").glob("*.parquet")))
+    assert meta.num_rows == 600
+    lengths = pq.read_table(out / "rows" / f"ds={DS}", columns=["n_tokens"]).column("n_tokens").to_pylist()
+    assert lengths == [100_002] * 600
+
+
+def test_rows_written_a_row_at_a_time_are_the_rows_written_at_once(tmp_path, monkeypatch):
+    """The pieces change where the rows file's row groups end, never a row: the fixture's
+    night and the fork episodes, built with pieces of one row, give the same rows."""
+    from reassembler.verify import rows as rows_module
+
+    root = tmp_path / "in"
+    shutil.copytree(FIXTURE / "rollouts", root / "rollouts")
+    traces = root / "rollouts" / f"ds={DS}" / "traces.jsonl"
+    whole_lines = traces.read_bytes()
+    traces.write_bytes(whole_lines[: whole_lines.rindex(b"\n") + 1])  # its torn final line goes
+    write_traces(root, [_fork_episode(), _amplifying_night_episode()])
+    _, whole, _ = build(root, tmp_path / "whole")
+    monkeypatch.setattr(rows_module, "ROW_PIECE_TOKENS", 1)
+    _, pieces, _ = build(root, tmp_path / "pieces")
+    assert pieces == whole and {"ep-fork", "ep-amp"} <= {r["rollout_id"] for r in whole} and len(whole) > 8
+    [part] = (tmp_path / "pieces" / "rows" / f"ds={DS}").glob("*.parquet")
+    assert pq.read_metadata(part).num_row_groups == len(whole)  # one row a piece, one piece a row group
+
+
+def _amplifying_night_episode() -> dict:
+    nodes = [prompt_node([1, 2, 3], None, "system")]
+    for _ in range(3):
+        nodes.append(prompt_node([7], 0, "tool"))
+        nodes.append(sampled_node([], [9], [-0.5], len(nodes) - 1))
+    return episode("ep-amp", [trace(nodes)], group="ga")
 
 
 def test_the_rollout_token_limit_is_a_flag_of_the_command(tmp_path):

@@ -11,6 +11,7 @@ outcomes; nothing here touches tokens one at a time.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import date
 
 import numpy as np
@@ -110,13 +111,18 @@ def evidence_of(rollout: dict) -> str:
     return "digest" if capture in DIGEST_CAPTURES else "none"
 
 
-def rows_table(outcomes, batch, ds: str) -> pa.Table:
-    """Training rows of the ok outcomes of night `ds`, in the order given (already output order)."""
-    meta: dict[str, list] = {
-        name: [] for name in ROW_SCHEMA.names if name not in ("ds", "input_ids", "loss_mask", "logprobs")
-    }
-    token_rows: list[int] = []
-    segs_per_row: list[int] = []
+# Tokens of the rows built and written at once: a verifiers trace's rows repeat their shared
+# context, so a batch's rows can hold many times the tokens the batch read (CONTRACT.md 10.5).
+ROW_PIECE_TOKENS = 1 << 22
+
+
+def row_tables(outcomes, batch, ds: str, piece_tokens: int | None = None) -> Iterator[pa.Table]:
+    """Training rows of the ok outcomes of night `ds`, in the order given (already output
+    order), in tables of whole rows that each hold about `piece_tokens` tokens (default
+    ROW_PIECE_TOKENS; one row at least): what they take is bounded by that, whatever the
+    rows repeat. At least one table."""
+    piece_tokens = piece_tokens or ROW_PIECE_TOKENS
+    rows, yielded = _Rows(), False
     for o in outcomes:
         if not o.ok:
             continue
@@ -130,39 +136,66 @@ def rows_table(outcomes, batch, ds: str) -> pa.Table:
             "temperature": r.get("temperature"),
         }
         for index, seg in enumerate(o.segments):
-            rows = seg.token_rows
-            token_rows.extend(rows)
-            segs_per_row.append(len(rows))
-            versions = list(seg.versions or (c.weight_version for c in seg.calls if c.weight_version is not None))
-            meta["row_id"].append(f"{r['rollout_id']}_s{index}")
-            meta["rollout_id"].append(r["rollout_id"])
-            meta["group_id"].append(r["group_id"])
-            meta["slot"].append(r["slot"])
-            meta["segment_index"].append(index)
-            meta["segment_count"].append(k)
-            meta["prompt_len"].append(seg.prompt_len if seg.prompt_len is not None else prompt_len(batch, rows))
-            meta["n_tokens"].append(int(batch.n_ids[rows].sum()))
-            meta["n_generated"].append(int(batch.ones[rows].sum()))
-            meta["model_call_ids"].append(
-                seg.call_ids if seg.call_ids is not None else [c.model_call_id for c in seg.calls]
-            )
-            meta["weight_version_min"].append(min(versions) if versions else None)  # none in Gym's local capture
-            meta["weight_version_max"].append(max(versions) if versions else None)
-            meta["reward"].append(r["reward"])
-            meta["advantage"].append(o.advantage)
-            meta["rollout_weight"].append(1.0 / k)
-            for name, value in origin.items():
-                meta[name].append(value)
-    offsets, ids, mask, lp = batch.gather(
-        np.asarray(token_rows, dtype=np.int64), np.asarray(segs_per_row, dtype=np.int64)
-    )
-    columns = {name: pa.array(values, type=ROW_SCHEMA.field(name).type) for name, values in meta.items()}
-    columns["ds"] = _night(ds, len(meta["row_id"]))
-    off = pa.array(offsets, type=pa.int32())
-    columns["input_ids"] = pa.ListArray.from_arrays(off, pa.array(ids, type=pa.int32()))
-    columns["loss_mask"] = pa.ListArray.from_arrays(off, pa.array(mask, type=pa.int8()))
-    columns["logprobs"] = pa.ListArray.from_arrays(off, pa.array(lp, type=pa.float32()))
-    return pa.table([columns[n] for n in ROW_SCHEMA.names], schema=ROW_SCHEMA)
+            rows.add(batch, o, r, index, k, seg, origin)
+            if rows.tokens >= piece_tokens:
+                yield rows.table(batch, ds)
+                rows, yielded = _Rows(), True
+    if rows.segs_per_row or not yielded:
+        yield rows.table(batch, ds)
+
+
+class _Rows:
+    """Rows gathered for one table: their columns but the token lists, and the token rows
+    each is cut from."""
+
+    def __init__(self):
+        self.meta: dict[str, list] = {
+            name: [] for name in ROW_SCHEMA.names if name not in ("ds", "input_ids", "loss_mask", "logprobs")
+        }
+        self.token_rows: list[int] = []
+        self.segs_per_row: list[int] = []
+        self.tokens = 0
+
+    def add(self, batch, o, r: dict, index: int, k: int, seg, origin: dict) -> None:
+        meta = self.meta
+        rows = seg.token_rows
+        self.token_rows.extend(rows)
+        self.segs_per_row.append(len(rows))
+        n_tokens = int(batch.n_ids[rows].sum())
+        self.tokens += n_tokens
+        versions = list(seg.versions or (c.weight_version for c in seg.calls if c.weight_version is not None))
+        meta["row_id"].append(f"{r['rollout_id']}_s{index}")
+        meta["rollout_id"].append(r["rollout_id"])
+        meta["group_id"].append(r["group_id"])
+        meta["slot"].append(r["slot"])
+        meta["segment_index"].append(index)
+        meta["segment_count"].append(k)
+        meta["prompt_len"].append(seg.prompt_len if seg.prompt_len is not None else prompt_len(batch, rows))
+        meta["n_tokens"].append(n_tokens)
+        meta["n_generated"].append(int(batch.ones[rows].sum()))
+        meta["model_call_ids"].append(
+            seg.call_ids if seg.call_ids is not None else [c.model_call_id for c in seg.calls]
+        )
+        meta["weight_version_min"].append(min(versions) if versions else None)  # none in Gym's local capture
+        meta["weight_version_max"].append(max(versions) if versions else None)
+        meta["reward"].append(r["reward"])
+        meta["advantage"].append(o.advantage)
+        meta["rollout_weight"].append(1.0 / k)
+        for name, value in origin.items():
+            meta[name].append(value)
+
+    def table(self, batch, ds: str) -> pa.Table:
+        meta = self.meta
+        offsets, ids, mask, lp = batch.gather(
+            np.asarray(self.token_rows, dtype=np.int64), np.asarray(self.segs_per_row, dtype=np.int64)
+        )
+        columns = {name: pa.array(values, type=ROW_SCHEMA.field(name).type) for name, values in meta.items()}
+        columns["ds"] = _night(ds, len(meta["row_id"]))
+        off = pa.array(offsets, type=pa.int32())
+        columns["input_ids"] = pa.ListArray.from_arrays(off, pa.array(ids, type=pa.int32()))
+        columns["loss_mask"] = pa.ListArray.from_arrays(off, pa.array(mask, type=pa.int8()))
+        columns["logprobs"] = pa.ListArray.from_arrays(off, pa.array(lp, type=pa.float32()))
+        return pa.table([columns[n] for n in ROW_SCHEMA.names], schema=ROW_SCHEMA)
 
 
 def prompt_len(batch, rows: list[int]) -> int:

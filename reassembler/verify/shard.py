@@ -32,7 +32,7 @@ from ..settings import Settings
 from .batch import verify_batch
 from .checks import BatchChecks
 from .rollout import Outcome
-from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, rows_table
+from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, row_tables
 from .tokens import TokenBatch
 
 ROW_GROUP_ROWS = 256
@@ -176,12 +176,12 @@ class _Pipeline:
         return self
 
     def _write(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
-        rows = rows_table(outcomes, batch, self.ds)
-        if rows.num_rows:
-            self.rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
+        for rows in row_tables(outcomes, batch, self.ds):  # a piece at a time: rows may repeat their tokens
+            if rows.num_rows:
+                self.rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
+            self.n_rows += rows.num_rows
+            self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
         self.audit_out.write_table(audit_table(outcomes, batch, self.run_id, self.ds))
-        self.n_rows += rows.num_rows
-        self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
 
     def write(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
         while len(self.writes) >= WRITES_QUEUED:  # bound the memory of batches waiting
