@@ -1160,6 +1160,20 @@ MUTANTS = [
         ("tests/test_verifiers.py",),
     ),
     Mutant(
+        "a trace stores every row's path",
+        "reassembler/formats/verifiers.py",
+        '            "leaves": [path[-1] for path in self.rows],',
+        '            "leaves": [path[-1] for path in self.rows], "rows": self.rows,',
+        ("tests/test_verifiers.py",),
+    ),
+    Mutant(
+        "nodes without tokens get arrays of their own",
+        "reassembler/formats/verifiers.py",
+        "        return _no_tokens()",
+        "        pass",
+        ("tests/test_verifiers.py",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

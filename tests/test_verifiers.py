@@ -281,6 +281,69 @@ def _amplifying_night_episode() -> dict:
     return episode("ep-amp", [trace(nodes)], group="ga")
 
 
+def test_a_combs_trace_is_stored_in_a_size_of_its_nodes_not_of_its_paths():
+    """A comb: a spine of 1,500 tool answers, a sampled tooth on each. Its rows hold 1.1
+    million node places (each row the spine up to its tooth), so storing each row's path
+    took megabytes in the rollout's trace column (and DuckDB's memory with it: exit 4 at
+    3,000 teeth); the trace stores each row's leaf and each sampled node's owner instead,
+    and the shard follows the parents (the comb's rows are checked end to end below)."""
+    from reassembler.formats.verifiers import parse_episode
+    from reassembler.load.verifiers_traces import decode_episode, rollout_row
+
+    nodes, spine = [prompt_node([1, 2], None, "system")], 0
+    for _ in range(1_500):
+        nodes.append(prompt_node([5], spine, "tool"))
+        spine = len(nodes) - 1
+        nodes.append(sampled_node([], [9], [-0.5], spine))
+    [rollout] = parse_episode(decode_episode(episode_line(episode("ep-comb", [trace(nodes)], group="gc")).encode()))
+    assert sum(len(path) for path in rollout.rows) > 1_100_000
+    stored = rollout_row(rollout)["trace"]
+    assert len(stored) < 64 << 10
+    shape = json.loads(stored)
+    assert shape["leaves"][:2] == [2, 4] and shape["owners"]["2"] == 0 and "rows" not in shape
+
+
+def test_a_combs_rows_follow_their_nodes_parents(tmp_path):
+    """A small comb end to end: each row is the spine up to its tooth, root first."""
+    nodes, spine = [prompt_node([1, 2], None, "system")], 0
+    for tooth in range(4):
+        nodes.append(prompt_node([5 + tooth], spine, "tool"))
+        spine = len(nodes) - 1
+        nodes.append(sampled_node([], [20 + tooth], [-0.5], spine))
+    root = write_traces(tmp_path / "in", [episode("ep-comb", [trace(nodes)], group="gc")])
+    _, rows, audit = build(root, tmp_path / "out")
+    assert [r["input_ids"] for r in rows] == [
+        [1, 2, 5, 20],
+        [1, 2, 5, 6, 21],
+        [1, 2, 5, 6, 7, 22],
+        [1, 2, 5, 6, 7, 8, 23],
+    ]
+    assert [r["model_call_ids"] for r in rows] == [["2"], ["4"], ["6"], ["8"]]
+    assert audit["ep-comb"]["n_segments"] == 4
+
+
+def test_a_million_empty_nodes_are_judged_within_the_memory_bound(tmp_path):
+    """A 15.6 MB line of 1.2 million nodes `{"parent":0}` under one prompt (the issue's
+    probe): no trainable branch, so the rollout is masked empty_selection. The line is held
+    once (its structure read and let go before orjson reads it) and the nodes without
+    tokens share their empty arrays: it peaked at 1,019 MB, in a process of its own."""
+    from test_hostile_input import peak_of
+
+    line = episode_line(episode("ep-empty", [trace([prompt_node([1, 2], None, "system")])], group="ge"))
+    marker = '"logprobs":[]}]'
+    assert line.count(marker) == 1
+    line = line.replace(marker, marker[:-1] + ',{"parent":0}' * 1_200_000 + "]")
+    root = write_traces(tmp_path / "in", [line])
+    out = tmp_path / "out"
+    res, peak_kib = peak_of(
+        [sys.executable, "-m", "reassembler.cli", "build", "--input", str(root), "--output", str(out), "--ds", DS]
+    )
+    assert res.returncode == 0, res.stderr
+    assert peak_kib < 700 << 10, peak_kib
+    [a] = read_partition(out, "audit", DS)
+    assert (a["status"], a["reason"]) == ("masked", "empty_selection")
+
+
 def test_the_rollout_token_limit_is_a_flag_of_the_command(tmp_path):
     root = write_traces(tmp_path / "in", [_fork_episode()])
     out = tmp_path / "out"

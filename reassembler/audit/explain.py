@@ -63,7 +63,9 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
     lines = [ledger_line([(c.model_call_id, c.parent_call_id, c.failure_reason) for c in calls])]
     if rollout.get("capture") == "verifiers":  # no selection: each trainable branch is a row (CONTRACT.md 10.5)
         shape = json.loads(rollout["trace"] or "{}")
-        rows = [f"row {k}: nodes {path}" for k, path in enumerate(shape.get("rows") or [])]
+        rows = [f"row {k}: nodes {path}" for k, path in enumerate(shape.get("rows") or [])] + [
+            f"row {k}: the branch to leaf {leaf}" for k, leaf in enumerate(shape.get("leaves") or [])
+        ]
         lines = [f"verifiers trace: {shape.get('sampled', 0)} sampled nodes, {shape.get('roots', 0)} roots"]
         lines += rows
     elif rollout.get("capture") == "envelope":  # one row per declared segment (CONTRACT.md 11.5)

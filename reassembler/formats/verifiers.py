@@ -24,6 +24,7 @@ are read, as the other formats do (the rollout parse's child processes import th
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -110,6 +111,7 @@ class TraceRollout:
     policy: tuple[int, int] | None = None  # run.work.policy (start, end): the rows' weight versions
     rows: list[list[int]] = field(default_factory=list)  # each row's nodes, root to leaf
     context: list[list[int]] = field(default_factory=list)  # per row: its sampled nodes an earlier row trains
+    owners: dict[int, int] = field(default_factory=dict)  # each sampled node on the rows: the row that trains it
     nodes: dict[int, Node] = field(default_factory=dict)  # the nodes on the rows
     env: str | None = None  # the Episode's env.id (5.3)
     agent: str | None = None  # the trace's agent.name
@@ -125,16 +127,38 @@ class TraceRollout:
         return sum(node.sampled for node in self.nodes.values())
 
     def shape(self) -> dict:
-        """What the verification needs besides the nodes' calls (stored with the rollout)."""
+        """What the verification needs besides the nodes' calls (stored with the rollout), in
+        a size that grows with the nodes and rows, never with their product: each row as its
+        leaf (its path follows the nodes' parents: `branch`), and the row that trains each
+        sampled node (on a later row that holds it, it is context: `row_context`)."""
         return {
-            "rows": self.rows,
-            "context": self.context,
+            "leaves": [path[-1] for path in self.rows],
+            "owners": {str(k): row for k, row in self.owners.items()},
             "sampled": self.n_sampled,
             "roots": self.n_roots,
             "selected": self.n_selected,
             "offchain": [i for i in self.sampled if i not in self.nodes] if self.rows else None,
             "policy": list(self.policy) if self.policy is not None else None,
         }
+
+
+def branch(leaf: int, parent_of) -> list[int]:
+    """The nodes of the row that ends at `leaf`, root first, from `parent_of(node)` (a node's
+    parent, or None); ValueError when the walk does not end (nodes that are not a tree)."""
+    path, k, steps = [], leaf, 0
+    while k is not None:
+        path.append(k)
+        k = parent_of(k)
+        steps += 1
+        if steps > 1 << 26:
+            raise ValueError(f"the branch to leaf {leaf} does not reach a root")
+    path.reverse()
+    return path
+
+
+def row_context(row: int, path: list[int], owners: dict[str, int]) -> set[int]:
+    """The sampled nodes of row `row` (its `path`) that an earlier row trains (10.5)."""
+    return {k for k in path if owners.get(str(k), row) < row}
 
 
 def context_call(node: int) -> str:
@@ -387,6 +411,15 @@ def _no_cycle(parents: list[int | None]) -> None:
 _INTS, _BOOLS, _NUMBERS = {int}, {bool}, {int, float}  # the exact Python types of JSON's values (bool is no int)
 
 
+@functools.cache
+def _no_tokens() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The arrays of every node without tokens (a fork of a million empty nodes holds no
+    arrays of each node's own)."""
+    import numpy as np
+
+    return np.zeros(0, np.int64), np.zeros(0, np.bool_), np.zeros(0, np.float64)
+
+
 def _check_node(i: int, node: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Check 8 for one node, in its order; returns its ids (int64), mask (bool) and log
     probabilities (float64, one per sampled token). A list's values are judged by their
@@ -395,6 +428,10 @@ def _check_node(i: int, node: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
     token_ids, mask, logprobs = node.get("token_ids", []), node.get("mask", []), node.get("logprobs", [])
     sampled = node.get("sampled", False)
+    if not token_ids and not mask and not logprobs:  # no token: the verdicts below, and no arrays of its own
+        if sampled:
+            raise Masked(Reason.EMPTY_GENERATION, f"node {i}: sampled, but no token has mask true", i)
+        return _no_tokens()
     if len(mask) != len(token_ids):
         raise Masked(Reason.LENGTH_MISMATCH, f"node {i}: {len(mask)} mask values for {len(token_ids)} token ids", i)
     if not set(map(type, token_ids)) <= _INTS:
@@ -513,6 +550,7 @@ def _rows(nodes: list[dict], parents: list[int | None], checked: list, out: Trac
         for k in sampled:
             owner.setdefault(k, len(out.rows))
         out.rows.append(path)
+        out.owners = owner
         for k in path:
             if k not in out.nodes:
                 ids, m, lp = checked[k]

@@ -151,10 +151,9 @@ class GymCapture:
             # a verifiers trace's rows' nodes (CONTRACT.md 10), an envelope line's calls (11)
             if envelope is not None:
                 row.update(envelope_columns(envelope))
-            calls, token_rows = trace_calls(row, trace) if trace is not None else envelope_calls(row, envelope)
-            for call in calls:
+            pairs = trace_calls(row, trace) if trace is not None else zip(*envelope_calls(row, envelope), strict=True)
+            for call, token_row in pairs:
                 self._call(call)
-            for token_row in token_rows:
                 self.tokens.add(token_row)
             return row
         gym = row.pop("gym_rebuilt", None)

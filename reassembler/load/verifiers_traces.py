@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import orjson
@@ -102,14 +102,18 @@ def decode_episode(raw: bytes):
     nesting); wherever the two might disagree, the strict decoder reads the whole line:
     orjson refuses it (its error is not ours to word; NaN, a lone surrogate, bytes that are
     not UTF-8 all land here), or an integer past 64 bits came back a float where an integer
-    is judged (a parent, a link's node, a version; a token id's verdict is the same)."""
+    is judged (a parent, a link's node, a version; a token id's verdict is the same). The
+    structure is read and let go before orjson reads the line: a line of a million small
+    objects (nodes) is held once, never twice."""
+    structure = decode(_FLAT.sub(b"[]", raw), DECODER)
+    refused = structure if isinstance(structure, RecordError) else None
+    del structure
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return decode(raw, DECODER)
-    structure = decode(_FLAT.sub(b"[]", raw), DECODER)
-    if isinstance(structure, RecordError):
-        return structure
+    if refused is not None:
+        return refused
     return decode(raw, DECODER) if _float_for_int(value) else value
 
 
@@ -176,43 +180,41 @@ def rollout_row(r: TraceRollout) -> dict:
     }
 
 
-def trace_calls(row: dict, trace: TraceRollout) -> tuple[list[dict], list[TokenRow]]:
-    """The derived calls (ledger rows, node order) and token rows of a trace's rows' nodes;
-    then, for each sampled node a later row holds as context (10.5, exactly-once ownership),
-    its copy with mask 0 and log probabilities 0.0 (formats/verifiers.py's context_call)."""
+def trace_calls(row: dict, trace: TraceRollout) -> Iterator[tuple[dict, TokenRow]]:
+    """The derived calls (ledger rows, node order) of a trace's rows' nodes, each with its
+    token row; then, for each sampled node a later row holds as context (10.5, exactly-once
+    ownership), its copy with mask 0 and log probabilities 0.0 (formats/verifiers.py's
+    context_call). One at a time: a trace of a million nodes is never held as call rows."""
     import numpy as np
 
     from .local_capture import TokenRow
 
     rid = row["rollout_id"]
-    calls, tokens = [], []
+    template: dict = {f.name: None for f in LEDGER}
+    template.update(
+        rollout_id=rid, source_file=row.get("source_file"), source_line=row.get("source_line"), capture=CAPTURE
+    )
 
-    def add(call_id: str, node, mode: str, mask, logprobs) -> None:
+    def call(call_id: str, node, mode: str, mask, logprobs) -> tuple[dict, TokenRow]:
         key = f"{rid}/{call_id}"
-        call: dict = {f.name: None for f in LEDGER}
-        call.update(
-            rollout_id=rid,
+        out = dict(template)
+        out.update(
             model_call_id=call_id,
             parent_call_id=None if node.parent is None else str(node.parent),
             mode=mode,
             staging_key=key,
-            source_file=row.get("source_file"),
-            source_line=row.get("source_line"),
-            capture=CAPTURE,
         )
-        calls.append(call)
-        tokens.append(TokenRow(key, node.ids, mask, logprobs))
+        return out, TokenRow(key, node.ids, mask, logprobs)
 
     for k in sorted(trace.nodes):
         node = trace.nodes[k]
-        add(str(k), node, "sampled" if node.sampled else "context", node.mask, node.logprobs)
+        yield call(str(k), node, "sampled" if node.sampled else "context", node.mask, node.logprobs)
     zeros = np.zeros(0, np.float32)
     for k in sorted({k for context in trace.context for k in context}):
         node = trace.nodes[k]
         if len(zeros) < len(node.ids):
             zeros = np.zeros(len(node.ids), np.float32)
-        add(context_call(k), node, "context", zeros[: len(node.ids)], zeros[: len(node.ids)])
-    return calls, tokens
+        yield call(context_call(k), node, "context", zeros[: len(node.ids)], zeros[: len(node.ids)])
 
 
 def derive_again(raw: bytes, rollout_id: str) -> tuple[dict[str, TokenRow], list[str]]:
@@ -224,5 +226,5 @@ def derive_again(raw: bytes, rollout_id: str) -> tuple[dict[str, TokenRow], list
     trace = next((r for r in parse_episode(value) if r.rollout_id == rollout_id), None)
     if trace is None:
         return {}, [f"the line holds no rollout {rollout_id} now"]
-    _, tokens = trace_calls({"rollout_id": rollout_id}, trace)
-    return {t.staging_key: t for t in tokens}, describe(value, rollout_id)
+    tokens = {t.staging_key: t for _, t in trace_calls({"rollout_id": rollout_id}, trace)}
+    return tokens, describe(value, rollout_id)

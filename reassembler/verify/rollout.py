@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..formats.verifiers import context_call
+from ..formats.verifiers import branch, context_call, row_context
 from ..reasons import Masked, Reason
 from ..settings import Options
 from .calls import Call
@@ -38,6 +38,12 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.reason is None
+
+
+def _parent(by_id: dict[str, Call], node: int) -> int | None:
+    """A verifiers node's parent, from its derived call (parent_call_id: the parent's index)."""
+    parent = by_id[str(node)].parent_call_id
+    return None if parent is None else int(parent)
 
 
 def _line_checks(rollout: dict) -> None:
@@ -205,7 +211,7 @@ def _derived_rows(rollout: dict, calls: list[Call], checks, options: Options, tr
             raise Masked(
                 Reason(rollout["capture_reason"]), rollout.get("capture_detail"), rollout.get("capture_call_id")
             )
-        rows = shape["rows"]
+        rows = shape["rows"] if envelope or "rows" in shape else shape["leaves"]  # "rows": a trace stored before 10
         if options.mode == "terminal" and len(rows) > 1:
             raise Masked(
                 Reason.HISTORY_REWRITTEN,
@@ -222,7 +228,11 @@ def _derived_rows(rollout: dict, calls: list[Call], checks, options: Options, tr
                 segments.append(Segment(on_row, call_ids=shape["call_ids"][k], prompt_len=shape["prompt_lens"][k]))
                 described = f"envelope: row {k} is segment {k}: calls {path} ({', '.join(shape['call_ids'][k])})"
             else:  # a sampled node an earlier row trains is context here: its copy with mask 0 (10.5)
-                context = set(shape["context"][k]) if shape.get("context") else set()
+                if "leaves" in shape:  # the row's path follows its nodes' parents from its leaf
+                    path = branch(path, lambda node: _parent(by_id, node))
+                    context = row_context(k, path, shape["owners"])
+                else:
+                    context = set(shape["context"][k]) if shape.get("context") else set()
                 on_row = [by_id[context_call(node) if node in context else str(node)] for node in path]
                 sampled = [str(node) for node in path if by_id[str(node)].mode == "sampled"]
                 segments.append(Segment(on_row, call_ids=sampled, versions=tuple(policy) if policy else None))

@@ -113,14 +113,20 @@ def evidence_of(rollout: dict) -> str:
 
 # Tokens of the rows built and written at once: a verifiers trace's rows repeat their shared
 # context, so a batch's rows can hold many times the tokens the batch read (CONTRACT.md 10.5).
-ROW_PIECE_TOKENS = 1 << 22
+# Each token row a row is cut from counts as ROW_PIECE_PER_TOKEN_ROW tokens more: building
+# a row costs about 100 bytes a token row (the rows of a comb of one-token nodes: a token row
+# a token). Measured on a comb of 3,000 branches (4.5M one-token rows): pieces of 4M tokens
+# peaked at 917 MB, of 1M at 527 MB, of 256k at 463 MB; a batch of staged calls of ~1,000
+# tokens (1M tokens, 1,000 token rows) stays one piece.
+ROW_PIECE_TOKENS = 1 << 21
+ROW_PIECE_PER_TOKEN_ROW = 16
 
 
 def row_tables(outcomes, batch, ds: str, piece_tokens: int | None = None) -> Iterator[pa.Table]:
     """Training rows of the ok outcomes of night `ds`, in the order given (already output
     order), in tables of whole rows that each hold about `piece_tokens` tokens (default
-    ROW_PIECE_TOKENS; one row at least): what they take is bounded by that, whatever the
-    rows repeat. At least one table."""
+    ROW_PIECE_TOKENS, each token row counted as ROW_PIECE_PER_TOKEN_ROW more; one row at
+    least): what they take is bounded by that, whatever the rows repeat. At least one table."""
     piece_tokens = piece_tokens or ROW_PIECE_TOKENS
     rows, yielded = _Rows(), False
     for o in outcomes:
@@ -162,7 +168,7 @@ class _Rows:
         self.token_rows.extend(rows)
         self.segs_per_row.append(len(rows))
         n_tokens = int(batch.n_ids[rows].sum())
-        self.tokens += n_tokens
+        self.tokens += n_tokens + ROW_PIECE_PER_TOKEN_ROW * len(rows)
         versions = list(seg.versions or (c.weight_version for c in seg.calls if c.weight_version is not None))
         meta["row_id"].append(f"{r['rollout_id']}_s{index}")
         meta["rollout_id"].append(r["rollout_id"])

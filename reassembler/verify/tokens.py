@@ -165,14 +165,26 @@ class TokenBatch:
         )
 
 
+RUN_TOKENS = 64  # runs at least this long on average are copied slice by slice, else gathered
+
+
 def _join(values: np.ndarray, starts: np.ndarray, lens: np.ndarray, dtype) -> np.ndarray:
     """values[starts[i] : starts[i] + lens[i]] for each i, end to end, as `dtype`; runs of
-    adjacent pieces are copied as one slice."""
+    adjacent pieces are copied as one slice. Many short runs (the rows of a verifiers fork
+    tree or comb: millions of one-token nodes) are gathered by one index array instead, so
+    that no Python object is made per run."""
     if len(starts) == 0:
         return np.zeros(0, dtype=dtype)
     ends = starts + lens
     breaks = np.flatnonzero(starts[1:] != ends[:-1]) + 1  # where a piece does not continue the last
     firsts = np.concatenate([[0], breaks])
     lasts = np.concatenate([breaks - 1, [len(starts) - 1]])
-    pieces = [values[a:b] for a, b in zip(starts[firsts].tolist(), ends[lasts].tolist())]
+    run_starts, run_ends = starts[firsts], ends[lasts]
+    run_lens = run_ends - run_starts
+    total = int(run_lens.sum())
+    if len(firsts) * RUN_TOKENS > total:
+        at = np.cumsum(run_lens) - run_lens  # where each run lands in the output
+        index = np.arange(total, dtype=np.int64) + np.repeat(run_starts - at, run_lens)
+        return values[index].astype(dtype, casting="unsafe")
+    pieces = [values[a:b] for a, b in zip(run_starts.tolist(), run_ends.tolist())]
     return np.concatenate(pieces, dtype=dtype, casting="unsafe")
