@@ -452,3 +452,35 @@ def test_a_shard_needs_nothing_but_the_store(s3, nights, tmp_path, monkeypatch):
     assert sorted(local.to_pylist(), key=str) == sorted(
         pq.read_table(tmp_path / "mirror" / "rows" / f"ds={DS}", partitioning=None).to_pylist(), key=str
     )
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        "rollouts/ds={ds}/",  # a folder marker at the partition
+        "ledger/ds={ds}/server-0/",  # a folder marker below it
+        "tokens/ds={ds}/",
+        "rollouts/",  # at the kind's folder
+        "rollouts/ds={ds}//stray.jsonl",  # an empty name between two slashes
+        "ledger/ds={ds}/ledger.jsonl/",  # a marker named as a file is
+    ],
+)
+def test_any_object_key_under_a_location_is_handled(s3, nights, tmp_path, odd):
+    """Object keys a console or another tool leaves under the input locations: folder
+    markers (a key ending in `/`), an empty name between two slashes. Each builds the night
+    as without it (markers hold no data), or stops naming the key (exit 2): never an
+    internal error."""
+    inp, out = f"s3://{s3.bucket('capture')}/odd", f"s3://{s3.bucket('rows')}/odd"
+    s3.upload(nights / "small", inp)
+    bucket, _, prefix = inp[len("s3://") :].partition("/")
+    s3.client().put_object(Bucket=bucket, Key=f"{prefix}/{odd.format(ds=DS)}", Body=b"")
+    res = build(inp, out, tmp_path / "warehouse.duckdb")
+    assert res.returncode in (0, 2), res.stderr
+    if res.returncode == 2:
+        line = one_line_error(res)
+        assert "internal" not in line and odd.format(ds=DS).rstrip("/").rsplit("/", 1)[-1] in line, line
+    else:
+        s3.download(out, tmp_path / "mirror")
+        a = _table(nights / "local" / "audit" / f"ds={DS}")
+        b = _table(tmp_path / "mirror" / "audit" / f"ds={DS}")
+        assert _sorted(a, "rollout_id") == _sorted(b, "rollout_id")
