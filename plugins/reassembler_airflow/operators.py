@@ -40,13 +40,13 @@ class ReassembleOperator(BaseOperator):
     def execute(self, context: Any) -> dict:
         # imported here so that parsing the DAG file stays light (no DuckDB / Arrow import)
         from reassembler.build import shard_step
-        from reassembler.load.shard_plan import read_rollouts
+        from reassembler.load.shard_plan import read_groups
         from reassembler.publish.protocol import staging_dir
 
         settings = task_settings(self.settings, self.pool)
         with task_errors():
-            planned = read_rollouts(staging_dir(self.output_dir, self.ds, self.run_id), int(self.shard))
-            self.group_range = group_label(list(dict.fromkeys(r["group_id"] for r in planned)))
+            groups = read_groups(staging_dir(self.output_dir, self.ds, self.run_id), int(self.shard))
+            self.group_range = group_label(groups)
             self.log.info("shard %s of ds=%s: %s", self.shard, self.ds, self.group_range)
             result = shard_step(self.output_dir, self.ds, int(self.shard), self.run_id, settings)
         return {

@@ -238,15 +238,30 @@ class SortBuckets:
             yield pa.Table.from_batches(batches, self.schema)
 
 
-def read_rollouts(staging, shard: int) -> list[dict]:
-    """The shard's rollouts, in output order. No plan: InputError (the night was loaded
-    again by another run since, which removed this run's folder: the later load wins)."""
+ROLLOUT_BATCH_ROWS = 1024  # the shard's rollouts are read this many at a time
+
+
+def read_rollouts(staging, shard: int) -> Iterator[dict]:
+    """The shard's rollouts, in output order, read a batch at a time (never the shard's
+    whole list). No plan: InputError at once (the night was loaded again by another run
+    since, which removed this run's folder: the later load wins)."""
     loc = storage.join(plan_dir(staging, shard), "rollouts.parquet")
     try:
         source = storage.open_parquet(loc)
-        return pq.read_table(source).to_pylist()
+        file = pq.ParquetFile(source)
     except FileNotFoundError:
         raise plan_gone(loc) from None
+    return (row for batch in file.iter_batches(ROLLOUT_BATCH_ROWS) for row in batch.to_pylist())
+
+
+def read_groups(staging, shard: int) -> list[str]:
+    """The shard's groups, in output order (its rollouts' group_id column alone)."""
+    loc = storage.join(plan_dir(staging, shard), "rollouts.parquet")
+    try:
+        column = pq.read_table(storage.open_parquet(loc), columns=["group_id"]).column("group_id")
+    except FileNotFoundError:
+        raise plan_gone(loc) from None
+    return list(dict.fromkeys(column.to_pylist()))
 
 
 def plan_gone(loc: str) -> InputError:

@@ -121,7 +121,7 @@ def run_shard(
     and the token files it names: the warehouse is not opened."""
     plans = plans or staging
     rollouts = read_rollouts(plans, shard)
-    units = _units(PlannedCalls(plans, shard), iter(rollouts), settings.batch_rows, settings.batch_tokens)
+    units = _units(PlannedCalls(plans, shard), rollouts, settings.batch_rows, settings.batch_tokens)
     result = ShardResult(shard)
     with (  # the pipeline's threads stop before the store's read-ahead does
         TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes) as store,
