@@ -1174,6 +1174,27 @@ MUTANTS = [
         ("tests/test_verifiers.py",),
     ),
     Mutant(
+        "a group cut over batches keeps the advantages of its parts",
+        "reassembler/verify/open_group.py",
+        "                    table = _with_advantages(table, ids, advantages).cast(schema)",
+        "                    table = table.cast(schema)",
+        ("tests/test_synth_night.py",),
+    ),
+    Mutant(
+        "a group cut over batches is written as if whole",
+        "reassembler/verify/shard.py",
+        "            open_group = last",
+        "            open_group = None",
+        ("tests/test_synth_night.py",),
+    ),
+    Mutant(
+        "a chunk is taken for the column its footer names",
+        "reassembler/formats/parquet_pages.py",
+        "    return metadata.schema.column(i).path",
+        "    return metadata.row_group(metadata.num_row_groups - 1).column(i).path_in_schema",
+        ("tests/test_hostile_input.py",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

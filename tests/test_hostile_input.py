@@ -341,6 +341,33 @@ def test_a_footer_that_understates_its_pages_is_refused_before_anything_is_decod
     assert not (tmp_path / "out" / "rows").exists()
 
 
+def test_a_footer_that_renames_its_chunks_hides_nothing(tmp_path):
+    """The 30-million-token row group again, its footer naming that row group's three list
+    chunks after columns the job never reads (`path_in_schema`; the schema itself unchanged,
+    and the reader decodes each chunk as the schema's column at its place). What a row group
+    decodes to is counted by the schema's columns, never the chunks' own names: the row
+    group is too big, its row a reject row, and memory stays bounded (it decoded 1.85 GB)."""
+    n, inp = two_rollouts(tmp_path / "n")
+    path = partition(inp, "tokens") / "tokens.parquet"
+    _rewritten(path, f"write_bomb({str(path)!r})")
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - length
+    footer = bytes(data[start:-8])
+    for name in (b"token_ids_delta", b"token_mask_delta", b"generation_logprobs_delta"):
+        at = footer.rfind(name)  # row group 1's chunk (the schema's element comes first)
+        data[start + at : start + at + len(name)] = name[:-1] + b"X"
+    path.write_bytes(bytes(data))
+    rg = pq.read_metadata(path).row_group(1)
+    assert rg.column(rg.num_columns - 3).path_in_schema == "token_ids_deltX.list.element"
+    cli = [sys.executable, "-m", "reassembler.cli", "build", "--input", str(inp), "--output", str(tmp_path / "out")]
+    res, peak_kib = peak_of([*cli, "--ds", DS])
+    assert res.returncode == 0, res.stderr
+    assert peak_kib < 400 << 10, peak_kib
+    [(source, file, line, error, rollout)] = rejects(tmp_path / "out", "tokens")
+    assert (source, line, rollout) == ("tokens", 9, "a_g1") and "decodes to 480,00" in error
+
+
 def write_key_bomb(path: str, column: str, compression: str = "gzip") -> None:
     """Rewrite a token file with its 7th row (a_g1's c2) in a row group of its own, its
     `column` a string of 100 million bytes, compressed to a few hundred KB."""

@@ -3,6 +3,8 @@ what it injected, under each mode and policy; sharding changes nothing."""
 
 from __future__ import annotations
 
+import os
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -167,3 +169,64 @@ def test_the_night_holds_every_producer_shape_as_written(synth):
     assert all("rollout_id" not in r and "group_id" not in r and "slot" not in r for r in gym_results)
     token_files = sorted((root / "input" / "tokens" / f"ds={DS}").glob("gym-staged-*.parquet"))
     assert any("schema_version" not in pq.read_schema(f).names for f in token_files)
+
+
+@pytest.mark.parametrize(
+    "options", [Options(), Options(leave_one_out=True), Options(std_normalize=False)], ids=["grpo", "loo", "nostd"]
+)
+def test_a_group_too_big_for_a_batch_streams_through_the_shard_and_changes_nothing(tmp_path, options, monkeypatch):
+    """Groups of 48 rollouts (with faults) in batches of 40 calls: each group is cut between
+    two of its rollouts, over several batches (open_group.py), its advantages taken over the
+    whole group at its end. Rows and audit rows are those of batches that hold whole groups,
+    in the same order, under each advantage option; the spill folders are gone."""
+    import dataclasses
+
+    from reassembler.verify import open_group
+
+    root = tmp_path / "in"
+    synth_night(root, DS, dataclasses.replace(CFG, rollouts=150, group_size=48))
+    opened: list[str] = []
+    real = open_group.OpenGroup.__init__
+
+    def spy(self, group_id, scratch=None):
+        opened.append(group_id)
+        real(self, group_id, scratch)
+
+    whole = build_night(root, tmp_path / "whole", DS, Settings(options=options))
+    monkeypatch.setattr(open_group.OpenGroup, "__init__", spy)
+    cut = build_night(root, tmp_path / "cut", DS, Settings(options=options, batch_rows=40, batch_tokens=10**9))
+    assert len(opened) >= 3 and len(set(opened)) == len(opened)  # every group of 48 is cut
+    assert (whole.numbers.n_rows, whole.numbers.ok_rollouts) == (cut.numbers.n_rows, cut.numbers.ok_rollouts)
+    for kind in ("rows", "audit"):
+        a = pq.read_table(tmp_path / "whole" / kind / f"ds={DS}")
+        b = pq.read_table(tmp_path / "cut" / kind / f"ds={DS}")
+        drop = [c for c in ("run_id",) if c in a.column_names]
+        assert a.drop_columns(drop).equals(b.drop_columns(drop)), kind
+    advantages = pq.read_table(tmp_path / "cut" / "audit" / f"ds={DS}").column("advantage").to_pylist()
+    assert any(a not in (None, 0.0) for a in advantages)
+    assert not list((tmp_path / "cut").rglob("reassembler-group-*"))
+
+
+def test_a_shard_that_fails_inside_an_open_group_leaves_no_spill(tmp_path, monkeypatch):
+    import dataclasses
+
+    from reassembler.verify import open_group
+
+    root = tmp_path / "in"
+    synth_night(root, DS, dataclasses.replace(CFG, rollouts=100, group_size=48))
+    folders: list[str] = []
+    real = open_group.OpenGroup.__init__
+
+    def spy(self, group_id, scratch=None):
+        real(self, group_id, scratch)
+        folders.append(self.folder)
+
+    def boom(self, *a, **k):
+        raise RuntimeError("the disk is gone")
+
+    monkeypatch.setattr(open_group.OpenGroup, "__init__", spy)
+    monkeypatch.setattr(open_group.OpenGroup, "add", boom)
+    with pytest.raises(RuntimeError, match="the disk is gone"):
+        build_night(root, tmp_path / "out", DS, Settings(batch_rows=40, batch_tokens=10**9))
+    assert folders and not any(os.path.exists(f) for f in folders)
+    assert not (tmp_path / "out" / "rows").exists()

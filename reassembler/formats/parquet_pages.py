@@ -79,7 +79,8 @@ def chunks(metadata: pq.FileMetaData, group: int, columns: list[str]) -> list[Ch
     out = []
     for i in range(rg.num_columns):
         c = rg.column(i)
-        name = c.path_in_schema.split(".")[0]
+        path = leaf_path(metadata, i)
+        name = path.split(".")[0]
         if name not in columns:
             continue
         offsets = [o for o in (c.dictionary_page_offset if c.has_dictionary_page else None, c.data_page_offset) if o]
@@ -87,7 +88,7 @@ def chunks(metadata: pq.FileMetaData, group: int, columns: list[str]) -> list[Ch
         out.append(
             Chunk(
                 name,
-                c.path_in_schema,
+                path,
                 start,
                 c.total_compressed_size,
                 c.num_values,
@@ -96,6 +97,13 @@ def chunks(metadata: pq.FileMetaData, group: int, columns: list[str]) -> list[Ch
             )
         )
     return sorted(out, key=lambda c: c.start)
+
+
+def leaf_path(metadata: pq.FileMetaData, i: int) -> str:
+    """The path of leaf column `i` as the file's schema says: what the reader decodes chunk
+    `i` as. A chunk's own `path_in_schema` is not trusted (a footer could name the chunk of
+    a million tokens after a column the job never reads)."""
+    return metadata.schema.column(i).path
 
 
 def outside(chunk: Chunk, size: int) -> str | None:

@@ -90,7 +90,7 @@ def decoded_bytes(metadata: pq.FileMetaData, group: int, columns=READ) -> int:
     total = 3 * 8 * rg.num_rows
     for i in range(rg.num_columns):
         column = rg.column(i)
-        name = column.path_in_schema.split(".")[0]
+        name = parquet_pages.leaf_path(metadata, i).split(".")[0]  # the schema's, not the chunk's say
         if name not in columns:
             continue
         width = DECODED_WIDTH.get(name)

@@ -4,7 +4,8 @@ rows, in batches of whole groups, and write its rows and audit rows to the run's
 A shard reads only the output store: its plan and the token files.
 
 Memory is bounded by the batch: the plan is read a row group at a time; a batch is cut at
-a group boundary once it holds `batch_rows` calls or `batch_tokens` tokens. Each batch then goes through
+a group boundary once it holds `batch_rows` calls or `batch_tokens` tokens (a group too big
+for one batch between two of its rollouts: open_group.py). Each batch then goes through
 four threads in turn (`_Pipeline`): its token rows are read and checked per token
 (token_store.py, tokens.py), its calls checked and hashed in columns (checks.py), its
 rollouts reassembled one by one in Python (rollout.py, the main thread) and its rows and
@@ -31,6 +32,7 @@ from ..progress import TOKENS, Progress
 from ..settings import Settings
 from .batch import verify_batch
 from .checks import BatchChecks
+from .open_group import OpenGroup
 from .rollout import Outcome
 from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, row_tables
 from .tokens import TokenBatch
@@ -68,17 +70,20 @@ class ShardResult:
 
 
 def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens: int):
-    """(rollouts, call table) pairs, each holding whole groups, in output order. A unit is
-    cut at the first group boundary once it holds `batch_rows` calls or `batch_tokens`
-    tokens (as the ledger declares them). The first units are smaller (1/8, 1/4, 1/2 of
-    that), so that the threads beside the main thread have its first unit ready soon."""
+    """(rollouts, call table, open group) triples in output order, each holding whole
+    groups but the open group: None, or the group the unit ends inside of. A unit is cut at
+    the first group boundary once it holds `batch_rows` calls or `batch_tokens` tokens (as
+    the ledger declares them); a group that alone holds twice that is cut between two of
+    its rollouts (its unit ends inside it, and the next one goes on with it). The first
+    units are smaller (1/8, 1/4, 1/2 of that), so that the threads beside the main thread
+    have its first unit ready soon."""
     pending: list[pa.RecordBatch] = []
     buffered = tokens = 0
     ramp = 8  # the first unit is 1/8 of a full one, the next 1/4, ...
     queued = iter(rollouts)
     head: list[dict] = []
 
-    def take_rollouts(before_group: str | None) -> list[dict]:
+    def take_rollouts(before_group: str | None, before_rollout: str | None = None) -> list[dict]:
         out: list[dict] = []
         while True:
             if not head:
@@ -86,7 +91,10 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
                 if nxt is None:
                     return out
                 head.append(nxt)
-            if before_group is not None and head[0]["group_id"] >= before_group:
+            if before_rollout is not None:
+                if head[0]["rollout_id"] == before_rollout:
+                    return out
+            elif before_group is not None and head[0]["group_id"] >= before_group:
                 return out
             out.append(head.pop())
 
@@ -102,15 +110,25 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
         groups = table.column("group_id")
         last = groups[-1].as_py()
         cut = pc.index(groups, last).as_py()
-        if cut == 0:  # one group fills the buffer: keep reading until it ends
-            continue
-        yield take_rollouts(last), table.slice(0, cut)
+        open_group = None
+        if cut == 0:  # one group fills the buffer: keep reading until it ends, or cut it
+            if buffered < 2 * batch_rows and tokens < 2 * batch_tokens:
+                continue
+            ids = table.column("rollout_id")
+            rollout = ids[-1].as_py()
+            cut = pc.index(ids, rollout).as_py()
+            if cut == 0:  # one rollout: whole, whatever it holds
+                continue
+            open_group = last
+            yield take_rollouts(last, rollout), table.slice(0, cut), open_group
+        else:
+            yield take_rollouts(last), table.slice(0, cut), None
         ramp = max(1, ramp // 2)
         pending = table.slice(cut).to_batches()
         buffered = table.num_rows - cut
         tokens = pc.sum(table.column("delta_len").slice(cut)).as_py() or 0
     table = pa.Table.from_batches(pending, schema=call_batches.schema)
-    yield take_rollouts(None), table
+    yield take_rollouts(None), table, None
 
 
 def run_shard(
@@ -125,15 +143,15 @@ def run_shard(
     result = ShardResult(shard)
     with (  # the pipeline's threads stop before the store's read-ahead does
         TokenStore(settings.token_cache_bytes, settings.max_row_group_bytes) as store,
-        _Pipeline(staging, shard, run_id, ds) as pipeline,
+        _Pipeline(staging, shard, run_id, ds, settings) as pipeline,
     ):
         groups, tokens = read_token_groups(plans, shard)
         store.read_ahead(groups, settings.token_cache_bytes)
         with Progress(f"shard {shard}", tokens, TOKENS) as progress:
-            for rollouts_, table, checks in _prepared(units, store, pipeline):
+            for rollouts_, table, checks, open_group in _prepared(units, store, pipeline):
                 outcomes, batch = verify_batch(rollouts_, table, checks.tokens, settings.options, checks=checks)
                 batch.drop_hash_buffers()  # the rows need the token arrays only
-                pipeline.write(outcomes, batch)
+                pipeline.write(outcomes, batch, open_group)
                 result.add(outcomes)
                 progress.advance(pc.sum(table.column("delta_len")).as_py() or 0)
                 log.debug("shard %d: %d rollouts, %d ok", shard, result.n_rollouts, result.n_ok)
@@ -157,9 +175,11 @@ class _Pipeline:
 
     The main thread meanwhile runs the current batch's rollouts, in Python."""
 
-    def __init__(self, staging: str, shard: int, run_id: str, ds: str):
+    def __init__(self, staging: str, shard: int, run_id: str, ds: str, settings: Settings):
         name = f"part-{shard:05d}.parquet"
-        self.run_id, self.ds = run_id, ds
+        self.run_id, self.ds, self.options = run_id, ds, settings.options
+        self.scratch = settings.duckdb.temp_directory or None  # an open group's spill (open_group.py)
+        self.open: OpenGroup | None = None
         # an object appears whole when its stream closes; a local file is written in place
         # (the run's own folder: nothing reads it before the publish)
         self.sinks = [storage.open_output(storage.join(staging, kind, name)) for kind in ("rows", "audit")]
@@ -175,7 +195,27 @@ class _Pipeline:
     def __enter__(self) -> _Pipeline:
         return self
 
-    def _write(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
+    def _write(self, outcomes: list[Outcome], batch: TokenBatch, open_group: str | None) -> None:
+        """A batch's rows and audit rows, in order: those of the group the batch before left
+        open (spilled; written out once it ends), those of whole groups, then those of the
+        group this batch leaves open (spilled)."""
+        k = 0
+        if self.open is not None:
+            k = next((i for i, o in enumerate(outcomes) if o.rollout["group_id"] != self.open.group_id), len(outcomes))
+            self._spill(outcomes[:k], batch)
+            if k < len(outcomes) or open_group != self.open.group_id:  # it ended
+                self.open.close(self.rows_out, self.audit_out, self.options, ROW_GROUP_ROWS)
+                self.open = None
+        end = len(outcomes)
+        if open_group is not None and self.open is None:
+            end = next((i for i, o in enumerate(outcomes) if o.rollout["group_id"] == open_group), end)
+        self._rows(outcomes[k:end], batch)
+        if end < len(outcomes):
+            assert open_group is not None, "internal: rollouts spilled for no open group"
+            self.open = OpenGroup(open_group, self.scratch)
+            self._spill(outcomes[end:], batch)
+
+    def _rows(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
         for rows in row_tables(outcomes, batch, self.ds):  # a piece at a time: rows may repeat their tokens
             if rows.num_rows:
                 self.rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
@@ -183,10 +223,20 @@ class _Pipeline:
             self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
         self.audit_out.write_table(audit_table(outcomes, batch, self.run_id, self.ds))
 
-    def write(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
+    def _spill(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
+        """Rollouts of the open group: into its spill (their advantages wait for its end)."""
+        if not outcomes or self.open is None:
+            return
+        pieces = list(row_tables(outcomes, batch, self.ds))
+        for rows in pieces:
+            self.n_rows += rows.num_rows
+            self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
+        self.open.add(outcomes, pieces, audit_table(outcomes, batch, self.run_id, self.ds))
+
+    def write(self, outcomes: list[Outcome], batch: TokenBatch, open_group: str | None = None) -> None:
         while len(self.writes) >= WRITES_QUEUED:  # bound the memory of batches waiting
             self.writes.popleft().result()  # re-raises a failed write
-        self.writes.append(self.writer.submit(self._write, outcomes, batch))
+        self.writes.append(self.writer.submit(self._write, outcomes, batch, open_group))
 
     def __exit__(self, *exc) -> None:
         try:
@@ -195,6 +245,8 @@ class _Pipeline:
         finally:
             for pool in (self.reader, self.checks, self.writer):
                 pool.shutdown(wait=True, cancel_futures=True)
+            if self.open is not None:  # a failed shard: the spill goes
+                self.open.discard()
             self.rows_out.close()
             self.audit_out.close()
             storage.close_outputs(self.sinks, ok=exc[0] is None)  # objects uploaded only when the shard succeeded
@@ -210,13 +262,15 @@ def _prepared(units, store: TokenStore, pipeline: _Pipeline):
     computed on the checks thread while the main thread runs the current one."""
 
     def read(unit) -> Future:
-        rollouts, table = unit
+        rollouts, table, open_group = unit
         tokens = store.fetch(table.column("t_file"), table.column("t_row"))
         # the token lists flattened, checked per token and converted for the digests, here:
         # the checks thread, the slowest stage, is left the verdicts and the hashes
         batch = TokenBatch(tokens.column("ids"), tokens.column("mask"), tokens.column("logprobs"))
         batch.be_buffers()
-        return pipeline.checks.submit(lambda: (rollouts, table, BatchChecks(table, tokens, batch).hash_all()))
+        return pipeline.checks.submit(
+            lambda: (rollouts, table, BatchChecks(table, tokens, batch).hash_all(), open_group)
+        )
 
     ahead: deque[Future] = deque()
     while True:
