@@ -92,7 +92,7 @@ MUTANTS = [
     ),
     Mutant(
         "ok rollouts = rollouts in rows not checked",
-        "reassembler/publish/protocol.py",
+        "reassembler/publish/staged.py",
         "if numbers.ok_rollouts != numbers.rollouts_in_rows:",
         "if False:",
         ("tests/test_publish.py",),
@@ -107,35 +107,35 @@ MUTANTS = [
     # publish invariants
     Mutant(
         "audit rows = rollouts in not checked",
-        "reassembler/publish/protocol.py",
+        "reassembler/publish/staged.py",
         "if numbers.audit_rows != numbers.rollouts_in:",
         "if False:",
         ("tests/test_publish.py",),
     ),
     Mutant(
         "each rollout once not checked",
-        "reassembler/publish/protocol.py",
+        "reassembler/publish/staged.py",
         "if numbers.audit_rollouts != numbers.audit_rows:",
         "if False:",
         ("tests/test_publish.py",),
     ),
     Mutant(
         "mask rate limit inclusive",
-        "reassembler/publish/protocol.py",
+        "reassembler/publish/staged.py",
         "if numbers.mask_rate > max_mask_rate:",
         "if numbers.mask_rate >= max_mask_rate:",
         ("tests/test_publish.py",),
     ),
     Mutant(
         "the load's count not checked",
-        "reassembler/publish/protocol.py",
+        "reassembler/publish/staged.py",
         "if numbers.rollouts_in != n_loaded:",
         "if False:",
         ("tests/test_warehouse.py",),
     ),
     Mutant(
         "an empty night replaces one",
-        "reassembler/publish/protocol.py",
+        "reassembler/publish/staged.py",
         "if numbers.audit_rows == 0 and not allow_empty:",
         "if False:",
         ("tests/test_warehouse.py",),
@@ -359,8 +359,8 @@ MUTANTS = [
     Mutant(
         "pages holding more values than declared pass",
         "reassembler/formats/parquet_pages.py",
-        "if values != chunk.values:",
-        "if values < chunk.values:",
+        "if found.values != chunk.values:",
+        "if found.values < chunk.values:",
         ("tests/test_token_file_pages.py",),
     ),
     Mutant(
@@ -1022,7 +1022,7 @@ MUTANTS = [
     Mutant(
         "a footer understating a chunk's uncompressed size is trusted",
         "reassembler/formats/parquet_pages.py",
-        "    if uncompressed > chunk.uncompressed:",
+        "    if found.uncompressed > chunk.uncompressed:",
         "    if False:",
         ("tests/test_token_file_pages.py",),
     ),
@@ -1092,7 +1092,7 @@ MUTANTS = [
     Mutant(
         "a dictionary of more entries than values is decoded",
         "reassembler/formats/parquet_pages.py",
-        "    if entries > values:  # a dictionary holds the values' distinct ones: never more",
+        "    if found.entries > found.values:  # a dictionary holds the values' distinct ones: never more",
         "    if False:",
         ("tests/test_token_file_pages.py",),
     ),
