@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..formats.verifiers import branch, context_call, row_context
+from ..formats.verifiers_graph import branch, context_call, row_context
 from ..reasons import Masked, Reason
 from ..settings import Options
 from .calls import Call
