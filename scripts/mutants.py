@@ -916,7 +916,7 @@ MUTANTS = [
     # dropped traces (10.4, 10.5), where a row came from (5.3)
     Mutant(
         "envelope: the evidence digest is not compared",
-        "reassembler/formats/gym_envelope.py",
+        "reassembler/formats/gym_envelope_calls.py",
         '        elif record["generation_evidence_digest"] != recomputed:',
         "        elif False:",
         (ENVELOPE,),
@@ -930,21 +930,21 @@ MUTANTS = [
     ),
     Mutant(
         "envelope: a turn_id gap passes",
-        "reassembler/formats/gym_envelope.py",
+        "reassembler/formats/gym_envelope_calls.py",
         '        if record["turn_id"] != k + 1:  # 8.9',
         "        if False:  # 8.9",
         (ENVELOPE,),
     ),
     Mutant(
         "envelope: a boundary event that starts no segment passes",
-        "reassembler/formats/gym_envelope.py",
+        "reassembler/formats/gym_envelope_calls.py",
         "        if step not in started:",
         "        if False:",
         (ENVELOPE,),
     ),
     Mutant(
         "envelope: an ineligible call trains",
-        "reassembler/formats/gym_envelope.py",
+        "reassembler/formats/gym_envelope_calls.py",
         "            ones = np.full(len(g), 1.0 if eligible else 0.0, np.float32)",
         "            ones = np.full(len(g), 1.0, np.float32)",
         (ENVELOPE,),
