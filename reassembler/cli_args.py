@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from typing import Any
 
 from .errors import InputError
 from .formats.locations import LAYOUTS
@@ -51,6 +53,12 @@ def _seconds(value: str) -> float:
     if x < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
     return x
+
+
+def _options(p: argparse.ArgumentParser, *rows: tuple[str, Callable[[str], Any], Any, str]) -> None:
+    """Options that each take one value: (flag, its type, its default, its help)."""
+    for flag, kind, default, text in rows:
+        p.add_argument(flag, type=kind, default=default, help=text)
 
 
 def _rate(value: str) -> float:
@@ -138,61 +146,62 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-std-normalize", action="store_true", help="advantages without division by the group std")
     b.add_argument("--leave-one-out", action="store_true", help="baseline: the mean of the group's other rollouts")
     b.add_argument("--shards", type=_positive, default=DEFAULTS.shards, help="group ranges built one after the other")
-    b.add_argument(
-        "--workers",
-        type=_positive,
-        default=DEFAULTS.workers,
-        help="shards (and load parts) to run at once, in worker processes",
-    )
-    b.add_argument(
-        "--load-parts",
-        type=_positive,
-        default=DEFAULTS.load_parts,
-        help="parts the night's input is parsed in (default: one per 256 MiB of input)",
-    )
-    b.add_argument(
-        "--merge-buckets",
-        type=_positive,
-        default=DEFAULTS.merge_buckets,
-        help="buckets of rollouts the night is merged in, in worker processes (default: as many as shards)",
-    )
-    b.add_argument(
-        "--max-mask-rate",
-        type=_rate,
-        default=DEFAULTS.max_mask_rate,
-        help="refuse to publish a night whose share of masked rollouts is above this",
-    )
-    b.add_argument("--memory-limit", type=_memory, default=DEFAULTS.duckdb.memory_limit, help="DuckDB memory_limit")
-    b.add_argument("--threads", type=_positive, default=DEFAULTS.duckdb.threads, help="DuckDB threads")
-    b.add_argument("--temp-directory", default=None, help="DuckDB spill folder (None: <output>/_tmp/duckdb)")
-    b.add_argument(
-        "--lock-wait",
-        type=_seconds,
-        default=DEFAULTS.duckdb.lock_wait_seconds,
-        help="seconds to wait for another client of the warehouse file",
+    _options(
+        b,
+        ("--workers", _positive, DEFAULTS.workers, "shards (and load parts) to run at once, in worker processes"),
+        (
+            "--load-parts",
+            _positive,
+            DEFAULTS.load_parts,
+            "parts the night's input is parsed in (default: one per 256 MiB of input)",
+        ),
+        (
+            "--merge-buckets",
+            _positive,
+            DEFAULTS.merge_buckets,
+            "buckets of rollouts the night is merged in, in worker processes (default: as many as shards)",
+        ),
+        (
+            "--max-mask-rate",
+            _rate,
+            DEFAULTS.max_mask_rate,
+            "refuse to publish a night whose share of masked rollouts is above this",
+        ),
+        ("--memory-limit", _memory, DEFAULTS.duckdb.memory_limit, "DuckDB memory_limit"),
+        ("--threads", _positive, DEFAULTS.duckdb.threads, "DuckDB threads"),
+        ("--temp-directory", str, None, "DuckDB spill folder (None: <output>/_tmp/duckdb)"),
+        (
+            "--lock-wait",
+            _seconds,
+            DEFAULTS.duckdb.lock_wait_seconds,
+            "seconds to wait for another client of the warehouse file",
+        ),
     )
     b.add_argument(
         "--allow-empty",
         action="store_true",
         help="publish a night from which no rollout could be read (refused by default)",
     )
-    b.add_argument(
-        "--max-line-bytes",
-        type=_positive,
-        default=DEFAULTS.max_line_bytes,
-        help="longest JSON line read; a longer one is a reject row",
-    )
-    b.add_argument(
-        "--max-rollout-tokens",
-        type=_positive,
-        default=DEFAULTS.max_rollout_tokens,
-        help="tokens a verifiers rollout's rows may hold, shared context counted on every branch; more is masked",
-    )
-    b.add_argument(
-        "--retention-nights",
-        type=_positive,
-        default=DEFAULTS.retention_nights,
-        help="nights of per-call tables (rollouts, ledger) kept in the warehouse",
+    _options(
+        b,
+        (
+            "--max-line-bytes",
+            _positive,
+            DEFAULTS.max_line_bytes,
+            "longest JSON line read; a longer one is a reject row",
+        ),
+        (
+            "--max-rollout-tokens",
+            _positive,
+            DEFAULTS.max_rollout_tokens,
+            "tokens a verifiers rollout's rows may hold, shared context counted on every branch; more is masked",
+        ),
+        (
+            "--retention-nights",
+            _positive,
+            DEFAULTS.retention_nights,
+            "nights of per-call tables (rollouts, ledger) kept in the warehouse",
+        ),
     )
 
     s = command("synth", "write a synthetic night with faults and expected outcomes")
