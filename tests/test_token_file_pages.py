@@ -208,3 +208,20 @@ def test_a_column_chunk_past_the_end_of_the_file_is_refused(tmp_path):
     assert read_row_group(str(path), metadata, 0, COLUMNS).num_rows == 25
     with pytest.raises(InputError, match=r"row group 1: column staging_key's chunk lies past the end of the file"):
         read_row_group(str(path), metadata, 1, COLUMNS)
+
+
+def test_a_chunk_cut_short_after_its_size_was_taken_is_refused(tmp_path):
+    """The file's size as a listing gave it before the file was cut short (a file replaced
+    under the job): the footer's chunk lies inside that size, but fewer bytes come back than
+    it declares, and the chunk is refused before anything is decoded."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(_table(), path, row_group_size=25)
+    size = path.stat().st_size
+    metadata = pq.read_metadata(path)
+    Path(path).write_bytes(Path(path).read_bytes()[: metadata.row_group(1).column(0).data_page_offset + 10])
+    with pytest.raises(InputError) as e:
+        read_row_group(str(path), metadata, 1, COLUMNS, size)
+    assert str(e.value) == (
+        f"{path}: row group 1: column staging_key's chunk lies past the end of the file; "
+        "not read (a damaged or crafted token file)"
+    )
