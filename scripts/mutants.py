@@ -1195,6 +1195,13 @@ MUTANTS = [
         ("tests/test_hostile_input.py",),
     ),
     Mutant(
+        "wide rows are sorted whole",
+        "reassembler/merge/staging.py",
+        "    starts = keys.column(0).to_pylist()[::rows]",
+        "    starts = keys.column(0).to_pylist()[:1]",
+        ("tests/test_load_parts.py::test_wide_rows_are_written_in_key_order_within_the_memory_limit",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

@@ -19,7 +19,7 @@ from ..load.read import LoadSummary, SourceCount
 from ..load.shard_plan import write_rollout_plans
 from ..warehouse import run_script
 from . import bucket, keys, rollouts
-from .staging import merge_dir, read_marker, read_part_markers
+from .staging import WIDE_ROWS, merge_dir, read_marker, read_part_markers
 
 
 def markers(plan: LoadPlan, folder: str) -> tuple[list[dict], dict, list[dict], list[dict]]:
@@ -42,7 +42,8 @@ def commit_merge(con, plan: LoadPlan, folder: str, calls: tuple[str, str]) -> Lo
     con.execute("BEGIN TRANSACTION")
     try:
         run_script(con, "clear_night", {"ds": ds, "run": run})
-        con.register("night_rollouts", pa.RecordBatchReader.from_batches(night.schema_arrow, night.iter_batches()))
+        batches = night.iter_batches(WIDE_ROWS)
+        con.register("night_rollouts", pa.RecordBatchReader.from_batches(night.schema_arrow, batches))
         con.register("night_groups", groups)
         run_script(con, "insert_night", {"ds": ds, "run": run})
         con.unregister("night_rollouts")

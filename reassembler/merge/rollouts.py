@@ -31,7 +31,17 @@ from ..load.parts import LoadPlan
 from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script
 from .captures import decide
-from .staging import merge_dir, part_files, read_part_markers, scratch, stage, write_bucketed, write_marker, write_query
+from .staging import (
+    merge_dir,
+    part_files,
+    read_part_markers,
+    scratch,
+    stage,
+    write_bucketed,
+    write_in_order,
+    write_marker,
+    write_query,
+)
 
 NAME = "rollouts"
 DECISIONS = pa.schema(
@@ -92,9 +102,7 @@ def merge_rollouts(
         reader = con.sql("SELECT * FROM m_decisions").to_arrow_reader(65_536)
         write_bucketed(reader, storage.join(out, "decisions.parquet"), "rollout_id", plan.buckets, DECISIONS)
         con.unregister("failed_keys")
-        write_query(
-            con, storage.join(out, "rollouts.parquet"), "SELECT * EXCLUDE (ds) FROM rollouts ORDER BY rollout_seq"
-        )
+        write_in_order(con, storage.join(out, "rollouts.parquet"), "rollouts", "rollout_seq")
         write_query(con, storage.join(out, "groups.parquet"), "SELECT * FROM m_groups ORDER BY group_id")
         output, run = calls
         repeated = call_tables.night_folder(output, "rejects", ds, run)
