@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -42,8 +43,9 @@ class OpenGroup:
         self.ids: list[str] = []  # the group's ok rollouts, and their rewards
         self.rewards: list[float] = []
 
-    def add(self, outcomes, rows: list[pa.Table], audit: pa.Table) -> None:
-        """Some of the group's rollouts: their outcomes, rows and audit rows."""
+    def add(self, outcomes, rows: Iterable[pa.Table], audit: pa.Table) -> None:
+        """Some of the group's rollouts: their outcomes, rows (written as they come) and
+        audit rows."""
         for o in outcomes:
             if o.ok:
                 self.ids.append(o.rollout["rollout_id"])

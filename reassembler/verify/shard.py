@@ -215,23 +215,24 @@ class _Pipeline:
             self.open = OpenGroup(open_group, self.scratch)
             self._spill(outcomes[end:], batch)
 
-    def _rows(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
-        for rows in row_tables(outcomes, batch, self.ds):  # a piece at a time: rows may repeat their tokens
-            if rows.num_rows:
-                self.rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
+    def _pieces(self, outcomes: list[Outcome], batch: TokenBatch) -> Iterator[pa.Table]:
+        """The outcomes' rows a piece at a time (rows may repeat their tokens), counted."""
+        for rows in row_tables(outcomes, batch, self.ds):
             self.n_rows += rows.num_rows
             self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
+            yield rows
+
+    def _rows(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
+        for rows in self._pieces(outcomes, batch):
+            if rows.num_rows:
+                self.rows_out.write_table(rows, row_group_size=ROW_GROUP_ROWS)
         self.audit_out.write_table(audit_table(outcomes, batch, self.run_id, self.ds))
 
     def _spill(self, outcomes: list[Outcome], batch: TokenBatch) -> None:
         """Rollouts of the open group: into its spill (their advantages wait for its end)."""
         if not outcomes or self.open is None:
             return
-        pieces = list(row_tables(outcomes, batch, self.ds))
-        for rows in pieces:
-            self.n_rows += rows.num_rows
-            self.n_tokens += int(pc.sum(rows.column("n_tokens")).as_py() or 0)
-        self.open.add(outcomes, pieces, audit_table(outcomes, batch, self.run_id, self.ds))
+        self.open.add(outcomes, self._pieces(outcomes, batch), audit_table(outcomes, batch, self.run_id, self.ds))
 
     def write(self, outcomes: list[Outcome], batch: TokenBatch, open_group: str | None = None) -> None:
         while len(self.writes) >= WRITES_QUEUED:  # bound the memory of batches waiting
