@@ -199,8 +199,9 @@ def build_loaded(load: NightLoad, output_dir, run_id: str | None = None, warehou
             else:
                 with warehouse.held():
                     summary = load_step(load, warehouse, run_id, plans=plans)
-                    for k in range(settings.shards):
-                        shard_step(warehouse.output_dir, ds, k, run_id, settings, plans)
+                    with warehouse.resting():  # its cached blocks go while the shards run
+                        for k in range(settings.shards):
+                            shard_step(warehouse.output_dir, ds, k, run_id, settings, plans)
                     numbers = publish_step(
                         warehouse,
                         ds,

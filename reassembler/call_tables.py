@@ -35,12 +35,14 @@ from . import storage
 from .errors import StoreError
 from .formats.fields import LEDGER, ddl
 from .table_file import write_table
+from .wide_sort import ordered
 
 log = logging.getLogger(__name__)
 
 TABLES = ("ledger", "token_rows", "rejects")
 SCHEMA_DS, SCHEMA_RUN = "1970-01-01", "schema"  # the zero-row file of each table's schema
 ROW_GROUP_ROWS = 65_536
+SORT_ROWS = 4096  # rows sorted at a time as a bucket's files are written (wide_sort.py)
 PARTITIONS = pa.schema([("ds", pa.date32()), ("run", pa.string())])
 # connections whose views are temporary (an output on object storage), with that output:
 # their cursors, connections of their own, need the views defined again (`cursor`)
@@ -194,22 +196,20 @@ def write_bucket(con, output, ds: str, run: str, piece: str) -> dict[str, int]:
     file `piece` of each table, sorted by rollout (one rollout's rows are found by the row
     groups' statistics); returns the rows of each. The files stay invisible until
     `night_calls` names the run."""
+    [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
     written = {}
     for table, schema in schemas().items():
         loc = storage.join(night_folder(output, table, ds, run), piece)
-        reader = con.sql(
-            f"SELECT * EXCLUDE (ds) FROM temp.{table} ORDER BY {_order(table)}"  # noqa: S608 - fixed names
-        ).to_arrow_reader(ROW_GROUP_ROWS)
-        written[table] = write_file(loc, schema, reader)
+        _, tables = ordered(con, f"temp.{table}", ORDER[table], "ds", SORT_ROWS, spill)
+        written[table] = write_file(loc, schema, tables)
     return written
 
 
-def _order(table: str) -> str:
-    return {
-        "ledger": "rollout_id, capture_seq",
-        "token_rows": "t_rollout_id, t_staging_key, t_file, t_row",
-        "rejects": "source, file, line, error",
-    }[table]
+ORDER = {  # each per-call table's file order (wide_sort: DuckDB never sorts the wide rows)
+    "ledger": ["rollout_id", "capture_seq"],
+    "token_rows": ["t_rollout_id", "t_staging_key", "t_file", "t_row"],
+    "rejects": ["source", "file", "line", "error"],
+}
 
 
 def write_file(loc: str, schema: pa.Schema, batches) -> int:
@@ -263,17 +263,20 @@ def export_tables(con, output) -> None:
     the run "migrated" of each of their nights, and name it in night_calls (created here:
     the migration that drops the tables runs next)."""
     con.execute("CREATE TABLE IF NOT EXISTS night_calls (ds DATE NOT NULL, run VARCHAR NOT NULL)")
+    [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
     nights: set[str] = set()
     for table, schema in schemas().items():
         columns = ", ".join(f'"{name}"' for name in schema.names)
         for (ds,) in con.execute(f"SELECT DISTINCT ds FROM main.{table} ORDER BY ds").fetchall():  # noqa: S608
-            reader = con.sql(
-                f"SELECT {columns} FROM main.{table} WHERE ds = CAST($ds AS DATE) ORDER BY {_order(table)}",  # noqa: S608
-                params={"ds": str(ds)},
-            ).to_arrow_reader(ROW_GROUP_ROWS)
-            write_file(
-                storage.join(night_folder(output, table, str(ds), MIGRATED), "part-00000.parquet"), schema, reader
+            con.execute(  # the night's rows, then sorted a bucket at a time (wide_sort.py)
+                f"CREATE OR REPLACE TEMP TABLE export_night AS SELECT {columns} FROM main.{table} "  # noqa: S608
+                "WHERE ds = CAST($ds AS DATE)",
+                {"ds": str(ds)},
             )
+            _, tables = ordered(con, "temp.export_night", ORDER[table], None, SORT_ROWS, spill)
+            loc = storage.join(night_folder(output, table, str(ds), MIGRATED), "part-00000.parquet")
+            write_file(loc, schema, tables)
+            con.execute("DROP TABLE temp.export_night")
             nights.add(str(ds))
     for ds in sorted(nights):
         commit_night(con, ds, MIGRATED)

@@ -1,9 +1,7 @@
--- The groups of one shard, each with the bucket it is sorted in (load/shard_plan.py): groups
--- in output order, cut into buckets of about $bucket_rows rollout and call rows, whole groups
--- each (a group larger than that is a bucket of its own). `night_groups`: the merge's groups
--- (merge/rollouts.py: group_id, shard, n_rows). One narrow row per group.
-SELECT group_id,
-       CAST(coalesce(sum(n_rows) OVER (ORDER BY group_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
-            // $bucket_rows AS BIGINT) AS bucket
-FROM night_groups
-WHERE shard = $shard
+-- The rollouts of one shard, each with the bucket it is sorted in (load/shard_plan.py): the
+-- sort bucket the merge's global step gave it (sql/merge_plan.sql: runs of about
+-- load/shard_plan.py's BUCKET_ROWS rollout and call rows, in output order). `night_sort`: the
+-- merge's decisions (rollout_id, kept, shard, sort_bucket). One narrow row per rollout.
+SELECT rollout_id, sort_bucket AS bucket
+FROM night_sort
+WHERE kept AND shard = $shard

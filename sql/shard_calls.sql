@@ -10,7 +10,7 @@ SELECT r.group_id, {call_columns},
 FROM ledger l
 JOIN rollouts r ON r.ds = l.ds AND r.rollout_id = l.rollout_id
 JOIN shard_plan p ON p.ds = r.ds AND p.group_id = r.group_id
-LEFT JOIN {buckets} b ON b.group_id = r.group_id
+LEFT JOIN {buckets} b ON b.rollout_id = r.rollout_id
 LEFT JOIN ({tokens}) t ON t.t_staging_key = l.staging_key
 WHERE l.ds = $ds AND ($shard IS NULL OR p.shard = $shard)
   AND ($rollout_id IS NULL OR l.rollout_id = $rollout_id);

@@ -9,7 +9,17 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "reassembler"
 # floors, lowest first: a module may import its own floor and the floors below it
 FLOORS = [
-    {"buckets", "errors", "memory", "progress", "reasons", "settings", "storage", "table_file"},  # beneath all
+    {
+        "buckets",
+        "errors",
+        "memory",
+        "progress",
+        "reasons",
+        "settings",
+        "storage",
+        "table_file",
+        "wide_sort",
+    },  # beneath all
     {"formats"},
     {"warehouse", "call_tables"},
     {"load"},

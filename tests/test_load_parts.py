@@ -474,3 +474,43 @@ def test_wide_rows_are_written_in_key_order_within_the_memory_limit(tmp_path):
     nulls = seqs.count(None)
     assert nulls == 101 and seqs[-nulls:] == [None] * nulls
     assert seqs[:-nulls] == sorted(seqs[:-nulls])
+
+
+def test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit(tmp_path):
+    """A merge bucket writes its ledger and reject rows sorted by rollout (the order the
+    views' readers find one rollout by): 100,000 wide ledger rows and as many rejects,
+    which DuckDB 2.0 cannot sort whole at 64MB, are written in order (nulls last) with
+    every row (wide_sort.py)."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    from reassembler import call_tables
+
+    con = duckdb.connect(config={"memory_limit": "64MB", "threads": 2, "temp_directory": str(tmp_path / "spill")})
+    call_tables.open_night(con)
+    con.execute(
+        "INSERT INTO temp.ledger (ds, rollout_id, capture_seq, model_call_id, staging_key, extras_digest) "
+        "SELECT DATE '2026-11-28', 'r' || ((i * 7919) % 5000), (i * 31) % 1000, "
+        "'c' || i, 'k' || i, repeat('x', 2000) FROM range(100000) t(i)"
+    )
+    con.execute(
+        "INSERT INTO temp.rejects (ds, source, file, line, error, raw) "
+        "SELECT DATE '2026-11-28', 'ledger', 'f' || (i % 7), "
+        "CASE WHEN i % 997 = 0 THEN NULL ELSE (i * 7919) % 100000 END, "
+        "'bad', repeat('y', 2000) "
+        "FROM range(100000) t(i)"
+    )
+    written = call_tables.write_bucket(con, str(tmp_path / "out"), DS, "r1", "bucket-00000.parquet")
+    assert written == {"ledger": 100_000, "token_rows": 0, "rejects": 100_000}
+    ledger = pq.read_table(
+        f"{call_tables.night_folder(str(tmp_path / 'out'), 'ledger', DS, 'r1')}/bucket-00000.parquet",
+        columns=["rollout_id", "capture_seq"],
+    ).to_pylist()
+    keys = [(r["rollout_id"], r["capture_seq"]) for r in ledger]
+    assert keys == sorted(keys)
+    rejects = pq.read_table(
+        f"{call_tables.night_folder(str(tmp_path / 'out'), 'rejects', DS, 'r1')}/bucket-00000.parquet",
+        columns=["file", "line"],
+    ).to_pylist()
+    keys = [(r["file"], r["line"] is None, r["line"] or 0) for r in rejects]
+    assert keys == sorted(keys) and sum(k[1] for k in keys) == 101  # nulls last within a file

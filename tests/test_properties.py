@@ -124,3 +124,41 @@ def test_any_corrupted_token_of_an_accepted_call_masks_the_rollout(episode, data
     assert not outcome.ok
     assert outcome.reason.value in ("digest_mismatch", "invalid_token")
     assert outcome.failed_call_id == target
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=40), min_size=1, max_size=4),
+    batch_rows=st.integers(2, 12),
+)
+def test_a_shard_cuts_its_calls_into_units_of_about_a_batch_whatever_its_groups(groups, batch_rows):
+    """A shard's units (verify/shard.py: `_units`) give every call once, in order, each with
+    exactly its rollouts; a unit ends inside a group (the open group) only between two of
+    its rollouts, and then holds about one batch: at most `batch_rows` calls plus the rest
+    of the rollout that reaches it, never two batches' worth."""
+    import pyarrow as pa
+
+    from reassembler.verify.shard import _units
+
+    rows = {"group_id": [], "rollout_id": [], "delta_len": []}
+    rollouts = []
+    for g, calls in enumerate(groups):
+        for r, n in enumerate(calls):
+            rollouts.append({"group_id": f"g{g:02d}", "rollout_id": f"g{g:02d}r{r:03d}"})
+            for _ in range(n):
+                rows["group_id"].append(f"g{g:02d}")
+                rows["rollout_id"].append(f"g{g:02d}r{r:03d}")
+                rows["delta_len"].append(1)
+    table = pa.table(rows)
+
+    class Batches(list):
+        schema = table.schema
+
+    units = list(_units(Batches(table.to_batches(max_chunksize=3)), iter(rollouts), batch_rows, 10**9))
+    assert pa.concat_tables([t for _, t, _ in units]).equals(table)
+    assert [r for rs, _, _ in units for r in rs] == rollouts
+    for rs, t, open_group in units:
+        assert [r["rollout_id"] for r in rs] == list(dict.fromkeys(t.column("rollout_id").to_pylist()))
+        if open_group is not None:
+            assert t.column("group_id")[-1].as_py() == open_group
+            assert t.num_rows <= batch_rows + 4 - 1

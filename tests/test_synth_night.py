@@ -8,6 +8,7 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
+from reassembler import wide_sort
 from reassembler.build import build_night
 from reassembler.load import shard_plan
 from reassembler.producer.synth import FAULTS, SynthConfig, read_expected, synth_night
@@ -83,10 +84,11 @@ def test_shards_change_nothing(synth):
     assert t1 == t3 and one.numbers.n_rows == three.numbers.n_rows
 
 
-def test_plans_sorted_in_spilled_buckets_of_one_group_change_nothing(synth, monkeypatch):
-    """A shard's rollouts and calls are sorted a bucket of groups at a time, spilled to files
-    when held rows pass shard_plan.HELD_BYTES; buckets of one group each (every group larger
-    than a bucket), all spilled, give the same plans, rows and audit rows."""
+def test_plans_sorted_in_spilled_buckets_of_one_rollout_change_nothing(synth, monkeypatch):
+    """A shard's rollouts and calls are sorted a bucket at a time (runs of rollouts in output
+    order, cut between rollouts whatever their group), spilled to files when held rows pass
+    wide_sort.HELD_BYTES; buckets of one rollout each (every group cut into several), all
+    spilled, give the same plans, rows and audit rows."""
     root, _, _ = synth
     plans: dict[str, list] = {}
 
@@ -102,15 +104,16 @@ def test_plans_sorted_in_spilled_buckets_of_one_group_change_nothing(synth, monk
     build_night(root / "input", root / "whole", DS)
     read_plans(root / "whole")
     spilled = []
-    real = shard_plan.SortBuckets._spill
-    monkeypatch.setattr(shard_plan.SortBuckets, "_spill", lambda self: spilled.append(len(self.held)) or real(self))
+    real = wide_sort.SortBuckets._spill
+    monkeypatch.setattr(wide_sort.SortBuckets, "_spill", lambda self: spilled.append(len(self.held)) or real(self))
     monkeypatch.setattr(shard_plan, "BUCKET_ROWS", 1)
-    monkeypatch.setattr(shard_plan, "HELD_BYTES", 0)
-    monkeypatch.setattr("reassembler.merge.pieces.BUCKET_ROWS", 1)
+    monkeypatch.setattr(wide_sort, "HELD_BYTES", 0)
     build_night(root / "input", root / "bucketed", DS)
     read_plans(root / "bucketed")
-    groups = {r["group_id"] for r in pq.read_table(root / "whole" / "audit" / f"ds={DS}").to_pylist()}
-    assert len(groups) > 1 and len(spilled) > 1 and max(spilled) > 1  # batches split over buckets, then spilled
+    audit = pq.read_table(root / "whole" / "audit" / f"ds={DS}").to_pylist()
+    groups = {r["group_id"] for r in audit}
+    assert len(groups) > 1 and len(spilled) > 1  # batches split over buckets, then spilled
+    assert max(spilled) >= len(audit)  # a sort bucket a rollout: every group cut into its rollouts
     for name in ("rollouts", "calls"):
         whole, bucketed = plans[name]
         assert whole == bucketed and whole

@@ -509,3 +509,52 @@ def test_a_warehouse_of_release_8_moves_its_per_call_rows_to_parquet_and_its_nig
     assert main(["explain", "--output", str(out), "--ds", "2026-11-27", "a_g0"]) == 0
     assert "a_g0" in capsys.readouterr().out
     assert main(["report", "--output", str(out), "--ds", "2026-11-27"]) == 0
+
+
+def test_a_one_process_build_lets_duckdb_keep_little_while_its_shards_run(tmp_path, monkeypatch):
+    """The held warehouse connection's memory_limit is REST_MEMORY while the shards of a
+    one-process build run (its cached blocks would otherwise sit beside the shards' memory),
+    and the configured limit again for the publish."""
+    from reassembler import build
+    from reassembler.settings import DuckDBSettings
+    from reassembler.warehouse import REST_MEMORY, Warehouse
+
+    def limit(con) -> int:
+        [[value]] = con.execute("SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'").fetchall()
+        return value
+
+    held: list[Warehouse] = []
+    real_held, real_shard, real_publish = Warehouse.held, build.shard_step, build.publish_step
+    seen: dict[str, list[str]] = {"shard": [], "publish": []}
+
+    def spy_held(self):
+        held.append(self)
+        return real_held(self)
+
+    def spy_shard(*a, **k):
+        seen["shard"].append(limit(held[0]._held))
+        return real_shard(*a, **k)
+
+    def spy_publish(*a, **k):
+        seen["publish"].append(limit(held[0]._held))
+        return real_publish(*a, **k)
+
+    monkeypatch.setattr(Warehouse, "held", spy_held)
+    monkeypatch.setattr(build, "shard_step", spy_shard)
+    monkeypatch.setattr(build, "publish_step", spy_publish)
+    night = Night(tmp_path / "in")
+    worked_example(night, "a_g0")
+    worked_example(night, "b_g0")
+    settings = Settings(shards=2, duckdb=DuckDBSettings(memory_limit="96MB"))
+    build_night(night.write(), tmp_path / "out", DS, settings)
+    assert len(seen["shard"]) == 2 and set(seen["shard"]) == {limit_of(REST_MEMORY)}
+    assert seen["publish"] == [limit_of("96MB")]
+
+
+def limit_of(text: str) -> str:
+    """How duckdb_settings() shows a memory_limit set as `text`."""
+    con = duckdb.connect()
+    con.execute(f"SET memory_limit = '{text}'")
+    [[value]] = con.execute("SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'").fetchall()
+    con.close()
+    return value

@@ -16,7 +16,7 @@ from ..formats.night import NightFiles, find_night
 from ..load.derived_tokens import derived_tokens
 from ..load.gym_capture import derive_again
 from ..load.read import token_files
-from ..load.shard_plan import CALL_ORDER, sort_rows
+from ..load.shard_plan import CALL_ORDER
 from ..load.token_keys import KEYS, key_batches
 from ..load.token_store import TokenStore
 from ..reasons import DESCRIPTIONS
@@ -26,6 +26,7 @@ from ..verify.calls import calls_from_table
 from ..verify.replay import ledger_line, selection_lines
 from ..verify.rows import prompt_len
 from ..warehouse import connect, sql, warehouse_path
+from ..wide_sort import sort_rows
 
 CAPTURES = {
     "staged": "staged (ledger rows and token rows)",

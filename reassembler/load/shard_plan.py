@@ -11,11 +11,12 @@ task wrote) and may run on any machine.
                                                    group, rows taken), in the order it first
                                                    needs them
 
-Memory is bounded while writing, whatever the size of the shard: its groups are cut into
-buckets of about BUCKET_ROWS rollout and call rows (sql/plan_buckets.sql); DuckDB reads the
+Memory is bounded while writing, whatever the size of the shard or of a group: its rollouts
+are cut, in output order and between rollouts, into sort buckets of about BUCKET_ROWS
+rollout and call rows (the merge's global step: sql/merge_plan.sql); DuckDB reads the
 shard's rollouts, then its calls, once each and unordered, and each row goes to its bucket
-(held in memory up to HELD_BYTES, then spilled to Arrow files in this process's DuckDB spill
-folder); each bucket is then sorted by Arrow into output order and written in batches of
+(wide_sort.SortBuckets: held in memory, then spilled to Arrow files in this process's DuckDB
+spill folder); each bucket is then sorted by Arrow into output order and written in batches of
 CALL_BATCH_ROWS rows, which become the files' row groups; the shard reads them back in the
 same batches. DuckDB never sorts the wide rows (at a small memory_limit its sort of them
 runs out of memory), and no query is run per bucket (one per bucket scanned the whole
@@ -25,9 +26,6 @@ scratch, read once: no compression, dictionary or statistics.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -39,9 +37,9 @@ from .. import storage
 from ..errors import InputError
 from ..formats.token_file import TokenFile
 from ..warehouse import sql
+from ..wide_sort import SortBuckets, empty_of, sort_rows
 
-BUCKET_ROWS = 8192  # rollout and call rows Arrow sorts at a time (a call ~2.5 KB): whole groups
-HELD_BYTES = 64 * 2**20  # rows held in memory before the buckets are spilled to files
+BUCKET_ROWS = 8192  # rollout and call rows Arrow sorts at a time (a call ~2.5 KB), whole rollouts
 READ_ROWS = 2048  # rows a batch as DuckDB streams a query's rows to their buckets
 ROLLOUT_ORDER = [("group_id", "ascending"), ("slot", "ascending"), ("rollout_id", "ascending")]
 CALL_ORDER = [
@@ -66,23 +64,16 @@ def plan_dir(staging, shard: int) -> str:
 
 def write_rollout_plans(con, staging, ds: str, run: str, shards: int) -> None:
     """Write the rollouts of every shard of the night `ds` that the run `run` (path-safe)
-    loaded into the warehouse behind `con` (its groups and the rollouts' rejected ledger
-    lines registered by the caller as `night_groups` and `rollout_rejects`:
-    merge/commit.py); each shard writes its calls (merge/pieces.py)."""
+    loaded into the warehouse behind `con` (the merge's decisions, with each rollout's sort
+    bucket, and the rollouts' rejected ledger lines registered by the caller as `night_sort`
+    and `rollout_rejects`: merge/commit.py); each shard writes its calls (merge/pieces.py)."""
     [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
     query = sql("shard_rollouts", buckets="plan_buckets", rejected="rollout_rejects")
     for shard in range(shards):
         params = {"ds": ds, "run": run, "shard": shard, "rollout_id": None}
-        buckets = con.sql(sql("plan_buckets"), params={"shard": shard, "bucket_rows": BUCKET_ROWS}).to_arrow_table()
+        buckets = con.sql(sql("plan_buckets"), params={"shard": shard}).to_arrow_table()
         rollouts = _sorted(con, query, params, buckets, ROLLOUT_ORDER, spill)
         write_sorted(storage.join(plan_dir(staging, shard), "rollouts.parquet"), None, rollouts)
-
-
-def sort_rows(table: pa.Table, order: list[tuple[str, str]]) -> pa.Table:
-    """`table` (a query's rows, with their plan_ columns) in `order`, without those columns:
-    ROLLOUT_ORDER or CALL_ORDER, what ORDER BY would give (nulls last), ties in table order."""
-    table = table.take(pc.sort_indices(table, sort_keys=order))
-    return table.drop_columns([name for name in table.column_names if name.startswith("plan_")])
 
 
 TOKEN_GROUPS = pa.schema([("file", pa.string()), ("row_group", pa.int32()), ("rows", pa.int64())])
@@ -165,77 +156,6 @@ def _sorted(con, query: str, params: dict, buckets, order: list[tuple[str, str]]
                 yield sort_rows(table, order)
     finally:
         con.unregister("plan_buckets")
-
-
-def empty_of(schema: pa.Schema) -> pa.Table:
-    return pa.schema([f for f in schema if not f.name.startswith("plan_")]).empty_table()
-
-
-class SortBuckets:
-    """Rows routed to their bucket, held in memory up to HELD_BYTES, then spilled: one Arrow
-    stream file a bucket, in a folder of its own in `spill`, removed on leaving."""
-
-    def __init__(self, schema: pa.Schema, spill: str):
-        self.schema, self.spill = schema, spill
-        self.held: dict[int, list[pa.RecordBatch]] = {}
-        self.held_bytes = 0
-        self.folder: str | None = None
-        self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for writer in self.writers.values():
-            writer.close()
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        if not batch.num_rows:
-            return
-        bucket = batch.column("plan_bucket").to_numpy(zero_copy_only=False)
-        if bucket[0] == bucket[-1] and (bucket == bucket[0]).all():
-            self._hold(int(bucket[0]), batch)
-        else:
-            order = np.argsort(bucket, kind="stable")
-            ordered = batch.take(pa.array(order))
-            keys, starts = np.unique(bucket[order], return_index=True)
-            for key, start, end in zip(keys.tolist(), starts.tolist(), [*starts[1:].tolist(), len(order)]):
-                self._hold(key, ordered.slice(start, end - start))
-        self.held_bytes += batch.nbytes
-        if self.held_bytes > HELD_BYTES:
-            self._spill()
-
-    def _hold(self, bucket: int, batch: pa.RecordBatch) -> None:
-        self.held.setdefault(bucket, []).append(batch)
-
-    def _spill(self) -> None:
-        if self.folder is None:
-            os.makedirs(self.spill, exist_ok=True)
-            self.folder = tempfile.mkdtemp(prefix="plan-buckets-", dir=self.spill)
-        for bucket, batches in self.held.items():
-            if bucket not in self.writers:
-                self.writers[bucket] = pa.ipc.new_stream(self._path(bucket), self.schema)
-            self.writers[bucket].write_table(pa.Table.from_batches(batches, self.schema).combine_chunks())
-        self.held, self.held_bytes = {}, 0
-
-    def _path(self, bucket: int) -> str:
-        assert self.folder is not None
-        return os.path.join(self.folder, f"{bucket}.arrow")
-
-    def tables(self) -> Iterator[pa.Table]:
-        """Each bucket's rows, in bucket order (rows in the order they came)."""
-        for bucket in sorted({*self.held, *self.writers}):
-            batches = []
-            if bucket in self.writers:
-                self.writers.pop(bucket).close()
-                path = self._path(bucket)
-                with pa.OSFile(path) as source:
-                    batches += pa.ipc.open_stream(source).read_all().to_batches()
-                os.remove(path)
-            batches += self.held.pop(bucket, [])
-            yield pa.Table.from_batches(batches, self.schema)
 
 
 ROLLOUT_BATCH_ROWS = 1024  # the shard's rollouts are read this many at a time

@@ -100,9 +100,10 @@ def write_shard_rollouts(con, plan: LoadPlan, folder: str, run: str, shards: int
         for b in range(plan.buckets)
     ]
     con.register("rollout_rejects", pa.concat_tables(rejected) if rejected else bucket.ROLLOUT_REJECTS.empty_table())
-    con.register("night_groups", pq.read_table(storage.open_parquet(storage.join(where, "groups.parquet"))))
+    decisions = storage.open_parquet(storage.join(where, "decisions.parquet"))
+    con.register("night_sort", pq.read_table(decisions, columns=["rollout_id", "kept", "shard", "sort_bucket"]))
     try:
         write_rollout_plans(con, plans or folder, plan.night.ds, run, shards)
     finally:
         con.unregister("rollout_rejects")
-        con.unregister("night_groups")
+        con.unregister("night_sort")

@@ -11,7 +11,7 @@ local-mode outcomes, and their calls counted per rollout), never a call:
 
 Written into the run's folder (merge/staging.py): `rollouts.parquet` (the night's rollout
 rows), `decisions.parquet` (per rollout, split by bucket: kept or a failed attempt, its
-group, slot, shard and derived calls), `groups.parquet` (per group: shard, rows), the
+group, slot, shard, sort bucket and derived calls), `groups.parquet` (per group: shard), the
 repeated lines' reject rows among the night's per-call files, then the marker.
 """
 
@@ -24,6 +24,7 @@ import pyarrow as pa
 from .. import call_tables, storage
 from ..errors import InputError
 from ..formats.fields import LEDGER, ROLLOUT, ddl
+from ..load import shard_plan
 from ..load.gym_capture import CAPTURE_SEQ_BASE
 from ..load.inserter import REJECT_BATCH, Inserter, IntoWarehouse
 from ..load.json_lines import ROLLOUT_DECODER, decode, guess_ids, reject, seen_before
@@ -55,6 +56,7 @@ DECISIONS = pa.schema(
         ("owner_part", pa.int64()),
         ("owner_kind", pa.string()),
         ("derived_base", pa.int64()),
+        ("sort_bucket", pa.int64()),
     ]
 )
 
@@ -98,7 +100,11 @@ def merge_rollouts(
             ).fetchall()
         }
         con.register("failed_keys", pa.table({"rollout_id": pa.array(sorted(failed), pa.string())}))
-        run_script(con, "merge_plan", {"ds": ds, "shards": shards, "base": CAPTURE_SEQ_BASE})
+        run_script(
+            con,
+            "merge_plan",
+            {"ds": ds, "shards": shards, "base": CAPTURE_SEQ_BASE, "bucket_rows": shard_plan.BUCKET_ROWS},
+        )
         reader = con.sql("SELECT * FROM m_decisions").to_arrow_reader(65_536)
         write_bucketed(reader, storage.join(out, "decisions.parquet"), "rollout_id", plan.buckets, DECISIONS)
         con.unregister("failed_keys")

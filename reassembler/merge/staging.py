@@ -34,6 +34,7 @@ from ..load.parts import LoadPlan, part_folder
 from ..settings import DuckDBSettings
 from ..table_file import digest, write_table
 from ..warehouse import scratch_config
+from ..wide_sort import ordered
 
 PART_MARKER = "part.json"
 
@@ -192,26 +193,13 @@ WIDE_ROWS = 4096
 
 def write_in_order(con, loc: str, table: str, key: str, exclude: str = "ds", rows: int = WIDE_ROWS) -> int:
     """The rows of `table` (but its column `exclude`) into one Parquet file at `loc` (whole
-    or absent), in the order of `key`, nulls last: the keys alone are sorted, then the rows
-    are read and sorted `rows` keys at a time. Returns the rows."""
+    or absent), in the order of `key`, nulls last, sorted `rows` at a time (wide_sort.py).
+    Returns the rows."""
     from ..call_tables import write_file
 
-    keys = con.sql(f"SELECT {key} FROM {table} WHERE {key} IS NOT NULL ORDER BY {key}").to_arrow_table()  # noqa: S608
-    starts = keys.column(0).to_pylist()[::rows]
-    schema = con.sql(f"SELECT * EXCLUDE ({exclude}) FROM {table} LIMIT 0").to_arrow_table().schema  # noqa: S608
-
-    def batches():
-        for k, start in enumerate(starts):
-            end = starts[k + 1] if k + 1 < len(starts) else None
-            where = f"{key} >= $start" + ("" if end is None else f" AND {key} < $end")
-            params = {"start": start} | ({} if end is None else {"end": end})
-            query = f"SELECT * EXCLUDE ({exclude}) FROM {table} WHERE {where} ORDER BY {key}"  # noqa: S608
-            yield from con.sql(query, params=params).to_arrow_reader(rows)
-        yield from con.sql(  # noqa: S608
-            f"SELECT * EXCLUDE ({exclude}) FROM {table} WHERE {key} IS NULL"
-        ).to_arrow_reader(rows)
-
-    return write_file(loc, schema, batches())
+    [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
+    schema, tables = ordered(con, table, [key], exclude, rows, spill)
+    return write_file(loc, schema, tables)
 
 
 def write_query(con, loc: str, query: str, params: dict | None = None, schema: pa.Schema | None = None) -> int:

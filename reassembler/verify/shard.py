@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -114,11 +115,10 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
         if cut == 0:  # one group fills the buffer: keep reading until it ends, or cut it
             if buffered < 2 * batch_rows and tokens < 2 * batch_tokens:
                 continue
-            ids = table.column("rollout_id")
-            rollout = ids[-1].as_py()
-            cut = pc.index(ids, rollout).as_py()
+            cut = _rollout_cut(table, batch_rows, batch_tokens)
             if cut == 0:  # one rollout: whole, whatever it holds
                 continue
+            rollout = table.column("rollout_id")[cut].as_py()
             open_group = last
             yield take_rollouts(last, rollout), table.slice(0, cut), open_group
         else:
@@ -129,6 +129,22 @@ def _units(call_batches, rollouts: Iterator[dict], batch_rows: int, batch_tokens
         tokens = pc.sum(table.column("delta_len").slice(cut)).as_py() or 0
     table = pa.Table.from_batches(pending, schema=call_batches.schema)
     yield take_rollouts(None), table, None
+
+
+def _rollout_cut(table: pa.Table, batch_rows: int, batch_tokens: int) -> int:
+    """Where to cut calls of one group (`table`, two batches' worth or more) between two of
+    its rollouts: the first rollout boundary once a batch's calls or tokens are reached, so
+    that the units of a large group hold about a batch each, not two; else the start of its
+    last rollout (0: one rollout holds them all)."""
+    ids = table.column("rollout_id")
+    n = len(ids)
+    tokens = np.cumsum(table.column("delta_len").fill_null(0).to_numpy(zero_copy_only=False))
+    full = min(batch_rows, int(np.searchsorted(tokens, batch_tokens, side="left")) + 1, n - 1)
+    starts = np.flatnonzero(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)) + 1
+    after = starts[starts >= max(full, 1)]
+    if len(after):
+        return int(after[0])
+    return int(starts[-1]) if len(starts) else 0
 
 
 def run_shard(
