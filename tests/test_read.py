@@ -157,6 +157,38 @@ def test_reload_replaces_the_night_instead_of_appending(tmp_path, night):
         assert con.execute("SELECT count(*) FROM rollouts").fetchone()[0] == 1
 
 
+def test_a_load_without_a_run_folder_leaves_nothing_in_the_temporary_folder(tmp_path, night, monkeypatch):
+    """A load given no run folder (a library caller, the tests) works in a temporary one,
+    which goes once the load is done or failed; an in-memory warehouse's views read the
+    night's per-call rows from it, so there it goes with the connection."""
+    import gc
+    import tempfile
+
+    worked_example(night, "grp_g0")
+    inp = night.write()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with connect(tmp_path / "out") as con:
+        load_night(con, find_night(inp, DS))
+        assert con.execute("SELECT count(*) FROM ledger").fetchone()[0] == 5
+    assert list(scratch.glob("reassembler-load-*")) == []
+    with pytest.raises(InputError), connect(tmp_path / "out") as con:
+        load_night(con, find_night(tmp_path / "nothing", DS))
+    assert list(scratch.glob("reassembler-load-*")) == []
+    from reassembler.warehouse import migrate
+
+    con = duckdb.connect()
+    migrate(con)
+    load_night(con, find_night(inp, DS))
+    assert con.execute("SELECT count(*) FROM ledger").fetchone()[0] == 5  # read from the folder
+    assert len(list(scratch.glob("reassembler-load-*"))) == 1
+    con.close()
+    del con
+    gc.collect()
+    assert list(scratch.glob("reassembler-load-*")) == []
+
+
 def test_a_damaged_data_page_is_a_one_line_error_not_a_traceback(tmp_path, night, capsys):
     from reassembler.cli import main
 

@@ -6,7 +6,9 @@ The DAG runs the same functions as tasks of their own.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 
 from .. import call_tables
 from ..formats.night import NightFiles
@@ -60,7 +62,22 @@ def load_night(
     when not given); `calls`: the output and run the per-call files go to (without it, the
     folder of the warehouse file; in-memory, the scratch folder, seen through temporary views). `background`, `readers`:
     child processes merge.night_load.NightLoad started for a night of one part."""
-    folder = scratch if scratch is not None else tempfile.mkdtemp(prefix="reassembler-load-")
+    if scratch is not None:
+        return _load(con, night, settings, background, scratch, readers, plan, calls)
+    folder = tempfile.mkdtemp(prefix="reassembler-load-")  # goes when done with (nothing left in /tmp)
+    try:
+        summary = _load(con, night, settings, background, folder, readers, plan, calls)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if calls is None and _warehouse_folder(con) is None:  # the views over it go with the connection
+        weakref.finalize(con, shutil.rmtree, folder, True)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    return summary
+
+
+def _load(con, night, settings, background, folder, readers, plan, calls) -> LoadSummary:
     plan = plan or plan_parts(night, settings.load_parts, settings.buckets)
     write_plan(folder, plan)
     run_parts(plan, folder, settings, background, readers)

@@ -13,7 +13,9 @@ import numpy as np
 EPS = 1e-6
 
 
-def group_advantages(rewards: list[float], std_normalize: bool = True, leave_one_out: bool = False) -> list[float]:
+def group_advantages(
+    rewards: list[float] | np.ndarray, std_normalize: bool = True, leave_one_out: bool = False
+) -> list[float]:
     r = np.asarray(rewards, dtype=np.float64)
     n = len(r)
     if n <= 1:
