@@ -1196,10 +1196,48 @@ MUTANTS = [
     ),
     Mutant(
         "wide rows are sorted whole",
-        "reassembler/merge/staging.py",
-        "    starts = keys.column(0).to_pylist()[::rows]",
-        "    starts = keys.column(0).to_pylist()[:1]",
-        ("tests/test_load_parts.py::test_wide_rows_are_written_in_key_order_within_the_memory_limit",),
+        "reassembler/wide_sort.py",
+        '        f"JOIN (SELECT rowid AS plan_rowid, (row_number() OVER (ORDER BY {by}) - 1) // {int(rows)} AS {BUCKET} "',  # noqa: E501
+        '        f"JOIN (SELECT rowid AS plan_rowid, (row_number() OVER (ORDER BY {by}) - 1) // {int(rows) * 10**9} AS {BUCKET} "',  # noqa: E501
+        (
+            "tests/test_load_parts.py::test_wide_rows_are_written_in_key_order_within_the_memory_limit",
+            "tests/test_load_parts.py::test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit",
+        ),
+    ),
+    Mutant(
+        "a sort bucket's rows are given out as they came",
+        "reassembler/wide_sort.py",
+        "    table = table.take(pc.sort_indices(table, sort_keys=order))",
+        "    table = table",
+        ("tests/test_load_parts.py::test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit",),
+    ),
+    Mutant(
+        "sort buckets are cut out of output order",
+        "sql/merge_plan.sql",
+        "                ORDER BY c.group_id ASC NULLS LAST, c.slot ASC NULLS LAST, c.rollout_id ASC NULLS LAST",
+        "                ORDER BY c.rollout_id DESC",
+        ("tests/test_synth_night.py::test_plans_sorted_in_spilled_buckets_of_one_rollout_change_nothing",),
+    ),
+    Mutant(
+        "a large group is cut at two batches",
+        "reassembler/verify/shard.py",
+        "    after = starts[starts >= max(full, 1)]",
+        "    after = starts[starts >= len(ids)]",
+        ("tests/test_properties.py::test_a_shard_cuts_its_calls_into_units_of_about_a_batch_whatever_its_groups",),
+    ),
+    Mutant(
+        "the held connection keeps its memory while the shards run",
+        "reassembler/warehouse.py",
+        "        self._held.execute(f\"SET memory_limit = '{REST_MEMORY}'\")",
+        "        pass",
+        ("tests/test_warehouse.py::test_a_one_process_build_lets_duckdb_keep_little_while_its_shards_run",),
+    ),
+    Mutant(
+        "an in-memory load's temporary folder stays",
+        "reassembler/merge/run.py",
+        "        weakref.finalize(con, shutil.rmtree, folder, True)",
+        "        pass",
+        ("tests/test_read.py::test_a_load_without_a_run_folder_leaves_nothing_in_the_temporary_folder",),
     ),
     Mutant(
         "every row claims digest evidence",

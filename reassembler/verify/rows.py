@@ -103,6 +103,12 @@ def capture_of(rollout: dict, n_ledger_calls: int | None) -> str | None:
     return capture
 
 
+# what the rows and audit rows read of a rollout's record (the shard keeps only these once
+# the rollout is verified: its items and trace are the bulk of it)
+WRITTEN_FIELDS = ("rollout_id", "group_id", "slot", "reward", "metadata", "env", "agent", "temperature")
+WRITTEN_FIELDS += ("capture", "evidence")
+
+
 def evidence_of(rollout: dict) -> str:
     """`evidence` of an ok rollout's rows (5.3): `digest` or `none`."""
     capture = rollout.get("capture") or "staged"

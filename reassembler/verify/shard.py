@@ -35,7 +35,7 @@ from .batch import verify_batch
 from .checks import BatchChecks
 from .open_group import OpenGroup
 from .rollout import Outcome
-from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, audit_table, row_tables
+from .rows import AUDIT_SCHEMA, ROW_SCHEMA, ROW_WRITE_OPTIONS, WRITTEN_FIELDS, audit_table, row_tables
 from .tokens import TokenBatch
 
 ROW_GROUP_ROWS = 256
@@ -167,6 +167,9 @@ def run_shard(
             for rollouts_, table, checks, open_group in _prepared(units, store, pipeline):
                 outcomes, batch = verify_batch(rollouts_, table, checks.tokens, settings.options, checks=checks)
                 batch.drop_hash_buffers()  # the rows need the token arrays only
+                for o in outcomes:  # and a few fields of each rollout's record
+                    o.rollout = {k: o.rollout.get(k) for k in WRITTEN_FIELDS}
+                del rollouts_
                 pipeline.write(outcomes, batch, open_group)
                 result.add(outcomes)
                 progress.advance(pc.sum(table.column("delta_len")).as_py() or 0)
