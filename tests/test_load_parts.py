@@ -476,7 +476,7 @@ def test_wide_rows_are_written_in_key_order_within_the_memory_limit(tmp_path):
     assert seqs[:-nulls] == sorted(seqs[:-nulls])
 
 
-def test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit(tmp_path):
+def test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit(tmp_path, monkeypatch):
     """A merge bucket writes its ledger and reject rows sorted by rollout (the order the
     views' readers find one rollout by): 100,000 wide ledger rows and as many rejects,
     which DuckDB 2.0 cannot sort whole at 64MB, are written in order (nulls last) with
@@ -484,8 +484,11 @@ def test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit(t
     import duckdb
     import pyarrow.parquet as pq
 
-    from reassembler import call_tables
+    from reassembler import call_tables, wide_sort
 
+    sorted_rows: list[int] = []  # each sort's rows: a bucket at a time, never a table whole
+    real = wide_sort.sort_rows
+    monkeypatch.setattr(wide_sort, "sort_rows", lambda t, order: sorted_rows.append(t.num_rows) or real(t, order))
     con = duckdb.connect(config={"memory_limit": "64MB", "threads": 2, "temp_directory": str(tmp_path / "spill")})
     call_tables.open_night(con)
     con.execute(
@@ -502,6 +505,7 @@ def test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit(t
     )
     written = call_tables.write_bucket(con, str(tmp_path / "out"), DS, "r1", "bucket-00000.parquet")
     assert written == {"ledger": 100_000, "token_rows": 0, "rejects": 100_000}
+    assert len(sorted_rows) >= 2 * 100_000 // call_tables.SORT_ROWS and max(sorted_rows) <= call_tables.SORT_ROWS
     ledger = pq.read_table(
         f"{call_tables.night_folder(str(tmp_path / 'out'), 'ledger', DS, 'r1')}/bucket-00000.parquet",
         columns=["rollout_id", "capture_seq"],

@@ -105,8 +105,10 @@ def capture_of(rollout: dict, n_ledger_calls: int | None) -> str | None:
 
 # what the rows and audit rows read of a rollout's record (the shard keeps only these once
 # the rollout is verified: its items and trace are the bulk of it)
-WRITTEN_FIELDS = ("rollout_id", "group_id", "slot", "reward", "metadata", "env", "agent", "temperature")
-WRITTEN_FIELDS += ("capture", "evidence")
+WRITTEN_FIELDS = (
+    *("rollout_id", "group_id", "slot", "reward", "metadata"),
+    *("env", "agent", "temperature", "capture", "evidence"),
+)
 
 
 def evidence_of(rollout: dict) -> str:
