@@ -1240,6 +1240,15 @@ MUTANTS = [
         ("tests/test_read.py::test_a_load_without_a_run_folder_leaves_nothing_in_the_temporary_folder",),
     ),
     Mutant(
+        "a shard's rollout records hold their items as Python objects",
+        "reassembler/load/shard_plan.py",
+        "    light = batch.drop_columns(list(bulky)).to_pylist()",
+        "    light = batch.to_pylist()",
+        (
+            "tests/test_synth_night.py::test_a_shards_rollout_records_read_their_bulky_fields_from_the_plan_as_a_dict_would",
+        ),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

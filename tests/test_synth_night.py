@@ -233,3 +233,23 @@ def test_a_shard_that_fails_inside_an_open_group_leaves_no_spill(tmp_path, monke
         build_night(root, tmp_path / "out", DS, Settings(batch_rows=40, batch_tokens=10**9))
     assert folders and not any(os.path.exists(f) for f in folders)
     assert not (tmp_path / "out" / "rows").exists()
+
+
+def test_a_shards_rollout_records_read_their_bulky_fields_from_the_plan_as_a_dict_would(synth):
+    """The shard's rollout records keep their items and trace in the plan's Arrow columns
+    (load/shard_plan.py: RolloutRecord) and give each field as the plain record would:
+    by [] and .get, nulls as None, a missing key a KeyError or the default."""
+    root, _, _ = synth
+    build_night(root / "input", root / "records", DS)
+    [staging] = (root / "records" / "_runs" / f"ds={DS}").iterdir()
+    plain = pq.read_table(f"{shard_plan.plan_dir(staging, 0)}/rollouts.parquet").to_pylist()
+    records = list(shard_plan.read_rollouts(staging, 0))
+    assert len(records) == len(plain) > 100
+    assert any(p["generated_items"] for p in plain) and any(p["trace"] is None for p in plain)
+    for record, row in zip(records, plain):
+        assert set(shard_plan.BULKY) & set(record.keys()) == set()  # not held as Python objects
+        for key, value in row.items():
+            assert record[key] == value and record.get(key) == value and record.get(key, "d") == value
+        with pytest.raises(KeyError):
+            record["no_such_field"]
+        assert record.get("no_such_field", "d") == "d"

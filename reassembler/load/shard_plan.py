@@ -171,7 +171,39 @@ def read_rollouts(staging, shard: int) -> Iterator[dict]:
         file = pq.ParquetFile(source)
     except FileNotFoundError:
         raise plan_gone(loc) from None
-    return (row for batch in file.iter_batches(ROLLOUT_BATCH_ROWS) for row in batch.to_pylist())
+    return (row for batch in file.iter_batches(ROLLOUT_BATCH_ROWS) for row in _records(batch))
+
+
+BULKY = ("generated_items", "model_items", "trace")  # a rollout's fields read once, when it is verified
+
+
+def _records(batch: pa.RecordBatch) -> list[dict]:
+    """The rollouts of `batch` as records whose bulky fields stay in the batch's Arrow
+    columns until read (as Python objects, a unit's items took ~10 KB a rollout)."""
+    bulky = {name: batch.column(name) for name in BULKY if name in batch.schema.names}
+    light = batch.drop_columns(list(bulky)).to_pylist()
+    return [RolloutRecord(row, bulky, at) for at, row in enumerate(light)]
+
+
+class RolloutRecord(dict):
+    """A rollout of the shard's plan: its fields as a dict, but the bulky ones (BULKY),
+    which are read from the plan's Arrow columns each time they are asked for."""
+
+    __slots__ = ("_bulky", "_at")
+
+    def __init__(self, row: dict, bulky: dict[str, pa.Array], at: int):
+        super().__init__(row)
+        self._bulky, self._at = bulky, at
+
+    def __missing__(self, key: str):
+        if key in self._bulky:
+            return self._bulky[key][self._at].as_py()
+        raise KeyError(key)
+
+    def get(self, key: str, default=None):
+        if key in self._bulky:
+            return self._bulky[key][self._at].as_py()
+        return super().get(key, default)
 
 
 def read_groups(staging, shard: int) -> list[str]:
