@@ -25,7 +25,7 @@ from .formats.locations import Inputs
 from .formats.night import check_output_apart
 from .load.part_load import clear_parts
 from .load.read import LoadSummary
-from .memory import step_memory
+from .memory import give_back, step_memory
 from .merge.commit import write_shard_rollouts
 from .merge.night_load import NightLoad, PartsLoaded
 from .merge.pieces import build_calls
@@ -112,6 +112,7 @@ def shard_step(
     staging = staging_dir(storage.location(output), ds, run_id)
     with step_memory():
         build_calls(staging, shard, plans, settings)  # its calls, out of the merge's buckets
+        give_back()  # what sorting them freed, before the batches
         return run_shard(ds, shard, settings, run_id, staging, plans)
 
 
@@ -200,6 +201,7 @@ def build_loaded(load: NightLoad, output_dir, run_id: str | None = None, warehou
                 with warehouse.held():
                     summary = load_step(load, warehouse, run_id, plans=plans)
                     with warehouse.resting():  # its cached blocks go while the shards run
+                        give_back()  # and what the load freed
                         for k in range(settings.shards):
                             shard_step(warehouse.output_dir, ds, k, run_id, settings, plans)
                     numbers = publish_step(

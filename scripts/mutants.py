@@ -1249,6 +1249,13 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "a shard runs its batches on top of what sorting its calls freed",
+        "reassembler/build.py",
+        "        give_back()  # what sorting them freed, before the batches",
+        "        pass",
+        ("tests/test_warehouse.py::test_a_one_process_build_gives_freed_memory_back_between_its_steps",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

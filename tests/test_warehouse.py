@@ -558,3 +558,22 @@ def limit_of(text: str) -> str:
     [[value]] = con.execute("SELECT value FROM duckdb_settings() WHERE name = 'memory_limit'").fetchall()
     con.close()
     return value
+
+
+def test_a_one_process_build_gives_freed_memory_back_between_its_steps(tmp_path, monkeypatch):
+    """Freed memory is handed back (memory.give_back) after the load, before the shards, and
+    in each shard between sorting its calls and running its batches, so that no step starts
+    on top of what the one before it freed."""
+    from reassembler import build, memory
+
+    events: list[str] = []
+    for name in ("build_calls", "run_shard", "load_step"):
+        real = getattr(build, name)
+        monkeypatch.setattr(build, name, lambda *a, _n=name, _r=real, **k: events.append(_n) or _r(*a, **k))
+    real_give = memory.give_back
+    monkeypatch.setattr(build, "give_back", lambda: events.append("give_back") or real_give())
+    night = Night(tmp_path / "in")
+    worked_example(night, "a_g0")
+    worked_example(night, "b_g0")
+    build_night(night.write(), tmp_path / "out", DS, Settings(shards=2))
+    assert events == ["load_step", "give_back"] + ["build_calls", "give_back", "run_shard"] * 2
