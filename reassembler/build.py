@@ -45,7 +45,14 @@ from .publish.protocol import (
 )
 from .settings import DEFAULTS, REPORT_NIGHTS, Settings
 from .verify.shard import ShardResult, run_shard
-from .warehouse import Warehouse, apply_retention, clear_dead_spill_folders, drop_call_files, run_script
+from .warehouse import (
+    Warehouse,
+    apply_retention,
+    clear_dead_spill_folders,
+    drop_call_files,
+    run_script,
+    scratch_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +193,10 @@ def build_loaded(load: NightLoad, output_dir, run_id: str | None = None, warehou
     warehouse = Warehouse(output_dir, settings.duckdb, warehouse_file)
     parallel = settings.workers > 1 and settings.shards > 1
     # the shards run on this machine: on object storage their plans stay on local disk
-    plans = tempfile.mkdtemp(prefix="reassembler-plans-") if storage.is_remote(warehouse.output_dir) else None
+    # (in this process's scratch folder: a killed build's are removed with it by the next build)
+    plans = None
+    if storage.is_remote(warehouse.output_dir):
+        plans = tempfile.mkdtemp(prefix="plans-", dir=scratch_config(settings.duckdb)["temp_directory"])
     with OutputLock(output_dir, ds, "build"):
         started = time.perf_counter()
         run_id = run_id or new_run_id(ds)

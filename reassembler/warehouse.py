@@ -88,13 +88,27 @@ def _spill_folder(root: Path) -> Path:
     return folder
 
 
+def _scratch_root(settings: DuckDBSettings) -> Path:
+    """Where the in-memory DuckDBs of the steps spill (scratch_config), and a one-process
+    build's local shard plans go (build.py): under the process's own folder."""
+    return Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler" / "duckdb")
+
+
+def _reader_root(settings: DuckDBSettings) -> Path:
+    """Where a read-only warehouse connection spills (connect)."""
+    return Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler-duckdb")
+
+
 def clear_dead_spill_folders(output_dir: str | Path, settings: DuckDBSettings) -> None:
-    """Remove the spill folders of processes of this host that no longer run. Only folders
+    """Remove the spill folders of processes of this host that no longer run (the output's,
+    the steps' scratch and the readers', each with what a killed process left in it: its
+    spill, a one-process build's local shard plans). Only folders
     this job made are touched: named pid-<n>@<this host> and holding the mark naming that
     pid and host (a spill folder may be shared with other tools). Shards of other runs may
     be spilling right now: their folders stay."""
     host = socket.gethostname()
-    for folder in _spill_root(output_dir, settings).glob("pid-*@*"):
+    roots = {_spill_root(output_dir, settings), _scratch_root(settings), _reader_root(settings)}
+    for folder in (f for root in sorted(roots) for f in root.glob("pid-*@*")):
         pid, _, on = folder.name[4:].partition("@")
         if on != host or not pid.isdigit() or folder.is_symlink() or not folder.is_dir():
             continue
@@ -137,7 +151,7 @@ def scratch_config(settings: DuckDBSettings) -> dict:
     """The configuration of a DuckDB that is not the warehouse (a load part's, in memory):
     the same bounds, its spill folder this process's in the system temp folder (or
     `settings.temp_directory`)."""
-    root = Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler" / "duckdb")
+    root = _scratch_root(settings)
     return {
         "memory_limit": settings.memory_limit,
         "threads": settings.threads,
@@ -159,7 +173,7 @@ def connect(
     if read_only:
         if not path.exists():
             raise InputError(f"{path}: no warehouse here; run `reassembler build` first")
-        temp = _spill_folder(Path(settings.temp_directory or Path(tempfile.gettempdir()) / "reassembler-duckdb"))
+        temp = _spill_folder(_reader_root(settings))
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         # one spill folder per process: shards run at once, each with its own DuckDB instance

@@ -444,6 +444,33 @@ def test_spill_cleanup_removes_only_folders_it_made(tmp_path):
     assert all(folder.exists() for folder in [*theirs, alive])
 
 
+def test_spill_cleanup_also_clears_the_temporary_folders_of_dead_processes(tmp_path, monkeypatch):
+    """The steps' scratch DuckDBs and the read-only connections (report, explain) spill into
+    the system temp folder, and a one-process build keeps an S3 night's shard plans in its
+    scratch folder: a process killed (or a reader that just ended) leaves its folder there,
+    which the next build removes, as it does under the output."""
+    import socket
+    import tempfile
+
+    from reassembler.settings import DuckDBSettings
+    from reassembler.warehouse import SPILL_MARK, clear_dead_spill_folders
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "sys-tmp"))
+    gone, host = _dead_pid(), socket.gethostname()
+    left = [
+        tmp_path / "sys-tmp" / "reassembler" / "duckdb" / f"pid-{gone}@{host}" / "plans-x" / "plan",
+        tmp_path / "sys-tmp" / "reassembler-duckdb" / f"pid-{gone}@{host}",
+    ]
+    for folder in left:
+        folder.mkdir(parents=True)
+        (folder / "data").write_text("x")
+        owner = folder if folder.name.startswith("pid-") else folder.parents[1]
+        (owner / SPILL_MARK).write_text(json.dumps({"pid": gone, "host": host}))
+    clear_dead_spill_folders(tmp_path / "out", DuckDBSettings())
+    assert not any(folder.exists() for folder in left)
+    assert (tmp_path / "sys-tmp" / "reassembler" / "duckdb").exists()
+
+
 def _dead_pid() -> int:
     import subprocess
 
