@@ -1256,6 +1256,13 @@ MUTANTS = [
         ("tests/test_warehouse.py::test_a_one_process_build_gives_freed_memory_back_between_its_steps",),
     ),
     Mutant(
+        "dead processes' temporary folders stay",
+        "reassembler/warehouse.py",
+        "    roots = {_spill_root(output_dir, settings), _scratch_root(settings), _reader_root(settings)}",
+        "    roots = {_spill_root(output_dir, settings)}",
+        ("tests/test_warehouse.py::test_spill_cleanup_also_clears_the_temporary_folders_of_dead_processes",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',
