@@ -3,9 +3,11 @@ runs with `airflow dags test` against the recorded outcomes of a synthetic night
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from nights import DS, Night, partition_parts
 
 REPO = Path(__file__).resolve().parents[1]
 _HOME = tempfile.mkdtemp(prefix="airflow-home-")
+atexit.register(shutil.rmtree, _HOME, True)  # the test process's Airflow home goes with it
 os.environ.setdefault("AIRFLOW_HOME", _HOME)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
