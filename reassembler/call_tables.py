@@ -196,11 +196,10 @@ def write_bucket(con, output, ds: str, run: str, piece: str) -> dict[str, int]:
     file `piece` of each table, sorted by rollout (one rollout's rows are found by the row
     groups' statistics); returns the rows of each. The files stay invisible until
     `night_calls` names the run."""
-    [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
     written = {}
     for table, schema in schemas().items():
         loc = storage.join(night_folder(output, table, ds, run), piece)
-        _, tables = ordered(con, f"temp.{table}", ORDER[table], "ds", SORT_ROWS, spill)
+        _, tables = ordered(con, f"temp.{table}", ORDER[table], "ds", SORT_ROWS)
         written[table] = write_file(loc, schema, tables)
     return written
 
@@ -263,7 +262,6 @@ def export_tables(con, output) -> None:
     the run "migrated" of each of their nights, and name it in night_calls (created here:
     the migration that drops the tables runs next)."""
     con.execute("CREATE TABLE IF NOT EXISTS night_calls (ds DATE NOT NULL, run VARCHAR NOT NULL)")
-    [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
     nights: set[str] = set()
     for table, schema in schemas().items():
         columns = ", ".join(f'"{name}"' for name in schema.names)
@@ -273,7 +271,7 @@ def export_tables(con, output) -> None:
                 "WHERE ds = CAST($ds AS DATE)",
                 {"ds": str(ds)},
             )
-            _, tables = ordered(con, "temp.export_night", ORDER[table], None, SORT_ROWS, spill)
+            _, tables = ordered(con, "temp.export_night", ORDER[table], None, SORT_ROWS)
             loc = storage.join(night_folder(output, table, str(ds), MIGRATED), "part-00000.parquet")
             write_file(loc, schema, tables)
             con.execute("DROP TABLE temp.export_night")

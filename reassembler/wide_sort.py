@@ -31,12 +31,17 @@ HELD_BYTES = 64 * 2**20  # rows held in memory before the buckets are spilled to
 BUCKET = "plan_bucket"  # the column that holds each row's bucket (dropped with every plan_ column)
 
 
-def ordered(
-    con, table: str, order: list[str], exclude: str | None, rows: int, spill: str
-) -> tuple[pa.Schema, Iterator[pa.Table]]:
+def spill_of(con) -> str:
+    """The spill folder of the DuckDB connection `con`, where held rows spill too."""
+    [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
+    return spill
+
+
+def ordered(con, table: str, order: list[str], exclude: str | None, rows: int) -> tuple[pa.Schema, Iterator[pa.Table]]:
     """The rows of `table` (a table of the connection `con`, without its columns `exclude`)
     in the order of the columns `order`, ascending, nulls last: its schema and its rows, a
-    table a bucket of `rows` rows; `spill`: the folder held rows spill into."""
+    table a bucket of `rows` rows (held rows spill into the connection's spill folder)."""
+    spill = spill_of(con)
     by = ", ".join(f"{c} ASC NULLS LAST" for c in order)
     columns = "t.*" if exclude is None else f"t.* EXCLUDE ({exclude})"
     query = (

@@ -37,7 +37,7 @@ from .. import storage
 from ..errors import InputError
 from ..formats.token_file import TokenFile
 from ..warehouse import sql
-from ..wide_sort import SortBuckets, empty_of, sort_rows
+from ..wide_sort import SortBuckets, empty_of, sort_rows, spill_of
 
 BUCKET_ROWS = 8192  # rollout and call rows Arrow sorts at a time (a call ~2.5 KB), whole rollouts
 READ_ROWS = 2048  # rows a batch as DuckDB streams a query's rows to their buckets
@@ -67,12 +67,11 @@ def write_rollout_plans(con, staging, ds: str, run: str, shards: int) -> None:
     loaded into the warehouse behind `con` (the merge's decisions, with each rollout's sort
     bucket, and the rollouts' rejected ledger lines registered by the caller as `night_sort`
     and `rollout_rejects`: merge/commit.py); each shard writes its calls (merge/pieces.py)."""
-    [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
     query = sql("shard_rollouts", buckets="plan_buckets", rejected="rollout_rejects")
     for shard in range(shards):
         params = {"ds": ds, "run": run, "shard": shard, "rollout_id": None}
         buckets = con.sql(sql("plan_buckets"), params={"shard": shard}).to_arrow_table()
-        rollouts = _sorted(con, query, params, buckets, ROLLOUT_ORDER, spill)
+        rollouts = _sorted(con, query, params, buckets, ROLLOUT_ORDER, spill_of(con))
         write_sorted(storage.join(plan_dir(staging, shard), "rollouts.parquet"), None, rollouts)
 
 

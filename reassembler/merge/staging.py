@@ -197,8 +197,7 @@ def write_in_order(con, loc: str, table: str, key: str, exclude: str = "ds", row
     Returns the rows."""
     from ..call_tables import write_file
 
-    [[spill]] = con.execute("SELECT current_setting('temp_directory')").fetchall()
-    schema, tables = ordered(con, table, [key], exclude, rows, spill)
+    schema, tables = ordered(con, table, [key], exclude, rows)
     return write_file(loc, schema, tables)
 
 
