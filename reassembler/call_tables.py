@@ -33,13 +33,14 @@ from pyarrow import fs as pafs
 
 from . import storage
 from .errors import StoreError
-from .formats.fields import LEDGER, ddl
+from .formats.fields import LEDGER, ROLLOUT_ITEMS, ddl
 from .table_file import write_table
 from .wide_sort import ordered
 
 log = logging.getLogger(__name__)
 
-TABLES = ("ledger", "token_rows", "rejects")
+TABLES = ("ledger", "token_rows", "rejects", "rollout_items")
+PER_CALL = ("ledger", "token_rows", "rollout_items")  # retention deletes these (rejects are kept for good)
 SCHEMA_DS, SCHEMA_RUN = "1970-01-01", "schema"  # the zero-row file of each table's schema
 ROW_GROUP_ROWS = 65_536
 SORT_ROWS = 4096  # rows sorted at a time as a bucket's files are written (wide_sort.py)
@@ -66,7 +67,7 @@ def _text(name: str, **fragments) -> str:
 def _create_night_tables(con) -> None:
     from .warehouse import run_statements
 
-    run_statements(con, _text("night_tables", ledger_columns=ddl(LEDGER)))
+    run_statements(con, _text("night_tables", ledger_columns=ddl(LEDGER), items_columns=ddl(ROLLOUT_ITEMS)))
 
 
 @functools.cache
@@ -208,6 +209,7 @@ ORDER = {  # each per-call table's file order (wide_sort: DuckDB never sorts the
     "ledger": ["rollout_id", "capture_seq"],
     "token_rows": ["t_rollout_id", "t_staging_key", "t_file", "t_row"],
     "rejects": ["source", "file", "line", "error"],
+    "rollout_items": ["rollout_id"],
 }
 
 
@@ -264,6 +266,8 @@ def export_tables(con, output) -> None:
     con.execute("CREATE TABLE IF NOT EXISTS night_calls (ds DATE NOT NULL, run VARCHAR NOT NULL)")
     nights: set[str] = set()
     for table, schema in schemas().items():
+        if table == "rollout_items":  # version 8's rollout rows held these: export_items, later
+            continue
         columns = ", ".join(f'"{name}"' for name in schema.names)
         for (ds,) in con.execute(f"SELECT DISTINCT ds FROM main.{table} ORDER BY ds").fetchall():  # noqa: S608
             con.execute(  # the night's rows, then sorted a bucket at a time (wide_sort.py)
@@ -278,3 +282,21 @@ def export_tables(con, output) -> None:
             nights.add(str(ds))
     for ds in sorted(nights):
         commit_night(con, ds, MIGRATED)
+
+
+def export_items(con, output) -> None:
+    """Write the rollouts' per-call fields a warehouse of version 10 holds in its rollout
+    rows (formats/fields.py: ITEMS) as the file `migrated.parquet` of each night and run
+    they belong to; the migration that drops the columns runs next."""
+    schema = schemas()["rollout_items"]
+    columns = ", ".join(f'"{name}"' for name in schema.names)
+    runs = con.execute("SELECT DISTINCT CAST(ds AS VARCHAR), run FROM rollout_runs ORDER BY 1, 2").fetchall()
+    for ds, run in runs:
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE export_night AS SELECT {columns} FROM rollout_runs "  # noqa: S608
+            "WHERE ds = CAST($ds AS DATE) AND run = $run",
+            {"ds": ds, "run": run},
+        )
+        _, tables = ordered(con, "temp.export_night", ORDER["rollout_items"], None, SORT_ROWS)
+        write_file(storage.join(night_folder(output, "rollout_items", ds, run), "migrated.parquet"), schema, tables)
+        con.execute("DROP TABLE temp.export_night")

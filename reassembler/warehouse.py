@@ -24,10 +24,10 @@ import duckdb
 
 from . import call_tables, storage
 from .errors import InputError, OutputBusy, StoreError
-from .formats.fields import LEDGER, ROLLOUT, ddl
+from .formats.fields import ROLLOUT_ROW, ddl
 from .settings import DuckDBSettings
 
-SCHEMA_VERSION = 10  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
+SCHEMA_VERSION = 11  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
 
 
 def _sql_dir() -> Path:
@@ -255,8 +255,10 @@ def migrate(con, path=WAREHOUSE_FILE, output=None) -> None:
             [migration] = sorted((SQL_DIR / "migrations").glob(f"{step:03d}_*.sql"))
             if step == 9 and output is not None:
                 call_tables.export_tables(con, output)  # the rows before the tables go
+            if step == 11 and output is not None:
+                call_tables.export_items(con, output)  # the columns before they go
             run_script(con, f"migrations/{migration.stem}")
-        run_script(con, "schema", rollouts_columns=ddl(ROLLOUT), ledger_columns=ddl(LEDGER))  # at the current version
+        run_script(con, "schema", rollouts_columns=ddl(ROLLOUT_ROW))  # at the current version
         con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [SCHEMA_VERSION])
     if output is not None:
         call_tables.ensure_schema_files(output)
@@ -281,9 +283,9 @@ def apply_retention(con, ds: str, nights: int) -> list[str]:
 
 
 def drop_call_files(output, kept: list[str]) -> None:
-    """Delete the ledger and token_rows folders of every night not in `kept` (files, not
-    rows: call_tables.py); best effort, a folder left is deleted by the next load."""
-    for table in ("ledger", "token_rows"):
+    """Delete the ledger, token_rows and rollout_items folders of every night not in `kept`
+    (files, not rows: call_tables.py); best effort, a folder left is deleted by the next load."""
+    for table in call_tables.PER_CALL:
         for night in call_tables.nights_on_disk(output, table):
             if night not in kept:
                 try:

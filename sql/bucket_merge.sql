@@ -34,3 +34,10 @@ SELECT l.ds, 'ledger' AS source, l.source_file AS file, l.source_line AS line,
        l.rollout_id, l.model_call_id
 FROM ledger l ANTI JOIN decisions d ON d.rollout_id = l.rollout_id
 WHERE l.capture IS NULL AND l.rollout_id IS NOT NULL;
+-- Rollout items: the fields that grow with a rollout's calls (formats/fields.py: ITEMS), of
+-- each rollout the night keeps, from the part and row of its line (`decisions`: line_part,
+-- line_seq); a given-up sample (no line) has none.
+INSERT INTO rollout_items BY NAME
+SELECT CAST($ds AS DATE) AS ds, i.* EXCLUDE (part, rollout_seq)
+FROM p_rollout_items i
+JOIN decisions d ON d.kept AND d.line_part = i.part AND d.line_seq = i.rollout_seq;

@@ -6,7 +6,8 @@
 -- `m_groups`: each group's shard, its groups balanced by the tokens their calls declare (a
 -- group never straddles two shards); `m_decisions`: what each bucket needs to know of a
 -- rollout id: kept (a rollout of the night) or a failed attempt's (`failed_keys`), and of a
--- kept one its shard's sort bucket: the shard's rollouts in output order (group, slot, id)
+-- kept one the part and row of its line (`m_kept`: the buckets find its rollout_items there)
+-- and its shard's sort bucket: the shard's rollouts in output order (group, slot, id)
 -- cut into runs of about $bucket_rows rollout and call rows, between rollouts, never inside
 -- one (a large group is cut too), which load/shard_plan.py and merge/pieces.py sort one at a
 -- time.
@@ -48,11 +49,13 @@ FROM m_rollout_calls c
 JOIN m_groups g USING (group_id);
 CREATE OR REPLACE TEMP TABLE m_decisions AS
 SELECT r.rollout_id, true AS kept, r.rollout_id IN (SELECT rollout_id FROM failed_keys) AS failed,
-       r.group_id, r.slot, g.shard, o.part AS owner_part, o.kind AS owner_kind, o.derived_base, s.sort_bucket
+       r.group_id, r.slot, g.shard, o.part AS owner_part, o.kind AS owner_kind, o.derived_base, s.sort_bucket,
+       k.part AS line_part, k.rollout_seq AS line_seq
 FROM rollouts r
 JOIN m_groups g USING (group_id)
 JOIN m_sort s USING (rollout_id)
 LEFT JOIN m_owned o USING (rollout_id)
+LEFT JOIN m_kept k USING (rollout_id)
 UNION ALL
-SELECT f.rollout_id, false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT f.rollout_id, false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM failed_keys f ANTI JOIN rollouts r USING (rollout_id);

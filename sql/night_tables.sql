@@ -1,4 +1,4 @@
--- The per-call tables of the night a load is writing (reassembler/call_tables.py: open_night),
+-- The per-call tables of the night (and the rollouts' per-call fields, rollout_items) a load is writing (reassembler/call_tables.py: open_night),
 -- temporary tables of one connection named as the views they shadow; written out as Parquet
 -- beside the warehouse once the night is merged. Their columns are the files' (with ds).
 CREATE TEMP TABLE ledger (
@@ -30,3 +30,10 @@ CREATE TEMP TABLE rejects (
     model_call_id VARCHAR
 );
 
+
+-- A rollout's fields that grow with its calls (formats/fields.py: ROLLOUT_ITEMS), one row per
+-- rollout read from a line; the warehouse's rollout rows hold the others. Join on ds, rollout_id.
+CREATE TEMP TABLE rollout_items (
+    ds                     DATE    NOT NULL,
+{items_columns}
+);

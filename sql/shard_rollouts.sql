@@ -5,9 +5,9 @@
 -- at a time into output order (ROLLOUT_ORDER). $run: the run that loaded them (the load's
 -- shard plans), or null: the night's current run (explain, which $rollout_id narrows to one rollout).
 SELECT r.rollout_id, r.group_id, r.slot, r.reward, r.reward_problem, r.failure_reason,
-       r.terminal_model_call_id, r.terminal_response_id, r.generated_items, r.model_items,
+       r.terminal_model_call_id, r.terminal_response_id,
        r.metadata, r.capture, r.capture_reason, r.capture_detail, r.capture_call_id, r.n_token_items,
-       r.trace, r.evidence, r.env, r.agent, r.temperature,
+       r.evidence, r.env, r.agent, r.temperature,
        r.source_file, r.source_line,
        rej.n_rejected, rej.first_rejected, b.bucket AS plan_bucket
 FROM rollout_runs r

@@ -37,8 +37,8 @@ def test_both_builds_run_on_the_revisions_own_night(tmp_path):
     files = sorted((night / "input" / "tokens" / f"ds={benchmark.DS}").glob("*.parquet"))
     assert files and vs["tokens"] == sum(benchmark._tokens(f) for f in files) > 0
     # each build ran from its own source: that revision's warehouse has no column this
-    # checkout added since (the rollouts' NeMo Gym fingerprint input)
-    for output, has_model_items in (("output-rev", False), ("output", True)):
+    # checkout added since (where the rollout came from, CONTRACT.md 5.3)
+    for output, has_evidence in (("output-rev", False), ("output", True)):
         with duckdb.connect(str(night / output / "warehouse.duckdb"), read_only=True) as con:
             columns = {
                 name
@@ -46,7 +46,7 @@ def test_both_builds_run_on_the_revisions_own_night(tmp_path):
                     "SELECT column_name FROM duckdb_columns() WHERE table_name = 'rollouts'"
                 ).fetchall()
             }
-        assert ("model_items" in columns) == has_model_items
+        assert ("evidence" in columns) == has_evidence
     # both builds published every rollout of that night
     outcomes = night / "input" / "_expected" / f"ds={benchmark.DS}" / "outcomes.jsonl"
     expected = {json.loads(line)["rollout_id"] for line in outcomes.read_text().splitlines()}

@@ -504,7 +504,7 @@ def test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit(t
         "FROM range(100000) t(i)"
     )
     written = call_tables.write_bucket(con, str(tmp_path / "out"), DS, "r1", "bucket-00000.parquet")
-    assert written == {"ledger": 100_000, "token_rows": 0, "rejects": 100_000}
+    assert written == {"ledger": 100_000, "token_rows": 0, "rejects": 100_000, "rollout_items": 0}
     assert len(sorted_rows) >= 2 * 100_000 // call_tables.SORT_ROWS and max(sorted_rows) <= call_tables.SORT_ROWS
     ledger = pq.read_table(
         f"{call_tables.night_folder(str(tmp_path / 'out'), 'ledger', DS, 'r1')}/bucket-00000.parquet",

@@ -236,13 +236,18 @@ def test_a_shard_that_fails_inside_an_open_group_leaves_no_spill(tmp_path, monke
 
 
 def test_a_shards_rollout_records_read_their_bulky_fields_from_the_plan_as_a_dict_would(synth):
-    """The shard's rollout records keep their items and trace in the plan's Arrow columns
-    (load/shard_plan.py: RolloutRecord) and give each field as the plain record would:
-    by [] and .get, nulls as None, a missing key a KeyError or the default."""
+    """The shard's rollout records keep their items and trace in the Arrow columns of the
+    plan's items file (load/shard_plan.py: RolloutRecord, read in step with the rollouts) and
+    give each field as the plain record would: by [] and .get, nulls as None, a missing key
+    a KeyError or the default. An items file out of step with the rollouts is refused."""
     root, _, _ = synth
     build_night(root / "input", root / "records", DS)
     [staging] = (root / "records" / "_runs" / f"ds={DS}").iterdir()
-    plain = pq.read_table(f"{shard_plan.plan_dir(staging, 0)}/rollouts.parquet").to_pylist()
+    plan = shard_plan.plan_dir(staging, 0)
+    plain = pq.read_table(f"{plan}/rollouts.parquet").to_pylist()
+    items = pq.read_table(f"{plan}/{shard_plan.ITEMS}").to_pylist()
+    assert [p["rollout_id"] for p in plain] == [i["rollout_id"] for i in items]  # a row each, in step
+    plain = [{**p, **i} for p, i in zip(plain, items)]
     records = list(shard_plan.read_rollouts(staging, 0))
     assert len(records) == len(plain) > 100
     assert any(p["generated_items"] for p in plain) and any(p["trace"] is None for p in plain)
@@ -253,3 +258,7 @@ def test_a_shards_rollout_records_read_their_bulky_fields_from_the_plan_as_a_dic
         with pytest.raises(KeyError):
             record["no_such_field"]
         assert record.get("no_such_field", "d") == "d"
+    table = pq.read_table(f"{plan}/{shard_plan.ITEMS}")
+    pq.write_table(table.slice(1), f"{plan}/{shard_plan.ITEMS}")  # one row short: the rest out of step
+    with pytest.raises(RuntimeError, match="not in step"):
+        list(shard_plan.read_rollouts(staging, 0))

@@ -785,8 +785,8 @@ def test_a_warehouse_of_release_6_gets_the_trace_column(tmp_path):
     _, rows, _ = build(FIXTURE, out)
     assert len(rows) == 5
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 10
-        assert con.execute("SELECT count(trace) FROM rollouts").fetchone()[0] == 6
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 11
+        assert con.execute("SELECT count(trace) FROM rollout_items").fetchone()[0] == 6
 
 
 def test_the_report_counts_what_terminal_mode_would_mask(fixture_night):

@@ -16,7 +16,7 @@ from nights import DS, Night, worked_example
 from reassembler.build import build_night
 from reassembler.settings import Settings
 from reassembler.warehouse import SCHEMA_VERSION, connect, schema_version
-from steps import back_to_version
+from steps import back_to_version, columns_of
 
 V1_SCHEMA = Path(__file__).parent / "data" / "warehouse_v1_schema.sql"  # sql/schema.sql of release 1
 
@@ -60,7 +60,7 @@ def test_a_warehouse_of_release_2_gets_the_token_rows_table(tmp_path):
     worked_example(n, "a_g0")
     summary = build_night(n.write(), out, DS)
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 10
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 11
         assert con.execute("SELECT count(*) FROM token_rows").fetchone()[0] == summary.load.tokens.read > 0
     assert summary.numbers.ok_rollouts == 1
 
@@ -93,6 +93,44 @@ def test_a_warehouse_of_release_7_gets_where_rows_came_from_and_its_old_nights_s
         env = dict(con.execute("SELECT CAST(ds AS VARCHAR), env FROM rollouts").fetchall())
         assert night_quality(con, "2026-11-27")["night"]["rollouts"] == 1
     assert audit == {"2026-11-27": None, DS: "staged"} and env == {"2026-11-27": None, DS: "swe"}
+
+
+def test_a_warehouse_of_release_10_moves_its_rollouts_items_to_parquet_and_its_nights_stay_readable(tmp_path, capsys):
+    """Version 11: a rollout's fields that grow with its calls (generated_items, model_items,
+    trace) leave the rollout rows for the per-call table rollout_items. The migration writes
+    a version-10 warehouse's items out per night and run, drops the columns, and explain
+    still shows an old night's items."""
+    from reassembler.call_tables import root
+    from reassembler.cli import main
+
+    out = tmp_path / "out"
+    old = Night(tmp_path / "old", ds="2026-11-27")
+    worked_example(old, "a_g0")
+    build_night(old.write(), out, "2026-11-27")
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        items = sorted(con.execute("SELECT * FROM rollout_items").fetchall())
+    assert len(items) == 1 and items[0][2], "the worked example's rollout has generated items"
+    with connect(out) as con:  # taken back to version 10: the items in the rollout rows
+        back_to_version(con, 10)
+        columns = columns_of(con, "rollout_runs")
+        assert {"generated_items", "model_items", "trace"} <= columns
+    import shutil
+
+    shutil.rmtree(Path(root(out)) / "rollout_items")  # release 10 wrote no Parquet of them
+    assert main(["explain", "--output", str(out), "--ds", "2026-11-27", "a_g0"]) == 2  # refused: old version
+    capsys.readouterr()
+    n = Night(tmp_path / "n")
+    worked_example(n, "a_g0")
+    build_night(n.write(), out, DS)  # migrates, then loads another night
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 11
+        columns = columns_of(con, "rollout_runs")
+        after = sorted(con.execute("SELECT * FROM rollout_items WHERE ds = '2026-11-27'").fetchall())
+        assert con.execute(f"SELECT count(*) FROM rollout_items WHERE ds = '{DS}'").fetchone()[0] == 1
+    assert not columns & {"generated_items", "model_items", "trace"} and after == items
+    assert main(["explain", "--output", str(out), "--ds", "2026-11-27", "a_g0"]) == 0
+    said = capsys.readouterr().out
+    assert f"output: {len(items[0][2])} generated items" in said
 
 
 def test_a_warehouse_newer_than_this_release_is_refused(tmp_path):

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from .. import call_tables
 from ..errors import InputError
-from ..formats.fields import CALL, select_list
+from ..formats.fields import CALL, ITEMS, select_list
 from ..formats.gym_local import capture_file
 from ..formats.night import NightFiles, find_night
 from ..load.derived_tokens import derived_tokens
@@ -40,10 +40,15 @@ CAPTURES = {
 
 def _rollouts(con, params: dict) -> list[dict]:
     """The records of sql/shard_rollouts.sql for `params` (one rollout), without its plan_
-    columns (the shard plans' buckets: none here)."""
+    columns (the shard plans' buckets: none here), with its items (sql/explain_items.sql)."""
     cur = con.execute(sql("shard_rollouts", buckets=sql("no_buckets"), rejected=sql("ledger_rejected")), params)
     names = [d[0] for d in cur.description]
-    return [{k: v for k, v in zip(names, row) if not k.startswith("plan_")} for row in cur.fetchall()]
+    records = [{k: v for k, v in zip(names, row) if not k.startswith("plan_")} for row in cur.fetchall()]
+    items = call_tables.cursor(con).execute(sql("explain_items"), {k: params[k] for k in ("ds", "rollout_id")})
+    found = dict(zip([d[0] for d in items.description], items.fetchone() or ()))
+    for record in records:  # the rollout's items: beside the warehouse (call_tables.py)
+        record.update({name: found.get(name) for name in ITEMS})
+    return records
 
 
 def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:

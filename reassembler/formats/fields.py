@@ -1,13 +1,14 @@
 """The fields of the warehouse's rollout and ledger records, defined once.
 
 Everything else takes its columns from here: the tables' DDL (`sql/schema.sql` fills in
-`{rollouts_columns}` and `{ledger_columns}`), the Arrow schemas the reader inserts with
-(load/read.py), the JSON schema the ledger is parsed in columns with
-(load/ledger_columns.py), the ledger's field groups (the custody fields a token row repeats,
-the integers, the digests, the version defaults: records.py, token_file.py, checks.py), the
-calls the verification works on (verify/calls.py's Call), the column lists of the queries
-that read calls back (`{call_columns}` in sql/shard_calls.sql and sql/explain_ledger.sql),
-and the tests' in-memory tables. A column added here reaches all of them; the migration
+`{rollouts_columns}` from ROLLOUT_ROW, sql/night_tables.sql `{ledger_columns}` and
+`{items_columns}`), the Arrow schemas the reader inserts with (load/read.py), the JSON
+schema the ledger is parsed in columns with (load/ledger_columns.py), the ledger's field
+groups (the custody fields a token row repeats, the integers, the digests, the version
+defaults: records.py, token_file.py, checks.py), the calls the verification works on
+(verify/calls.py's Call), the column lists of the queries that read calls back
+(`{call_columns}` in sql/shard_calls.sql and sql/explain_ledger.sql), and the tests'
+in-memory tables. A column added here reaches all of them; the migration
 that adds it to existing warehouses goes in sql/migrations/.
 """
 
@@ -83,6 +84,19 @@ ROLLOUT = (
     Field("agent", S, doc="the rollout's agent, where the capture records it"),
     Field("temperature", F64, doc="the sampling temperature, where the capture records it"),
 )
+
+# A rollout's fields that grow with its calls (one item per generated call, the trace's rows):
+# they live in the per-call table rollout_items beside the warehouse (call_tables.py), never
+# in its file, and the merge's serial steps never read them (docs/merge.md). The warehouse's
+# rollout rows are the others (ROLLOUT_ROW); a load part writes both, its rollout rows with
+# the verifiers Episode id (EPISODE) the global step needs.
+ITEMS = ("generated_items", "model_items", "trace")
+ROLLOUT_ROW = tuple(f for f in ROLLOUT if f.name not in ITEMS)
+ROLLOUT_ITEMS = (
+    Field("rollout_id", S, True),
+    *(f for f in ROLLOUT if f.name in ITEMS),
+)
+EPISODE = Field("episode", S, doc="verifiers: the Episode id of the line (CONTRACT.md 10.2)")
 
 LEDGER = (
     Field("capture_seq", I64, True, "capture order: files by path, then line", group="source"),

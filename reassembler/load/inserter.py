@@ -8,12 +8,16 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from ..formats.fields import LEDGER, ROLLOUT, arrow_schema
+from ..formats.fields import EPISODE, LEDGER, ROLLOUT, ROLLOUT_ITEMS, ROLLOUT_ROW, arrow_schema
 from ..warehouse import sql
 
 CHUNK_ROWS = 500  # rows buffered before a write: a rollout row carries its whole output's fingerprints
 
-ROLLOUT_BATCH = arrow_schema(ROLLOUT)
+ROLLOUT_BATCH = arrow_schema((*ROLLOUT, EPISODE))  # a rollout line as parsed: RolloutTap splits it
+ROLLOUT_ROWS = arrow_schema(ROLLOUT_ROW)  # the warehouse's rollout rows
+PART_ROLLOUTS = arrow_schema((*ROLLOUT_ROW, EPISODE))  # a part's rollout rows
+_SEQ = next(f for f in ROLLOUT if f.name == "rollout_seq")
+PART_ITEMS = arrow_schema((ROLLOUT_ITEMS[0], _SEQ, *ROLLOUT_ITEMS[1:]))  # and their per-call fields
 LEDGER_BATCH = arrow_schema(LEDGER)
 REJECT_BATCH = pa.schema(
     [
@@ -44,6 +48,19 @@ class IntoWarehouse:
             self.con.execute(self.statement, {"ds": self.ds})
         finally:
             self.con.unregister("batch")
+
+
+class RolloutTap:
+    """A part's rollout rows as the parsers write them (ROLLOUT_BATCH), split into its two
+    tables: the rows (PART_ROLLOUTS) and, keyed by the part's rollout_seq, their fields that
+    grow with the calls (PART_ITEMS: formats/fields.py, ROLLOUT_ITEMS)."""
+
+    def __init__(self, rows: Sink, items: Sink):
+        self.rows, self.items = rows, items
+
+    def write(self, table: pa.Table) -> None:
+        self.rows.write(table.select(PART_ROLLOUTS.names))
+        self.items.write(table.select(PART_ITEMS.names))
 
 
 class Inserter:

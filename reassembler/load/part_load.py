@@ -30,7 +30,7 @@ from ..settings import DEFAULTS, Settings
 from ..table_file import digest
 from . import capture_children, rollout_lines
 from .gym_capture import GymCapture
-from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter
+from .inserter import LEDGER_BATCH, PART_ITEMS, PART_ROLLOUTS, REJECT_BATCH, Inserter, RolloutTap
 from .part_tables import PartTables, write_table
 from .parts import LoadPlan, part_folder
 from .read import InputProgress, load_ledger_lines, load_rollout_lines, token_files, too_big_rejects
@@ -74,13 +74,15 @@ CALLS_BY_ROLLOUT = pa.schema(
 # ledger lines' staging keys; the per-call ones split into the merge's buckets by the key
 # named here (merge/: the rollout id, or the staging key a token row is found by)
 PART_TABLES = {
-    "rollouts": ROLLOUT_BATCH,
+    "rollouts": PART_ROLLOUTS,
+    "rollout_items": PART_ITEMS,
     "ledger": LEDGER_BATCH,
     "rejects": REJECT_BATCH,
     "token_keys": KEYS,
     "ledger_keys": LEDGER_KEYS,
 }
 BUCKET_KEYS = {
+    "rollout_items": "rollout_id",
     "ledger": "rollout_id",
     "rejects": "rollout_id",
     "token_keys": "t_staging_key",
@@ -190,7 +192,7 @@ def _parse(
         rejects = Inserter(tables["rejects"], REJECT_BATCH)
         ledger = LedgerTap(tables)
         gym = GymCapture(ledger, part, rejects, out, max_line_bytes, readers, progress.read, every_capture)
-        rollouts = tables["rollouts"]
+        rollouts = RolloutTap(tables["rollouts"], tables["rollout_items"])
         rollouts_first = background is None or background.done()
         if rollouts_first:
             rollout_lines_read = load_rollout_lines(

@@ -191,7 +191,7 @@ class InBackground:
 
             def add_row(row: dict, part: Part | None = child.part) -> None:
                 rollout_id = row["rollout_id"]
-                episode = json.loads(row["trace"])["episode"] if row.get("capture") == "verifiers" else None
+                episode = row.get("episode") if row.get("capture") == "verifiers" else None
                 at = (row["source_file"], row["source_line"])
                 if episode is not None and episodes.setdefault(episode, at) != at:  # an earlier part's Episode
                     self._reject_seen_before(row, part, rejects, episode)

@@ -4,6 +4,9 @@ task wrote) and may run on any machine.
 
     <run folder>/plan/shard-<k>/rollouts.parquet   the shard's rollouts (sql/shard_rollouts.sql),
                                                    in output order: group_id, slot
+    <run folder>/plan/shard-<k>/items.parquet      their items (generated_items, model_items,
+                                                   trace: the warehouse's rows do not hold
+                                                   them), a row each, in the same order
     <run folder>/plan/shard-<k>/calls.parquet      their calls in the order the shard reads
                                                    them (sql/shard_calls.sql), each with its
                                                    token row's file and row number
@@ -35,10 +38,15 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..errors import InputError
+from ..formats.fields import ROLLOUT_ITEMS, arrow_schema
 from ..formats.token_file import TokenFile
 from ..warehouse import sql
 from ..wide_sort import SortBuckets, empty_of, sort_rows, spill_of
 
+ITEMS = "items.parquet"  # the plan's rollouts' items (formats/fields.py: ITEMS), in their order
+ITEMS_SCHEMA = arrow_schema(ROLLOUT_ITEMS)
+BULKY = ITEMS_SCHEMA.names[1:]  # a rollout's fields read once, when it is verified
+ITEM_ORDER = [("plan_group", "ascending"), ("plan_slot", "ascending"), ("rollout_id", "ascending")]  # ROLLOUT_ORDER
 BUCKET_ROWS = 8192  # rollout and call rows Arrow sorts at a time (a call ~2.5 KB), whole rollouts
 READ_ROWS = 2048  # rows a batch as DuckDB streams a query's rows to their buckets
 ROLLOUT_ORDER = [("group_id", "ascending"), ("slot", "ascending"), ("rollout_id", "ascending")]
@@ -162,26 +170,50 @@ ROLLOUT_BATCH_ROWS = 1024  # the shard's rollouts are read this many at a time
 
 def read_rollouts(staging, shard: int) -> Iterator[dict]:
     """The shard's rollouts, in output order, read a batch at a time (never the shard's
-    whole list). No plan: InputError at once (the night was loaded again by another run
-    since, which removed this run's folder: the later load wins)."""
+    whole list), each with its items (ITEMS, in the same order). No plan: InputError at once
+    (the night was loaded again by another run since, which removed this run's folder: the
+    later load wins)."""
     loc = storage.join(plan_dir(staging, shard), "rollouts.parquet")
+    at = storage.join(plan_dir(staging, shard), ITEMS)
     try:
-        source = storage.open_parquet(loc)
-        file = pq.ParquetFile(source)
+        file = pq.ParquetFile(storage.open_parquet(loc))
+        items = _InStep(pq.ParquetFile(storage.open_parquet(at)), at)
     except FileNotFoundError:
         raise plan_gone(loc) from None
-    return (row for batch in file.iter_batches(ROLLOUT_BATCH_ROWS) for row in _records(batch))
+    return (row for batch in file.iter_batches(ROLLOUT_BATCH_ROWS) for row in _records(batch, items))
 
 
-BULKY = ("generated_items", "model_items", "trace")  # a rollout's fields read once, when it is verified
+class _InStep:
+    """The plan's items file read in step with its rollouts: the next rows, as many as a
+    batch of rollouts has, which must be theirs (RuntimeError otherwise)."""
+
+    def __init__(self, file: pq.ParquetFile, loc: str):
+        self.batches, self.loc = file.iter_batches(ROLLOUT_BATCH_ROWS), loc
+        self.held: pa.RecordBatch | None = None
+
+    def next(self, ids: pa.Array) -> pa.Table:
+        pieces, have = [], 0
+        while have < len(ids):
+            if self.held is None or not self.held.num_rows:
+                self.held = next(self.batches, None)
+                if self.held is None:
+                    break
+            piece = self.held.slice(0, len(ids) - have)
+            self.held = self.held.slice(piece.num_rows)
+            pieces.append(piece)
+            have += piece.num_rows
+        table = pa.Table.from_batches(pieces, ITEMS_SCHEMA) if pieces else ITEMS_SCHEMA.empty_table()
+        if not table.column("rollout_id").combine_chunks().equals(ids):
+            raise RuntimeError(f"internal: {self.loc} is not in step with the shard's rollouts")
+        return table
 
 
-def _records(batch: pa.RecordBatch) -> list[dict]:
-    """The rollouts of `batch` as records whose bulky fields stay in the batch's Arrow
-    columns until read (as Python objects, a unit's items took ~10 KB a rollout)."""
-    bulky = {name: batch.column(name) for name in BULKY if name in batch.schema.names}
-    light = batch.drop_columns(list(bulky)).to_pylist()
-    return [RolloutRecord(row, bulky, at) for at, row in enumerate(light)]
+def _records(batch: pa.RecordBatch, items: _InStep) -> list[dict]:
+    """The rollouts of `batch` as records whose items (BULKY) stay in Arrow columns until
+    read (as Python objects, a unit's items took ~10 KB a rollout)."""
+    theirs = items.next(batch.column("rollout_id"))
+    bulky = {name: theirs.column(name).combine_chunks() for name in BULKY}
+    return [RolloutRecord(row, bulky, at) for at, row in enumerate(batch.to_pylist())]
 
 
 class RolloutRecord(dict):

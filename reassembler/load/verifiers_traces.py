@@ -173,6 +173,7 @@ def rollout_row(r: TraceRollout) -> dict:
         "capture_detail": r.detail,
         "capture_call_id": r.call_id,
         "trace": json.dumps(shape, separators=(",", ":")),
+        "episode": r.episode_id,
         "env": r.env,
         "agent": r.agent,
         "temperature": r.temperature,

@@ -3,12 +3,15 @@ rollout ids that fall in it (buckets.py), once the global step and every key buc
 finished (sql/bucket_merge.sql):
 
 - ledger lines numbered in the night's reading order, the derived calls each rollout keeps
-  numbered after them, their token rows' keys, the parts' reject rows, and the ledger lines
-  of no rollout as reject rows: written as the bucket's files of the per-call tables
-  (call_tables.py), in the run's folders (invisible until the night's commit names the run);
+  numbered after them, their token rows' keys, the parts' reject rows, the ledger lines of
+  no rollout as reject rows, and the items of the rollouts it keeps (rollout_items):
+  written as the bucket's files of the per-call tables (call_tables.py), in the run's
+  folders (invisible until the night's commit names the run);
 - the bucket's plan pieces (`bucket-NNNNN/calls.parquet`): its calls with their token rows,
-  each row group of one shard (sql/bucket_calls.sql); and per rollout the first ledger line
-  of its own that was rejected (`rollout_rejects.parquet`), for the shards' rollouts.
+  each row group of one shard (sql/bucket_calls.sql); its rollouts' items
+  (`items.parquet`, the same way: sql/bucket_items.sql), which the warehouse's rollout rows
+  do not hold; and per rollout the first ledger line of its own that was rejected
+  (`rollout_rejects.parquet`), for the shards' rollouts.
 
 A bucket run again (a retried task) rewrites the same files whole: nothing is appended.
 """
@@ -35,6 +38,7 @@ from .staging import (
     write_query,
 )
 
+ITEM_ROWS = 1024  # rollouts a batch as their items go to the plan pieces (a rollout's are kilobytes)
 ROLLOUT_REJECTS = pa.schema([("rollout_id", pa.string()), ("n_rejected", pa.int64()), ("first_rejected", pa.string())])
 
 
@@ -64,7 +68,7 @@ def merge_bucket(
     con = scratch(settings.duckdb)
     try:
         call_tables.open_night(con)
-        for table in ("ledger", "rejects"):
+        for table in ("ledger", "rejects", "rollout_items"):
             stage(con, f"p_{table}", part_files(plan, folder, table, markers), bucket)
         stage(con, "decisions", [storage.join(merge_dir(folder), "decisions.parquet")], bucket, with_part=False)
         matches = [keys.matches_path(folder, b) for b in range(plan.buckets)]
@@ -76,6 +80,8 @@ def merge_bucket(
         pieces = pieces_dir(folder, bucket)
         reader = con.sql(sql("bucket_calls", call_columns=select_list(CALL, "l"))).to_arrow_reader(8192)
         write_bucketed(reader, storage.join(pieces, "calls.parquet"), "plan_shard", 0, direct=True)
+        reader = con.sql(sql("bucket_items")).to_arrow_reader(ITEM_ROWS)
+        write_bucketed(reader, storage.join(pieces, "items.parquet"), "plan_shard", 0, direct=True)
         write_query(
             con,
             storage.join(pieces, "rollout_rejects.parquet"),

@@ -12,7 +12,7 @@ import pyarrow as pa
 from ..errors import InputError
 from ..formats.night import NightFiles
 from ..load.gym_capture import GymSummary, capture_files
-from ..load.inserter import ROLLOUT_BATCH, Inserter, IntoWarehouse
+from ..load.inserter import ROLLOUT_ROWS, Inserter, IntoWarehouse
 from ..warehouse import run_script, sql
 
 GIVE_UP_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS (CONTRACT.md 2.1)
@@ -119,7 +119,7 @@ def _given_up(con, night: NightFiles, summary: GymSummary, rollout_count: int) -
                 (rel, line, {"key": key, "terminal": terminal, "failure_class": failure_class})
             )
     seq = rollout_count
-    given_up = Inserter(IntoWarehouse(con, "insert_rollouts", night.ds), ROLLOUT_BATCH)
+    given_up = Inserter(IntoWarehouse(con, "insert_rollouts", night.ds), ROLLOUT_ROWS)
     for sample, attempts in sorted(per_sample.items()):
         if sample in samples:
             continue  # a result line of the night has it
@@ -138,8 +138,6 @@ def _given_up(con, night: NightFiles, summary: GymSummary, rollout_count: int) -
                 "group_id": str(sample[0]),
                 "slot": sample[1],
                 "failure_reason": last["failure_class"],
-                "generated_items": [],
-                "model_items": [],
                 "n_output_items": 0,
                 "source_file": rel,
                 "source_line": line,

@@ -4,7 +4,8 @@ with its rollout's sort bucket (runs of about BUCKET_ROWS rollout and call rows 
 order, cut between rollouts: sql/merge_plan.sql), so the shard reads only its own row groups
 of each bucket, routes each row to its sort bucket, sorts one sort bucket at a time into
 output order (CALL_ORDER) and writes its plan's calls.parquet and token_groups.parquet
-(load/shard_plan.py), which it then reads as before. Memory: the rows held before they
+(load/shard_plan.py), which it then reads as before; and its rollouts' items
+(items.parquet) the same way, into the order of its rollouts. Memory: the rows held before they
 spill, and one sort bucket, whatever the size of a group.
 """
 
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..buckets import read_bucket
 from ..load.parts import read_plan
-from ..load.shard_plan import CALL_ORDER, TokenGroups, plan_dir, plan_gone, write_sorted
+from ..load.shard_plan import CALL_ORDER, ITEM_ORDER, ITEMS, TokenGroups, plan_dir, plan_gone, write_sorted
 from ..settings import DEFAULTS, Settings
 from ..warehouse import scratch_config
 from ..wide_sort import SortBuckets, empty_of, sort_rows
@@ -26,35 +27,38 @@ from .bucket import pieces_dir
 
 
 def build_calls(folder: str, shard: int, plans: str | None = None, settings: Settings = DEFAULTS) -> None:
-    """Write shard `shard`'s calls.parquet and token_groups.parquet into its plan (in the
-    run's `folder`, or in `plans`) from the buckets' pieces in `folder`."""
+    """Write shard `shard`'s calls.parquet, token_groups.parquet and items.parquet into its
+    plan (in the run's `folder`, or in `plans`) from the buckets' pieces in `folder`."""
     mine = storage.join(plan_dir(plans or folder, shard), "rollouts.parquet")
     if not storage.exists(mine):
         raise plan_gone(mine)
     plan = read_plan(folder)
-    files = [
-        pq.ParquetFile(storage.open_parquet(storage.join(pieces_dir(folder, b), "calls.parquet")))
-        for b in range(plan.buckets)
-    ]
-    schema = files[0].schema_arrow.remove(files[0].schema_arrow.get_field_index("bucket"))
     spill = scratch_config(settings.duckdb)["temp_directory"]
 
-    def routed() -> Iterator[pa.RecordBatch]:
-        for file in files:
-            for table in read_bucket(file, shard):
-                yield from table.cast(schema).to_batches()
-
-    def sorted_tables() -> Iterator[pa.Table]:
-        yield empty_of(schema)
-        with SortBuckets(schema, spill) as held:
-            for batch in routed():
-                held.add(batch)
-            for table in held.tables():
-                yield sort_rows(table, CALL_ORDER)
+    def pieces(name: str) -> list[pq.ParquetFile]:
+        return [
+            pq.ParquetFile(storage.open_parquet(storage.join(pieces_dir(folder, b), name))) for b in range(plan.buckets)
+        ]
 
     out = plan_dir(plans or folder, shard)
     token_groups = TokenGroups({})
-    calls = (token_groups.add(table) for table in sorted_tables())
+    calls = (token_groups.add(table) for table in _sorted_out(pieces("calls.parquet"), shard, CALL_ORDER, spill))
     write_sorted(storage.join(out, "calls.parquet"), None, calls)
     table = token_groups.table()
     write_sorted(storage.join(out, "token_groups.parquet"), table.schema, [table])
+    items = _sorted_out(pieces("items.parquet"), shard, ITEM_ORDER, spill)
+    write_sorted(storage.join(out, ITEMS), None, items)
+
+
+def _sorted_out(files: list[pq.ParquetFile], shard: int, order, spill: str) -> Iterator[pa.Table]:
+    """The rows of `shard` in the BucketedFiles `files` (pieces), in `order`, a sort bucket
+    (their plan_bucket) at a time; the first table is empty (it carries the schema)."""
+    schema = files[0].schema_arrow.remove(files[0].schema_arrow.get_field_index("bucket"))
+    yield empty_of(schema)
+    with SortBuckets(schema, spill) as held:
+        for file in files:
+            for table in read_bucket(file, shard):
+                for batch in table.cast(schema).to_batches():
+                    held.add(batch)
+        for table in held.tables():
+            yield sort_rows(table, order)

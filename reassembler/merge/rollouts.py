@@ -11,7 +11,7 @@ local-mode outcomes, and their calls counted per rollout), never a call:
 
 Written into the run's folder (merge/staging.py): `rollouts.parquet` (the night's rollout
 rows), `decisions.parquet` (per rollout, split by bucket: kept or a failed attempt, its
-group, slot, shard, sort bucket and derived calls), `groups.parquet` (per group: shard), the
+group, slot, shard, sort bucket, derived calls and the part's row of its line), `groups.parquet` (per group: shard), the
 repeated lines' reject rows among the night's per-call files, then the marker.
 """
 
@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from .. import call_tables, storage
 from ..errors import InputError
-from ..formats.fields import LEDGER, ROLLOUT, ddl
+from ..formats.fields import ROLLOUT_ROW, ddl
 from ..load import shard_plan
 from ..load.gym_capture import CAPTURE_SEQ_BASE
 from ..load.inserter import REJECT_BATCH, Inserter, IntoWarehouse
@@ -57,6 +57,8 @@ DECISIONS = pa.schema(
         ("owner_kind", pa.string()),
         ("derived_base", pa.int64()),
         ("sort_bucket", pa.int64()),
+        ("line_part", pa.int64()),
+        ("line_seq", pa.int64()),
     ]
 )
 
@@ -73,7 +75,7 @@ def merge_rollouts(
     shards = shards or settings.shards
     con = scratch(settings.duckdb)
     try:
-        run_script(con, "schema", rollouts_columns=ddl(ROLLOUT), ledger_columns=ddl(LEDGER))
+        run_script(con, "schema", rollouts_columns=ddl(ROLLOUT_ROW))
         run_script(con, "night_rollouts")
         call_tables.open_night(con)
         for name in ("rollouts", "samples", "failures", "outcomes"):
