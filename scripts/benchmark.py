@@ -99,8 +99,10 @@ for f in sorted(tokens.glob("*.parquet")):
 
 
 def run(body: str, *args: str) -> dict:
+    # -P: the current folder is not put first on the path, so that a revision's tree given
+    # by PYTHONPATH (_in_tree) is the one imported even when this runs from a checkout
     res = subprocess.run(
-        [sys.executable, "-c", MEASURE.format(body=body), *map(str, args)], capture_output=True, text=True
+        [sys.executable, "-P", "-c", MEASURE.format(body=body), *map(str, args)], capture_output=True, text=True
     )
     if res.returncode != 0:
         raise SystemExit(f"a measured run failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
@@ -784,7 +786,7 @@ def model_seconds(f: dict, tokens: float, workers: int, tokens_per_call: float) 
         + f["bucket_fixed"]
     )
     serial = (f["global_call"] + f["commit_call"]) * calls + f["global_fixed"] + f["commit_fixed"]
-    shards = (f["shard_token"] * tokens + f["shard_call"] * calls) * f["shard_s3"] / workers
+    shards = (f["shard_token"] * tokens + f["shard_call"] * calls) * f["shard_s3"] / workers + f["shard_fixed"]
     fixed = STEPS * TASK_GAP + TAIL
     total = parts + buckets + serial + shards + fixed
     return {"parts": parts, "buckets": buckets, "serial": serial, "shards": shards, "fixed": fixed, "total": total}
@@ -842,7 +844,7 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
         out = work / f"scale-{tag}"
         shutil.rmtree(out, ignore_errors=True)
         steps[tag] = _night_steps(
-            r / "input", out, work / f"scale-{tag}.duckdb", rounds, memory_limit, shard=tag in ("1x", "calls-1x")
+            r / "input", out, work / f"scale-{tag}.duckdb", rounds, memory_limit, shard=tag != "calls-deep"
         )
     tree = revision_tree(work.resolve(), BUILD_BEFORE)
     # the one-process build as users run it, this revision against the one before the buckets
@@ -923,8 +925,21 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
     per_call_b, per_call_c = n1 / c1, nc1 / cc1  # tokens a call of each shape
     part_per_token = (med["4x"]["part"] - med["1x"]["part"]) / (n4 - n1)
     part_token, part_call = per_token_and_call(part_per_token, per_call_b, slopes["part"][2], per_call_c)
-    shard_token, shard_call = per_token_and_call(
+    # a shard's cost split as a part's: per token and per call from the slopes between each
+    # shape's 1x and 4x nights, the rest fixed; and, as issue 48 took its 66.8 us, its whole
+    # cost on the 1x nights over their tokens and calls (fixed costs included)
+    shard_per_token = (med["4x"]["shard"] - med["1x"]["shard"]) / (n4 - n1)
+    shard_per_call_c, shard_fixed = _slope(med["calls-1x"]["shard"], med["calls-4x"]["shard"], cc1, cc4)
+    shard_token, shard_call = per_token_and_call(shard_per_token, per_call_b, shard_per_call_c, per_call_c)
+    whole_token, whole_call = per_token_and_call(
         med["1x"]["shard"] / n1, per_call_b, med["calls-1x"]["shard"] / cc1, per_call_c
+    )
+    part_whole = per_token_and_call(med["1x"]["part"] / n1, per_call_b, med["calls-1x"]["part"] / cc1, per_call_c)
+    print(
+        f"per call     shard: {shard_token * 1e9:.0f} ns a token + {shard_call * 1e6:.1f} us a call + "
+        f"{max(shard_fixed, 0):.2f} s (slopes 1x -> 4x); whole cost over the 1x nights (fixed included, as issue 48 "
+        f"took 61.8 and 66.8 us): a part {part_whole[1] * 1e6:.1f} us a call, a shard {whole_call * 1e6:.1f} us a "
+        f"call ({whole_token * 1e9:.0f} ns a token)"
     )
     figures = {
         "part_token": part_token,
@@ -943,11 +958,13 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
         "commit_fixed": max(slopes["commit"][1], 0.0),
         "shard_token": shard_token,
         "shard_call": shard_call,
+        "shard_fixed": max(shard_fixed, 0.0),
         "shard_s3": shard_s3,
     }
     print(
         f"model parts  a part {part_token * 1e9:.0f} ns a token + {part_call * 1e6:.1f} us a call, x{part_s3:.2f} "
-        f"from S3; a shard {shard_token * 1e9:.0f} ns a token + {shard_call * 1e6:.1f} us a call, x{shard_s3:.2f}; "
+        f"from S3; a shard {shard_token * 1e9:.0f} ns a token + {shard_call * 1e6:.1f} us a call "
+        f"+ {figures['shard_fixed']:.2f} s, x{shard_s3:.2f}; "
         f"merge buckets {(figures['keys_call'] + figures['bucket_call']) * 1e6:.1f} us a call in all (x{skew:.2f} "
         f"for the largest, x{merge_s3:.2f} from S3) + {figures['keys_fixed'] + figures['bucket_fixed']:.2f} s a "
         f"bucket; global step and warehouse task {(figures['global_call'] + figures['commit_call']) * 1e6:.2f} us a "

@@ -33,6 +33,7 @@ PER_CALL = {
     "rollouts": "SELECT * EXCLUDE (ds) FROM rollouts ORDER BY rollout_seq",
     "ledger": "SELECT * EXCLUDE (ds) FROM ledger ORDER BY capture_seq",
     "rejects": "SELECT * EXCLUDE (ds) FROM rejects ORDER BY ALL",
+    "rollout_items": "SELECT * EXCLUDE (ds) FROM rollout_items ORDER BY rollout_id",
     # derived token rows sit in their part's file: their place differs, their key does not
     "token_rows": "SELECT t_staging_key, t_rollout_id, t_model_call_id, "
     "CASE WHEN t_file LIKE '%/load/part-%' THEN 'derived' ELSE t_file END, "
@@ -112,6 +113,8 @@ def test_any_number_of_parts_and_buckets_gives_the_same_night(tmp_path_factory, 
     many = _build(inp, root / "many", parts, workers, buckets)
     assert many == one
     assert one["rows"] and any(r[0] == "rollouts" for r in one["tables"]["rejects"])  # the damage was read
+    assert len(one["tables"]["rollout_items"]) <= len(one["tables"]["rollouts"])  # a row per line kept
+    assert any(generated or model or trace for _, generated, model, trace in one["tables"]["rollout_items"])
     repeated = [r for r in one["tables"]["rejects"] if "already seen" in (r[3] or "")]
     assert repeated and all(r[4] for r in repeated)  # a repeated id's reject row keeps its raw line
 
