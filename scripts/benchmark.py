@@ -847,6 +847,8 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
             r / "input", out, work / f"scale-{tag}.duckdb", rounds, memory_limit, shard=tag != "calls-deep"
         )
     tree = revision_tree(work.resolve(), BUILD_BEFORE)
+    for name in ("scale-before", "scale-now"):  # each revision's own warehouse (an older one refuses a newer file)
+        shutil.rmtree(work / name, ignore_errors=True)
     # the one-process build as users run it, this revision against the one before the buckets
     before, now = interleaved(
         rounds if tree is not None else 0,

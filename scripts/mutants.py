@@ -1242,10 +1242,59 @@ MUTANTS = [
     Mutant(
         "a shard's rollout records hold their items as Python objects",
         "reassembler/load/shard_plan.py",
-        "    light = batch.drop_columns(list(bulky)).to_pylist()",
-        "    light = batch.to_pylist()",
+        "    return [RolloutRecord(row, bulky, at) for at, row in enumerate(batch.to_pylist())]",
+        "    return [RolloutRecord({**row, **{n: c[at].as_py() for n, c in bulky.items()}}, bulky, at)"
+        " for at, row in enumerate(batch.to_pylist())]",
         (
             "tests/test_synth_night.py::test_a_shards_rollout_records_read_their_bulky_fields_from_the_plan_as_a_dict_would",
+        ),
+    ),
+    Mutant(
+        "a shard's items file is read out of step with its rollouts",
+        "reassembler/load/shard_plan.py",
+        '        if not table.column("rollout_id").combine_chunks().equals(ids):',
+        "        if False:",
+        (
+            "tests/test_synth_night.py::test_a_shards_rollout_records_read_their_bulky_fields_from_the_plan_as_a_dict_would",
+        ),
+    ),
+    Mutant(
+        "a bucket keeps the items of every line of a rollout id, not the kept one's",
+        "sql/bucket_merge.sql",
+        "JOIN decisions d ON d.kept AND d.line_part = i.part AND d.line_seq = i.rollout_seq;",
+        "JOIN decisions d ON d.kept AND d.rollout_id = i.rollout_id;",
+        ("tests/test_load_parts.py::test_any_number_of_parts_and_buckets_gives_the_same_night",),
+    ),
+    Mutant(
+        "a shard sorts its items in another order than its rollouts",
+        "reassembler/load/shard_plan.py",
+        'ITEM_ORDER = [("plan_group", "ascending"), ("plan_slot", "ascending"), ("rollout_id", "ascending")]',
+        'ITEM_ORDER = [("plan_group", "ascending"), ("rollout_id", "ascending"), ("plan_slot", "ascending")]',
+        ("tests/test_synth_night.py", "tests/test_verifiers.py"),
+    ),
+    Mutant(
+        "a version-10 warehouse's items are dropped with their columns",
+        "reassembler/warehouse.py",
+        "                call_tables.export_items(con, output)  # the columns before they go",
+        "                pass",
+        (
+            "tests/test_warehouse.py::test_a_warehouse_of_release_10_moves_its_rollouts_items_to_parquet_and_its_nights_stay_readable",
+        ),
+    ),
+    Mutant(
+        "retention keeps the rollouts' items files",
+        "reassembler/call_tables.py",
+        'PER_CALL = ("ledger", "token_rows", "rollout_items")  # retention deletes these (rejects are kept for good)',
+        'PER_CALL = ("ledger", "token_rows")',
+        ("tests/test_warehouse.py::test_retention_keeps_the_per_call_tables_of_the_newest_nights_only",),
+    ),
+    Mutant(
+        "explain reads no items",
+        "reassembler/audit/explain.py",
+        "        record.update({name: found.get(name) for name in ITEMS})",
+        "        pass",
+        (
+            "tests/test_warehouse.py::test_a_warehouse_of_release_10_moves_its_rollouts_items_to_parquet_and_its_nights_stay_readable",
         ),
     ),
     Mutant(

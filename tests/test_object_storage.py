@@ -130,7 +130,7 @@ def test_a_night_loaded_in_parts_on_s3_reads_exactly_like_the_local_build(s3, ni
 def test_per_call_tables_on_s3_are_views_explain_reads_and_retention_deletes(s3, nights, tmp_path):
     """The per-call tables of a night on S3 are the current run's files (a reader of the
     warehouse sees them through temporary views); a second night with --retention-nights 1
-    deletes the first night's ledger and token_rows folders, its reject rows stay."""
+    deletes the first night's ledger, token_rows and rollout_items folders, its reject rows stay."""
     from reassembler.warehouse import connect
 
     inp, out = f"s3://{s3.bucket('capture')}/kept", f"s3://{s3.bucket('rows')}/kept"
@@ -156,7 +156,9 @@ def test_per_call_tables_on_s3_are_views_explain_reads_and_retention_deletes(s3,
     )
     assert res.returncode == 0, res.stderr
     keys = s3.keys(out)
-    assert not [k for k in keys if k.startswith((f"calls/ledger/ds={DS}/", f"calls/token_rows/ds={DS}/"))]
+    gone = (f"calls/ledger/ds={DS}/", f"calls/token_rows/ds={DS}/", f"calls/rollout_items/ds={DS}/")
+    assert not [k for k in keys if k.startswith(gone)]
+    assert [k for k in keys if k.startswith(f"calls/rollout_items/ds={later}/")]
     assert [k for k in keys if k.startswith(f"calls/rejects/ds={DS}/")]  # kept for good
     with connect(out, read_only=True, database=warehouse) as con:
         nights_seen = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM ledger").fetchall()}

@@ -154,10 +154,14 @@ def test_retention_keeps_the_per_call_tables_of_the_newest_nights_only(tmp_path)
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         per_call = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM ledger").fetchall()}
         token_nights = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM token_rows").fetchall()}
-        assert token_nights == per_call
+        item_nights = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM rollout_items").fetchall()}
+        assert token_nights == item_nights == per_call
         kept = {str(d) for (d,) in con.execute("SELECT DISTINCT ds FROM audit").fetchall()}
         assert per_call == set(nights[1:]) and kept == set(nights)  # audit and runs are kept for good
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
+    from reassembler.call_tables import nights_on_disk
+
+    assert nights_on_disk(out, "rollout_items") == nights[1:]  # the files go, not only the view's rows
 
 
 def _wal(out: Path) -> int:
