@@ -843,6 +843,7 @@ def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit
     for tag, r in nights:
         out = work / f"scale-{tag}"
         shutil.rmtree(out, ignore_errors=True)
+        (work / f"scale-{tag}.duckdb").unlink(missing_ok=True)  # its size after one night is measured
         steps[tag] = _night_steps(
             r / "input", out, work / f"scale-{tag}.duckdb", rounds, memory_limit, shard=tag != "calls-deep"
         )
