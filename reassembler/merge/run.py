@@ -28,14 +28,9 @@ def merge_night(plan: LoadPlan, folder: str, calls: tuple[str, str], settings: S
     step and the key buckets, then the rollout buckets; `settings.workers` at a time in
     worker processes, or one after the other here."""
     if settings.workers <= 1 or plan.buckets <= 1:
-        # here, the global step beside the key buckets on a thread: they need only the
-        # parts, and DuckDB runs their queries without the GIL
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="merge-keys") as beside:
-            keyed = beside.submit(lambda: [merge_keys(plan, folder, b, calls, settings) for b in range(plan.buckets)])
-            merge_rollouts(plan, folder, calls, settings)
-            keyed.result()  # re-raises its error
+        merge_rollouts(plan, folder, calls, settings)
+        for b in range(plan.buckets):
+            merge_keys(plan, folder, b, calls, settings)
         for b in range(plan.buckets):
             merge_bucket(plan, folder, b, calls, settings)
         return
