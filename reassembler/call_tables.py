@@ -265,20 +265,10 @@ def export_tables(con, output) -> None:
     the migration that drops the tables runs next)."""
     con.execute("CREATE TABLE IF NOT EXISTS night_calls (ds DATE NOT NULL, run VARCHAR NOT NULL)")
     nights: set[str] = set()
-    for table, schema in schemas().items():
-        if table == "rollout_items":  # version 8's rollout rows held these: export_items, later
-            continue
-        columns = ", ".join(f'"{name}"' for name in schema.names)
+    for table in ("ledger", "token_rows", "rejects"):  # rollout_items: version 10's rollout rows (export_items)
         for (ds,) in con.execute(f"SELECT DISTINCT ds FROM main.{table} ORDER BY ds").fetchall():  # noqa: S608
-            con.execute(  # the night's rows, then sorted a bucket at a time (wide_sort.py)
-                f"CREATE OR REPLACE TEMP TABLE export_night AS SELECT {columns} FROM main.{table} "  # noqa: S608
-                "WHERE ds = CAST($ds AS DATE)",
-                {"ds": str(ds)},
-            )
-            _, tables = ordered(con, "temp.export_night", ORDER[table], None, SORT_ROWS)
             loc = storage.join(night_folder(output, table, str(ds), MIGRATED), "part-00000.parquet")
-            write_file(loc, schema, tables)
-            con.execute("DROP TABLE temp.export_night")
+            _export(con, table, f"main.{table} WHERE ds = CAST($ds AS DATE)", {"ds": str(ds)}, loc)
             nights.add(str(ds))
     for ds in sorted(nights):
         commit_night(con, ds, MIGRATED)
@@ -288,15 +278,25 @@ def export_items(con, output) -> None:
     """Write the rollouts' per-call fields a warehouse of version 10 holds in its rollout
     rows (formats/fields.py: ITEMS) as the file `migrated.parquet` of each night and run
     they belong to; the migration that drops the columns runs next."""
-    schema = schemas()["rollout_items"]
-    columns = ", ".join(f'"{name}"' for name in schema.names)
     runs = con.execute("SELECT DISTINCT CAST(ds AS VARCHAR), run FROM rollout_runs ORDER BY 1, 2").fetchall()
     for ds, run in runs:
-        con.execute(
-            f"CREATE OR REPLACE TEMP TABLE export_night AS SELECT {columns} FROM rollout_runs "  # noqa: S608
-            "WHERE ds = CAST($ds AS DATE) AND run = $run",
+        loc = storage.join(night_folder(output, "rollout_items", ds, run), "migrated.parquet")
+        _export(
+            con,
+            "rollout_items",
+            "rollout_runs WHERE ds = CAST($ds AS DATE) AND run = $run",
             {"ds": ds, "run": run},
+            loc,
         )
-        _, tables = ordered(con, "temp.export_night", ORDER["rollout_items"], None, SORT_ROWS)
-        write_file(storage.join(night_folder(output, "rollout_items", ds, run), "migrated.parquet"), schema, tables)
-        con.execute("DROP TABLE temp.export_night")
+
+
+def _export(con, table: str, rows: str, params: dict, loc: str) -> None:
+    """The per-call `table`'s columns of `rows` (a FROM ... WHERE clause) into one file at
+    `loc`, in the table's order: first held in a temporary table, then sorted a bucket at a
+    time (wide_sort.py)."""
+    schema = schemas()[table]
+    columns = ", ".join(f'"{name}"' for name in schema.names)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE export_night AS SELECT {columns} FROM {rows}", params)  # noqa: S608
+    _, tables = ordered(con, "temp.export_night", ORDER[table], None, SORT_ROWS)
+    write_file(loc, schema, tables)
+    con.execute("DROP TABLE temp.export_night")

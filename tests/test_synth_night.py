@@ -245,7 +245,7 @@ def test_a_shards_rollout_records_read_their_bulky_fields_from_the_plan_as_a_dic
     [staging] = (root / "records" / "_runs" / f"ds={DS}").iterdir()
     plan = shard_plan.plan_dir(staging, 0)
     plain = pq.read_table(f"{plan}/rollouts.parquet").to_pylist()
-    items = pq.read_table(f"{plan}/{shard_plan.ITEMS}").to_pylist()
+    items = pq.read_table(f"{plan}/{shard_plan.ITEMS_FILE}").to_pylist()
     assert [p["rollout_id"] for p in plain] == [i["rollout_id"] for i in items]  # a row each, in step
     plain = [{**p, **i} for p, i in zip(plain, items)]
     records = list(shard_plan.read_rollouts(staging, 0))
@@ -258,7 +258,7 @@ def test_a_shards_rollout_records_read_their_bulky_fields_from_the_plan_as_a_dic
         with pytest.raises(KeyError):
             record["no_such_field"]
         assert record.get("no_such_field", "d") == "d"
-    table = pq.read_table(f"{plan}/{shard_plan.ITEMS}")
-    pq.write_table(table.slice(1), f"{plan}/{shard_plan.ITEMS}")  # one row short: the rest out of step
+    table = pq.read_table(f"{plan}/{shard_plan.ITEMS_FILE}")
+    pq.write_table(table.slice(1), f"{plan}/{shard_plan.ITEMS_FILE}")  # one row short: the rest out of step
     with pytest.raises(RuntimeError, match="not in step"):
         list(shard_plan.read_rollouts(staging, 0))

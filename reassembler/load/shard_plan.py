@@ -43,7 +43,7 @@ from ..formats.token_file import TokenFile
 from ..warehouse import sql
 from ..wide_sort import SortBuckets, empty_of, sort_rows, spill_of
 
-ITEMS = "items.parquet"  # the plan's rollouts' items (formats/fields.py: ITEMS), in their order
+ITEMS_FILE = "items.parquet"  # the plan's rollouts' items (formats/fields.py: ITEMS), in their order
 ITEMS_SCHEMA = arrow_schema(ROLLOUT_ITEMS)
 BULKY = ITEMS_SCHEMA.names[1:]  # a rollout's fields read once, when it is verified
 ITEM_ORDER = [("plan_group", "ascending"), ("plan_slot", "ascending"), ("rollout_id", "ascending")]  # ROLLOUT_ORDER
@@ -170,11 +170,11 @@ ROLLOUT_BATCH_ROWS = 1024  # the shard's rollouts are read this many at a time
 
 def read_rollouts(staging, shard: int) -> Iterator[dict]:
     """The shard's rollouts, in output order, read a batch at a time (never the shard's
-    whole list), each with its items (ITEMS, in the same order). No plan: InputError at once
+    whole list), each with its items (ITEMS_FILE, in the same order). No plan: InputError at once
     (the night was loaded again by another run since, which removed this run's folder: the
     later load wins)."""
     loc = storage.join(plan_dir(staging, shard), "rollouts.parquet")
-    at = storage.join(plan_dir(staging, shard), ITEMS)
+    at = storage.join(plan_dir(staging, shard), ITEMS_FILE)
     try:
         file = pq.ParquetFile(storage.open_parquet(loc))
         items = _InStep(pq.ParquetFile(storage.open_parquet(at)), at)

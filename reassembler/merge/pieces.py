@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..buckets import read_bucket
 from ..load.parts import read_plan
-from ..load.shard_plan import CALL_ORDER, ITEM_ORDER, ITEMS, TokenGroups, plan_dir, plan_gone, write_sorted
+from ..load.shard_plan import CALL_ORDER, ITEM_ORDER, ITEMS_FILE, TokenGroups, plan_dir, plan_gone, write_sorted
 from ..settings import DEFAULTS, Settings
 from ..warehouse import scratch_config
 from ..wide_sort import SortBuckets, empty_of, sort_rows
@@ -47,7 +47,7 @@ def build_calls(folder: str, shard: int, plans: str | None = None, settings: Set
     table = token_groups.table()
     write_sorted(storage.join(out, "token_groups.parquet"), table.schema, [table])
     items = _sorted_out(pieces("items.parquet"), shard, ITEM_ORDER, spill)
-    write_sorted(storage.join(out, ITEMS), None, items)
+    write_sorted(storage.join(out, ITEMS_FILE), None, items)
 
 
 def _sorted_out(files: list[pq.ParquetFile], shard: int, order, spill: str) -> Iterator[pa.Table]:
