@@ -1312,6 +1312,20 @@ MUTANTS = [
         ("tests/test_warehouse.py::test_spill_cleanup_also_clears_the_temporary_folders_of_dead_processes",),
     ),
     Mutant(
+        "escaped backslashes are not paired before escaped quotes",
+        "reassembler/load/json_lines.py",
+        """    marks = raw.replace(b"\\\\\\\\", b"").replace(b'\\\\"', b"").translate(None, _NOT_MARK)""",
+        """    marks = raw.replace(b'\\\\"', b"").translate(None, _NOT_MARK)""",
+        ("tests/test_hostile_input.py::test_a_lines_depth_is_its_values_depth_whatever_its_strings_hold",),
+    ),
+    Mutant(
+        "a line's depth counts the brackets inside its strings",
+        "reassembler/load/json_lines.py",
+        """    brackets = np.frombuffer(b"".join(marks.split(b'"')[::2]), np.uint8)""",
+        """    brackets = np.frombuffer(marks.replace(b'"', b""), np.uint8)""",
+        ("tests/test_hostile_input.py::test_a_lines_depth_is_its_values_depth_whatever_its_strings_hold",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

@@ -19,8 +19,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nights import DS, Night, worked_example
+from reassembler.load.json_lines import nesting_depth
 from reassembler.producer.capture import token_table
 from reassembler.settings import MAX_JSON_DEPTH
 
@@ -101,6 +104,37 @@ def test_a_ledger_line_nested_past_the_bound_is_a_reject_row_not_a_crash(tmp_pat
     [(source, file, line, error, rollout)] = rejects(tmp_path / "out", "ledger")
     assert (source, file, line, rollout) == ("ledger", "a_g0.lineage.jsonl", 3, "a_g0")
     assert error == f"objects and arrays nested 60001 deep, over the limit of {MAX_JSON_DEPTH}"
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+# strings made of what a depth count can trip over: brackets, quotes, backslashes, escapes
+_TRICKY = st.text(alphabet='[]{}"\\\n\u00e9x', max_size=12)
+_VALUES = st.recursive(
+    st.none() | st.integers() | _TRICKY,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TRICKY, inner, max_size=4),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_VALUES, pad=st.integers(0, 2 * MAX_JSON_DEPTH), deep=st.integers(0, MAX_JSON_DEPTH + 3))
+def test_a_lines_depth_is_its_values_depth_whatever_its_strings_hold(value, pad, deep):
+    """Past MAX_JSON_DEPTH opening brackets, nesting_depth is the value's own depth, strings
+    (with their brackets, escaped quotes and backslashes) not counted; within it, the
+    brackets themselves, which bound the depth."""
+    for _ in range(deep):
+        value = [value]
+    line = {"pad": [[]] * pad, "value": value, "key[{": '"]}\\'}
+    for raw in (json.dumps(line).encode(), json.dumps(line, ensure_ascii=False).encode()):
+        opening = raw.count(b"{") + raw.count(b"[")
+        assert nesting_depth(raw) == (opening if opening <= MAX_JSON_DEPTH else _depth(line))
 
 
 def test_brackets_inside_strings_do_not_count_and_the_bound_is_exact(tmp_path):
