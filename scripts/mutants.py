@@ -1326,6 +1326,27 @@ MUTANTS = [
         ("tests/test_hostile_input.py::test_a_lines_depth_is_its_values_depth_whatever_its_strings_hold",),
     ),
     Mutant(
+        "a child's records are read only once it has ended",
+        "reassembler/load/child_process.py",
+        "        fd, offset, pause = self._out.fileno(), 0, POLL_FIRST",
+        "        fd, offset, pause = self._out.fileno(), 0, self._proc.wait() * 0 + POLL_FIRST",
+        ("tests/test_child_process.py::test_a_childs_records_are_taken_while_it_still_runs",),
+    ),
+    Mutant(
+        "a record half written is read",
+        "reassembler/load/child_process.py",
+        "            if size is None or end < offset + FRAME.size + size:  # not all written yet",
+        "            if size is None:",
+        ("tests/test_child_process.py::test_a_record_half_written_is_waited_for",),
+    ),
+    Mutant(
+        "a child's last record is given whatever its exit code",
+        "reassembler/load/child_process.py",
+        "                self._ended()  # its last record only once it ended well",
+        "                pass",
+        ("tests/test_child_process.py::test_the_last_record_of_a_child_that_fails_is_not_given",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

@@ -73,7 +73,7 @@ class _Child:
     def results(self) -> Iterator[LocalRollout | InputError | str | None]:
         """Wait for the child, then its outcomes in order, and last the token file it wrote
         (None when it derived no token row)."""
-        for kind, payload in self._proc.records():
+        for kind, payload in self._proc.records(last="done"):
             if kind == "rollouts":
                 yield from payload  # type: ignore[misc]
             else:  # "done": the last record, the token file

@@ -8,21 +8,27 @@ loaded from (appended, so it never shadows anything either). Its work comes on s
 at the start, or later with `give`), its results go to stdout as pickled `(kind, payload)`
 records (`Records`, in the child), and its stderr to a temporary file.
 
-On this side, `records` waits for the child, then yields its records in order until the
-caller stops: a child that ended with another exit code than 0 (killed, or failed before it
-could say why) is a RuntimeError naming the code and its last stderr line, and nothing it
-wrote is used; an "input_error" record is raised as the InputError it was, an "error"
-record as a RuntimeError; results cut short are "unreadable results". `close` kills and
-reaps a child still running.
+On this side, `records` yields the child's records in order as the child writes them
+(each a length-prefixed pickle, so a record half written is waited for, never read), so
+that this process takes a child's first results while it parses the rest. The record the
+caller names `last` is given only once the child has ended with exit code 0. A child that
+ended with another exit code (killed, or failed before it could say why) is a RuntimeError
+naming the code and its last stderr line; the caller has then used part of its results,
+and its error fails the load that holds them (a part is rewritten whole: part_load.py). An
+"input_error" record is raised as the InputError it was, an "error" record as a
+RuntimeError; results cut short are "unreadable results". `close` kills and reaps a child
+still running.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -30,6 +36,8 @@ from typing import IO
 from ..errors import InputError
 
 PACKAGE_FOLDER = str(Path(__file__).resolve().parents[2])
+FRAME = struct.Struct("<Q")  # a record's length, before its pickle
+POLL_FIRST, POLL_MAX = 0.001, 0.02  # s: waits for a record the child is still writing
 
 
 class ChildProcess:
@@ -74,27 +82,51 @@ class ChildProcess:
     def done(self) -> bool:
         return self._proc is None or self._proc.poll() is not None
 
-    def records(self) -> Iterator[tuple[str, object]]:
-        """Wait for the child, then its records in order (the module docstring)."""
+    def records(self, last: str) -> Iterator[tuple[str, object]]:
+        """The child's records in order, as it writes them; the record of kind `last` (its
+        final one) once the child has ended well (the module docstring)."""
         assert self._proc is not None
-        code = self._proc.wait()
-        self._proc = None
-        if code != 0:
-            self._err.seek(0)
-            said = self._err.read().decode("utf-8", "replace").strip().splitlines()
-            last = said[-1] if said else "no output"
-            raise RuntimeError(f"{self.name} process ended with exit code {code}: {last}")
-        self._out.seek(0)
+        fd, offset, pause = self._out.fileno(), 0, POLL_FIRST
         while True:
+            # fstat and pread, never read: the child writes through the same open file
+            end = os.fstat(fd).st_size
+            size = FRAME.unpack(os.pread(fd, FRAME.size, offset))[0] if end >= offset + FRAME.size else None
+            if size is None or end < offset + FRAME.size + size:  # not all written yet
+                if self._proc.poll() is None:
+                    time.sleep(pause)
+                    pause = min(2 * pause, POLL_MAX)
+                    continue
+                self._ended()
+                if os.fstat(fd).st_size > end:
+                    continue  # it wrote more before it ended
+                raise RuntimeError(f"{self.name} process left unreadable results (cut short)")
+            body = os.pread(fd, size, offset + FRAME.size)
+            offset += FRAME.size + len(body)
+            pause = POLL_FIRST
             try:
-                kind, payload = pickle.load(self._out)
-            except (EOFError, pickle.UnpicklingError) as e:
+                kind, payload = pickle.loads(body)
+            except (pickle.UnpicklingError, EOFError, ValueError) as e:
                 raise RuntimeError(f"{self.name} process left unreadable results ({e})") from None
             if kind == "input_error":
                 raise InputError(payload)
             if kind == "error":
                 raise RuntimeError(f"{self.name}: {payload}")
+            if kind == last:
+                self._proc.wait()
+                self._ended()  # its last record only once it ended well
+                yield kind, payload
+                return
             yield kind, payload
+
+    def _ended(self) -> None:
+        """Raise the child's failure if it ended with another exit code than 0."""
+        assert self._proc is not None
+        code = self._proc.poll()
+        if code is not None and code != 0:
+            self._err.seek(0)
+            said = self._err.read().decode("utf-8", "replace").strip().splitlines()
+            last = said[-1] if said else "no output"
+            raise RuntimeError(f"{self.name} process ended with exit code {code}: {last}")
 
     def close(self) -> None:
         if self._proc is not None:
@@ -112,7 +144,11 @@ class Records:
         self.out = os.fdopen(sys.stdout.fileno(), "wb", closefd=False)
 
     def put(self, kind: str, payload) -> None:
-        pickle.dump((kind, payload), self.out, protocol=pickle.HIGHEST_PROTOCOL)
+        """One record, whole: its length, then its pickle; flushed, so the parent can take it."""
+        body = pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
+        self.out.write(FRAME.pack(len(body)))
+        self.out.write(body)
+        self.out.flush()
 
     def run(self, work: Callable[[], None]) -> None:
         """`work()`, its errors made records for the parent, which raises them."""

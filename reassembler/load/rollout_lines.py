@@ -137,7 +137,7 @@ class _Child:
     def results(self, add: Callable[[dict], None], rejects) -> int:
         """Wait for the child, then hand its rows and reject rows over in order; returns the
         lines read."""
-        for kind, payload in self._proc.records():
+        for kind, payload in self._proc.records(last="lines"):
             if kind == "rows":
                 for row in payload:  # type: ignore[attr-defined]
                     add(row)
