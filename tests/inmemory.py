@@ -8,12 +8,15 @@ import pyarrow as pa
 
 from reassembler.formats.fields import CALL, SHARED_FIELDS, arrow_schema
 from reassembler.formats.records import parse_rollout
+from reassembler.load.inserter import ROLLOUT_BATCH
 from reassembler.load.token_store import CANONICAL
 from reassembler.settings import Options
 from reassembler.verify.batch import verify_batch
 
 # the columns of sql/shard_calls.sql: the group, the call fields (reassembler/fields.py), the token location
 SCHEMA = pa.schema([("group_id", pa.string()), *arrow_schema(CALL), ("t_file", pa.string()), ("t_row", pa.int64())])
+# a rollout's items as a shard reads them (load/shard_plan.py): Arrow's structs, as dicts
+ITEMS = pa.schema([ROLLOUT_BATCH.field(name) for name in ("generated_items", "model_items")])
 
 
 def reassemble(record: dict, staged: list[tuple[dict, dict | None]], options: Options = Options()):
@@ -25,6 +28,7 @@ def reassemble(record: dict, staged: list[tuple[dict, dict | None]], options: Op
 def tables(record: dict, staged: list[tuple[dict, dict | None]]) -> tuple[dict, pa.Table, pa.Table]:
     """The rollout, its call rows (sql/shard_calls.sql's shape) and their token rows."""
     rollout = parse_rollout(record)
+    rollout.update(pa.Table.from_pylist([{k: rollout[k] for k in ITEMS.names}], schema=ITEMS).to_pylist()[0])
     rollout.update(n_rejected=None, first_rejected=None)
     rows, lists = [], []
     for seq, (ledger, token) in enumerate(staged):
