@@ -668,7 +668,7 @@ MUTANTS = [
     Mutant(
         "a killed child's exit code not looked at",
         "reassembler/load/child_process.py",
-        "        if code != 0:",
+        "        if code is not None and code != 0:",
         "        if False:",
         (CHILDREN, "tests/test_rollout_lines.py"),
     ),
