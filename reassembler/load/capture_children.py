@@ -71,8 +71,8 @@ class _Child:
         self._proc.give(json.dumps(work).encode())
 
     def results(self) -> Iterator[LocalRollout | InputError | str | None]:
-        """Wait for the child, then its outcomes in order, and last the token file it wrote
-        (None when it derived no token row)."""
+        """The child's outcomes in order, as it writes them, and last (once it has ended well)
+        the token file it wrote (None when it derived no token row)."""
         for kind, payload in self._proc.records(last="done"):
             if kind == "rollouts":
                 yield from payload  # type: ignore[misc]

@@ -135,8 +135,8 @@ class _Child:
         return self._proc.done()
 
     def results(self, add: Callable[[dict], None], rejects) -> int:
-        """Wait for the child, then hand its rows and reject rows over in order; returns the
-        lines read."""
+        """Hand the child's rows and reject rows over in order, as it writes them; returns
+        the lines read, once it has ended well."""
         for kind, payload in self._proc.records(last="lines"):
             if kind == "rows":
                 for row in payload:  # type: ignore[attr-defined]
@@ -182,8 +182,8 @@ class InBackground:
         return all(child.done() for child in self._children)
 
     def results(self, add: Callable[[dict], None], rejects) -> int:
-        """Wait for the children, then hand their rows and reject rows over in order;
-        returns the lines read."""
+        """Hand the children's rows and reject rows over in order (a child's as it writes
+        them, one child after the other); returns the lines read."""
         seen: set[str] = set()
         episodes: dict[str, tuple[str, int]] = {}  # a verifiers Episode id: the line that holds it
         lines = 0
