@@ -159,19 +159,31 @@ def test_the_command_builds_the_same_rows_with_the_child(tmp_path, odd_night, mo
 
 
 class _Collected:
-    """Rows and reject rows in the order they are handed over."""
+    """Rows, reject rows and the calls of the rows taken (as gym_capture.GymCapture keeps
+    them), in the order they are handed over."""
 
     def __init__(self):
-        self.rows, self.rejects = [], []
+        self.rows, self.rejects, self.calls = [], [], []
+        self._taken: list[str] = []
+
+    def add_row(self, row: dict) -> None:
+        self.rows.append(row)
+        self._taken.append(row["rollout_id"])
 
     def add(self, reject: dict) -> None:
         self.rejects.append(reject)
 
+    def derived(self, chunk) -> None:
+        taken, self._taken = self._taken, []
+        if chunk is not None:
+            kept = chunk.of(taken)
+            self.calls += [(c, t) for c, t in zip(kept.calls.to_pylist(), kept.tokens.to_pylist(), strict=True)]
 
-def _parsed_here(night) -> tuple[int, list, list]:
+
+def _parsed_here(night) -> tuple[int, list, list, list]:
     got = _Collected()
-    lines = rollout_lines.parse_rollouts(night, 4096, got.rows.append, got)
-    return lines, got.rows, got.rejects
+    lines = rollout_lines.parse_here(night, 4096, got.add_row, got, got.derived)
+    return lines, got.rows, got.rejects, got.calls
 
 
 def test_the_rollout_lines_cut_into_parts_hold_every_line_once(odd_night):
@@ -192,17 +204,50 @@ def test_the_rollout_lines_cut_into_parts_hold_every_line_once(odd_night):
 @pytest.mark.parametrize("parts", [2, 3, 5, 8])
 def test_children_over_parts_hand_over_what_this_process_parses(odd_night, parts):
     """The same rows (numbered across parts), the same reject rows in the same order, the
-    same count of lines, whichever part a repeated rollout_id falls in."""
+    same count of lines, the same calls carried by the rows kept, whichever part a repeated
+    rollout_id falls in: a Gym-rebuilt line repeated in the second file (with other tokens)
+    keeps no call of its own."""
+    first, again = (
+        odd_night / "rollouts" / f"ds={DS}" / "rollouts.jsonl",
+        odd_night / "rollouts" / f"ds={DS}" / "z-more.jsonl",
+    )
+    first.write_bytes(json.dumps(_rebuilt_line("rebuilt_r", [3, 4])).encode() + b"\n" + first.read_bytes())
+    with open(again, "ab") as fh:  # in the last part, the first in the first part
+        fh.write(json.dumps(_rebuilt_line("rebuilt_r", [7, 8, 9])).encode() + b"\n")
     night = find_night(odd_night, DS)
     here = _parsed_here(night)
+    keys = [(c["staging_key"], t["token_ids_delta"]) for c, t in here[3]]
+    assert keys == [("rebuilt_r/gym-rebuilt-item-0", [1, 2, 3, 4]), ("rebuilt_r/gym-rebuilt-item-1", [5, 6])]
     background = rollout_lines.InBackground(night, 4096, rollout_lines.split(night, parts))
     try:
         got = _Collected()
-        lines = background.results(got.rows.append, got)
+        lines = background.results(got.add_row, got, got.derived)
     finally:
         background.close()
-    assert (lines, got.rows, got.rejects) == here
-    assert sum("already seen" in r["error"] for r in got.rejects) == 2  # grp_g0 twice more
+    assert (lines, got.rows, got.rejects, got.calls) == here
+    assert sum("already seen" in r["error"] for r in got.rejects) == 3  # grp_g0 twice more, rebuilt_r
+
+
+def _rebuilt_line(rollout_id: str, generated: list[int]) -> dict:
+    """A Gym-rebuilt result line (CONTRACT.md 9.10) of two token items."""
+    first = {
+        "prompt_token_ids": [1, 2],
+        "generation_token_ids": generated,
+        "generation_log_probs": [-0.5] * len(generated),
+    }
+    second = {"prompt_token_ids": [1, 2, *generated, 5], "generation_token_ids": [6], "generation_log_probs": [-1.0]}
+    items = [
+        dict(first, type="message", role="assistant", content="hi"),
+        dict(second, type="message", role="assistant", content="yo"),
+    ]
+    return {
+        "rollout_id": rollout_id,
+        "group_id": "g9",
+        "slot": 0,
+        "reward": 1,
+        "_ng_token_capture": {},
+        "response": {"output": items},
+    }
 
 
 def test_a_big_night_is_parsed_by_several_children_and_loads_the_same(tmp_path, odd_night, monkeypatch):

@@ -867,26 +867,38 @@ def test_a_child_hands_traces_over_in_chunks_bounded_by_their_tokens(monkeypatch
     at CHUNK_TOKENS tokens as well as at CHUNK rows."""
     from reassembler.formats.verifiers import DECODER, parse_episode
     from reassembler.load import rollout_lines
-    from reassembler.load.verifiers_traces import rollout_row
+    from reassembler.load.verifiers_traces import rollout_row, trace_calls
 
     class Records:
         def __init__(self):
-            self.sizes: list[int] = []
+            self.sizes: list[tuple[int, int]] = []  # per chunk: rows, derived calls
 
         def put(self, kind, payload):
             if kind == "rows":
-                self.sizes.append(len(payload))
+                rows, calls = payload
+                self.sizes.append((len(rows), calls.calls.num_rows))
+                assert calls.calls.column("staging_key").to_pylist() == calls.tokens.column("staging_key").to_pylist()
 
     lines = (FIXTURE / "rollouts" / f"ds={DS}" / "traces.jsonl").read_bytes().splitlines()[:3]
-    rows = [rollout_row(r) for raw in lines for r in parse_episode(DECODER.decode(raw.decode()))]
-    tokens = [sum(len(n.ids) for n in row["verifiers"].nodes.values()) for row in rows]
-    for bound, want in ((10**9, [3]), (min(tokens), [1, 1, 1]), (tokens[0] + tokens[1], [2, 1])):
+
+    def rows():
+        return [rollout_row(r) for raw in lines for r in parse_episode(DECODER.decode(raw.decode()))]
+
+    derived = [list(trace_calls(row["verifiers"])) for row in rows()]
+    tokens = [sum(len(c.ids) for c in calls) for calls in derived]
+    n = [len(calls) for calls in derived]
+    for bound, want in (
+        (10**9, [(3, sum(n))]),
+        (min(tokens), [(1, n[0]), (1, n[1]), (1, n[2])]),
+        (tokens[0] + tokens[1], [(2, n[0] + n[1]), (1, n[2])]),
+    ):
         monkeypatch.setattr(rollout_lines, "CHUNK_TOKENS", bound)
         records = Records()
         chunks = rollout_lines._Chunks(records)  # type: ignore[arg-type]
-        for row in rows:
+        for row in rows():
+            rollout_lines.carried_calls(row, chunks.calls)  # as parse_rollouts does
             chunks.add_row(row)
-        chunks.put("lines", len(rows))
+        chunks.put("lines", 3)
         assert records.sizes == want, (bound, tokens)
 
 

@@ -37,42 +37,67 @@ FILE_SCHEMA = pa.schema(
 CANONICAL_TYPES = {"ids": np.int64, "mask": np.float32, "logprobs": np.float32}
 
 
+def token_table(rows: list[TokenRow]) -> pa.Table:
+    """Token rows as a table of the file's columns (FILE_SCHEMA)."""
+    n = len(rows)
+    columns = [pa.array([r.staging_key for r in rows], pa.string())]
+    columns += [pa.nulls(n, f.type) for f in list(FILE_SCHEMA)[1:-3]]  # the custody columns
+    return pa.table(columns + _token_lists(rows, COMPACT), schema=FILE_SCHEMA)
+
+
 class DerivedTokens:
     """Token rows the load derives, written to one Parquet file in the canonical columns
-    (formats/token_file.py), a row group at a time."""
+    (formats/token_file.py), a row group at a time: given one by one (`add`) or as tables
+    of the file's columns (`add_table`, load/derived_calls.py), in the order given."""
 
     def __init__(self, folder: str, name: str = "derived-tokens.parquet"):
         self.path = storage.join(folder, name)
         self._writer: pq.ParquetWriter | None = None
         self._sink: Any = None
         self._rows: list[TokenRow] = []
+        self._tables: list[pa.Table] = []  # given before the rows in _rows
+        self._held = 0  # rows in _tables
         self.count = 0
 
     def add(self, row: TokenRow) -> None:
         self._rows.append(row)
-        if len(self._rows) >= ROW_GROUP_ROWS:
+        if self._held + len(self._rows) >= ROW_GROUP_ROWS:
             self._flush()
 
-    def _flush(self) -> None:
-        if not self._rows:
+    def add_table(self, table: pa.Table) -> None:
+        if self._rows:
+            self._tables.append(token_table(self._rows))
+            self._held += len(self._rows)
+            self._rows = []
+        self._tables.append(table)
+        self._held += table.num_rows
+        if self._held >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self, last: bool = False) -> None:
+        """Whole row groups of what is held (`last`: every row held)."""
+        if self._rows:
+            self._tables.append(token_table(self._rows))
+            self._held += len(self._rows)
+            self._rows = []
+        n = self._held if last else self._held - self._held % ROW_GROUP_ROWS
+        if not n:
             return
-        n = len(self._rows)
-        columns = [pa.array([r.staging_key for r in self._rows], pa.string())]
-        columns += [pa.nulls(n, f.type) for f in list(FILE_SCHEMA)[1:-3]]  # the custody columns
-        table = pa.table(columns + _token_lists(self._rows, COMPACT), schema=FILE_SCHEMA)
+        table = pa.concat_tables(self._tables) if len(self._tables) > 1 else self._tables[0]
+        rest = table.slice(n)
+        self._tables, self._held = ([rest] if rest.num_rows else []), rest.num_rows
         if self._writer is None:
             self._sink = storage.open_output(self.path)
             # scratch, read once by the shards: no compression, dictionary or statistics to make
             self._writer = pq.ParquetWriter(
                 self._sink, FILE_SCHEMA, compression="none", use_dictionary=False, write_statistics=False
             )
-        self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        self._writer.write_table(table.slice(0, n), row_group_size=ROW_GROUP_ROWS)
         self.count += n
-        self._rows = []
 
     def close(self) -> str | None:
         """The file, once complete; None when no row was derived."""
-        self._flush()
+        self._flush(last=True)
         if self._writer is None:
             return None
         self._writer.close()

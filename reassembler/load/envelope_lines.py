@@ -14,10 +14,11 @@ the rollout id has (ledger rows, local-mode files, a retired state file) is not 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..formats.fields import LEDGER
 from ..formats.gym_envelope import CAPTURE, EnvelopeRollout, describe, read_envelope
+from .derived_calls import DerivedCall, token_rows
 
 if TYPE_CHECKING:
     from .local_capture import TokenRow
@@ -36,30 +37,13 @@ def envelope_columns(envelope: EnvelopeRollout) -> dict:
     }
 
 
-def envelope_calls(row: dict, envelope: EnvelopeRollout) -> tuple[list[dict], list[TokenRow]]:
-    """The derived calls (ledger rows, call order) and token rows of the calls on the rows."""
-    from .local_capture import TokenRow
-
-    rid = row["rollout_id"]
-    calls, tokens = [], []
+def envelope_calls(envelope: EnvelopeRollout) -> Iterator[DerivedCall]:
+    """The derived calls of the calls on the rows, in call order (load/derived_calls.py)."""
     for segment in envelope.rows:
         for j, k in enumerate(segment):
             call = envelope.calls[k]
-            key = f"{rid}/{k}"
-            ledger: dict = {f.name: None for f in LEDGER}
-            ledger.update(
-                rollout_id=rid,
-                model_call_id=str(k),
-                parent_call_id=None if j == 0 else str(segment[j - 1]),
-                mode="text" if j == 0 else "token_in",
-                staging_key=key,
-                source_file=row.get("source_file"),
-                source_line=row.get("source_line"),
-                capture=CAPTURE,
-            )
-            calls.append(ledger)
-            tokens.append(TokenRow(key, call.ids, call.mask, call.logprobs))
-    return calls, tokens
+            parent = None if j == 0 else str(segment[j - 1])
+            yield DerivedCall(str(k), parent, "text" if j == 0 else "token_in", call.ids, call.mask, call.logprobs)
 
 
 def derive_again(value, rollout_id: str) -> tuple[dict[str, TokenRow], list[str]]:
@@ -68,5 +52,4 @@ def derive_again(value, rollout_id: str) -> tuple[dict[str, TokenRow], list[str]
     if not isinstance(value, dict):
         return {}, [f"the line is now a rejected input line: {value}"]
     envelope = read_envelope(value)
-    _, tokens = envelope_calls({"rollout_id": rollout_id}, envelope)
-    return {t.staging_key: t for t in tokens}, describe(value, envelope)
+    return token_rows(rollout_id, envelope_calls(envelope)), describe(value, envelope)

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from .. import storage
 from ..errors import InputError
 from ..formats.fields import LEDGER
@@ -33,15 +35,13 @@ from ..formats.gym_local import capture_file, parse_state, valid_key
 from ..formats.night import NightFiles
 from ..formats.records import RecordError, parse_failure
 from .capture_children import CaptureChildren
+from .derived_calls import REBUILT, DerivedChunk, rebuilt_calls, token_rows
 from .derived_tokens import DerivedTokens
-from .envelope_lines import envelope_calls, envelope_columns
 from .inserter import LEDGER_BATCH, Inserter, Sink
 from .json_lines import DECODER, json_lines, reject
 from .local_capture import CaptureFiles, LocalRollout, TokenRow, read_capture, read_captures
-from .verifiers_traces import trace_calls
 
 CAPTURE_SEQ_BASE = 1 << 40  # calls derived here come after every ledger line
-REBUILT_CALL = "gym-rebuilt-item-{}"  # the calls of a rebuilt line, one per token item (never shown)
 
 
 @dataclass
@@ -114,6 +114,7 @@ class GymCapture:
         self.calls = Inserter(ledger, LEDGER_BATCH)  # the part's ledger table
         self._seq = CAPTURE_SEQ_BASE
         self.token_files: list[str] = []  # the derived token files (read)
+        self._taken: list[str] = []  # rollouts whose carried calls are taken (`derived`)
 
     @property
     def tokens(self) -> DerivedTokens:
@@ -139,8 +140,9 @@ class GymCapture:
 
     def rollout(self, row: dict) -> dict:
         """Take a rollout row's NeMo Gym fields off (records.parse_rollout) before it is
-        inserted; a Gym-rebuilt line's calls and token rows are written here, and so are a
-        verifiers trace's (load/verifiers_traces.py)."""
+        inserted. The calls a Gym-rebuilt line, an envelope line or a verifiers trace
+        carries came in columns with the row's chunk (`carried_calls`): noted here as taken
+        (a rebuilt line's only when its capture is read), written by `derived`."""
         rid = row["rollout_id"]
         sample = row.pop("gym_sample", None)
         if sample is not None:
@@ -150,29 +152,36 @@ class GymCapture:
         if trace is not None or envelope is not None:
             # a verifiers trace's rows' nodes (CONTRACT.md 10), an envelope line's calls (11)
             if envelope is not None:
-                row.update(envelope_columns(envelope))
-            pairs = trace_calls(row, trace) if trace is not None else zip(*envelope_calls(row, envelope), strict=True)
-            for call, token_row in pairs:
-                self._call(call)
-                self.tokens.add(token_row)
+                row.update(envelope)  # its capture columns (carried_calls)
+            self._taken.append(rid)
             return row
         gym = row.pop("gym_rebuilt", None)
         if gym is None or not (gym["marked"] or self._retired(rid)):
             return row
-        built = gym["row"]
         self.rebuilt.add(rid)
         row.update(
-            capture="rebuilt",
-            capture_reason=None if built.reason is None else built.reason.value,
-            capture_detail=built.detail,
-            n_token_items=built.n_items,
+            capture=REBUILT,
+            capture_reason=gym["reason"],
+            capture_detail=gym["detail"],
+            n_token_items=gym["n_items"],
         )
-        for k, (ids, mask, logprobs) in enumerate(built.pieces or ()):
-            call_id = REBUILT_CALL.format(k)
-            key = f"{rid}/{call_id}"
-            self.tokens.add(TokenRow(key, ids, mask, logprobs))
-            self._call(_rebuilt_call(rid, call_id, None if k == 0 else REBUILT_CALL.format(k - 1), key, row))
+        self._taken.append(rid)
         return row
+
+    def derived(self, chunk: DerivedChunk | None) -> None:
+        """The derived calls of a chunk of rollout rows, once `rollout` has seen its rows:
+        those of the rows taken, numbered in row and call order, and their token rows."""
+        taken, self._taken = self._taken, []
+        if chunk is None:
+            return
+        chunk = chunk.of(taken)
+        n = chunk.calls.num_rows
+        if not n:
+            return
+        seq = pa.array(range(self._seq + 1, self._seq + 1 + n), pa.int64())
+        self._seq += n
+        self.calls.add_table(chunk.calls.set_column(0, LEDGER[0].name, seq))
+        self.tokens.add_table(chunk.tokens)
 
     # -- after the rollouts and the ledger
 
@@ -257,21 +266,6 @@ def capture_files(rels: list[str], rejects: Inserter | None) -> dict[str, Captur
     return out
 
 
-def _rebuilt_call(rid: str, call_id: str, parent: str | None, key: str, rollout: dict) -> dict:
-    row: dict = {f.name: None for f in LEDGER}
-    row.update(
-        rollout_id=rid,
-        model_call_id=call_id,
-        parent_call_id=parent,
-        mode="text" if parent is None else "token_in",
-        staging_key=key,
-        source_file=rollout.get("source_file"),
-        source_line=rollout.get("source_line"),
-        capture="rebuilt",
-    )
-    return row
-
-
 # -- one rollout again, for `reassembler explain` (the derived file went with the staging folder)
 
 
@@ -297,11 +291,7 @@ def derive_again(night: NightFiles, rollout: dict) -> tuple[dict[str, TokenRow],
 
         raw = _line(night.path("rollouts", rollout["source_file"]), rollout["source_line"])
         built = rebuild(decode(raw, ROLLOUT_DECODER))
-        rows = {
-            f"{rid}/{REBUILT_CALL.format(k)}": TokenRow(f"{rid}/{REBUILT_CALL.format(k)}", *piece)
-            for k, piece in enumerate(built.pieces or ())
-        }
-        return rows, [
+        return token_rows(rid, rebuilt_calls(built)), [
             f"Gym-rebuilt line {rollout['source_file']}:{rollout['source_line']}: {built.n_items} token items"
         ]
     files = CaptureFiles(rid)

@@ -64,20 +64,37 @@ class RolloutTap:
 
 
 class Inserter:
-    """Buffers dict rows and writes them to `sink` as tables of `schema`, CHUNK_ROWS at a time."""
+    """Buffers rows and writes them to `sink` as tables of `schema`, CHUNK_ROWS at a time:
+    dict rows (`add`) or tables of `schema` (`add_table`), in the order given."""
 
     def __init__(self, sink: Sink, schema: pa.Schema):
         self.sink, self.schema = sink, schema
         self.rows: list[dict] = []
+        self._tables: list[pa.Table] = []  # given before the rows in `rows`
+        self._held = 0  # rows in _tables
         self.count = 0
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
-        if len(self.rows) >= CHUNK_ROWS:
+        if self._held + len(self.rows) >= CHUNK_ROWS:
             self.flush()
 
-    def flush(self) -> None:
+    def add_table(self, table: pa.Table) -> None:
+        self._take_rows()
+        self._tables.append(table)
+        self._held += table.num_rows
+        if self._held >= CHUNK_ROWS:
+            self.flush()
+
+    def _take_rows(self) -> None:
         if self.rows:
-            self.sink.write(pa.Table.from_pylist(self.rows, schema=self.schema))
-            self.count += len(self.rows)
+            self._tables.append(pa.Table.from_pylist(self.rows, schema=self.schema))
+            self._held += len(self.rows)
             self.rows = []
+
+    def flush(self) -> None:
+        self._take_rows()
+        if self._tables:
+            self.sink.write(pa.concat_tables(self._tables) if len(self._tables) > 1 else self._tables[0])
+            self.count += self._held
+            self._tables, self._held = [], 0

@@ -196,13 +196,27 @@ def _parse(
         rollouts_first = background is None or background.done()
         if rollouts_first:
             rollout_lines_read = load_rollout_lines(
-                rollouts, part, rejects, max_line_bytes, background, gym.rollout, settings.max_rollout_tokens
+                rollouts,
+                part,
+                rejects,
+                max_line_bytes,
+                background,
+                gym.rollout,
+                settings.max_rollout_tokens,
+                gym.derived,
             )
             progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
         ledger_lines = load_ledger_lines(ledger, part, rejects, max_line_bytes, progress.read)
         if not rollouts_first:
             rollout_lines_read = load_rollout_lines(
-                rollouts, part, rejects, max_line_bytes, background, gym.rollout, settings.max_rollout_tokens
+                rollouts,
+                part,
+                rejects,
+                max_line_bytes,
+                background,
+                gym.rollout,
+                settings.max_rollout_tokens,
+                gym.derived,
             )
             progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
         gym.read()

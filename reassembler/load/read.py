@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -26,17 +25,14 @@ from ..errors import InputError, StoreError
 from ..formats import token_file
 from ..formats.night import NightFiles
 from ..formats.records import parse_ledger_row
-from ..formats.verifiers import MAX_ROLLOUT_TOKENS
 from ..progress import Progress
 from ..settings import DEFAULTS
 from . import rollout_lines
+from .derived_calls import DerivedChunk
 from .gym_capture import GymSummary
 from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter, Sink
 from .json_lines import decode, one_line, read_file_lines
 from .ledger_columns import Chunk, ledger_chunks
-
-if TYPE_CHECKING:
-    pass
 from .token_keys import group_keys
 
 # ---------------------------------------------------------------- JSON lines -> warehouse
@@ -111,23 +107,25 @@ def load_rollout_lines(
     night: NightFiles,
     rejects: Inserter,
     max_line_bytes: int,
-    background: rollout_lines.InBackground | None = None,
-    take: Callable[[dict], dict] | None = None,
-    max_rollout_tokens: int = MAX_ROLLOUT_TOKENS,
+    background: rollout_lines.InBackground | None,
+    take: Callable[[dict], dict] | None,
+    max_rollout_tokens: int,
+    derived: Callable[[DerivedChunk | None], None],
 ) -> int:
     """Every rollout line of `night` (a load part): a rollout row, or a reject row (an id
     repeated in these files keeps the first); parsed here, or by `background` (the same code
     in a child process); `take` takes each row's NeMo Gym fields off first. Returns the
-    lines read. The rows go to `sink` (the part's rollouts table)."""
+    lines read. The rows go to `sink` (the part's rollouts table), the calls they carry to
+    `derived` a chunk at a time, after the chunk's rows (load/derived_calls.py)."""
     rollouts = Inserter(sink, ROLLOUT_BATCH)
 
     def add(row: dict) -> None:
         rollouts.add(take(row) if take is not None else row)
 
     if background is None:
-        lines = rollout_lines.parse_rollouts(night, max_line_bytes, add, rejects, None, max_rollout_tokens)
+        lines = rollout_lines.parse_here(night, max_line_bytes, add, rejects, derived, max_rollout_tokens)
     else:
-        lines = background.results(add, rejects)
+        lines = background.results(add, rejects, derived)
     rollouts.flush()
     return lines
 

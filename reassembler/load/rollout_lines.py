@@ -25,10 +25,13 @@ from bisect import bisect_right
 from collections.abc import Callable
 
 from .. import storage
+from ..formats.gym_envelope import CAPTURE as ENVELOPE
 from ..formats.night import NightFiles
 from ..formats.records import parse_rollout
 from ..formats.verifiers import MAX_ROLLOUT_TOKENS, is_traces_file
 from .child_process import ChildProcess, Records
+from .derived_calls import REBUILT, CallColumns, DerivedChunk, rebuilt_calls
+from .envelope_lines import envelope_calls, envelope_columns
 from .json_lines import (
     ROLLOUT_DECODER,
     LineRange,
@@ -39,7 +42,8 @@ from .json_lines import (
     reject,
     seen_before,
 )
-from .verifiers_traces import read_traces_file
+from .verifiers_traces import CAPTURE as VERIFIERS
+from .verifiers_traces import read_traces_file, trace_calls
 
 BACKGROUND_BYTES = 1 << 20  # rollout lines of a night above this are parsed by a child process
 PART_BYTES = 4 << 20  # and by one more child for each PART_BYTES more, up to one per core
@@ -58,13 +62,19 @@ def parse_rollouts(
     rejects,
     part: Part | None = None,
     max_rollout_tokens: int = MAX_ROLLOUT_TOKENS,
+    calls: CallColumns | None = None,
 ) -> int:
     """Every rollout line of the night (`part`: of these runs of lines only), files by path
     then lines: a row for `add`, or a reject row for `rejects.add` (a rollout_id seen before
-    keeps the first; a verifiers rollout's rows at most `max_rollout_tokens`). Returns the
-    lines read."""
+    keeps the first; a verifiers rollout's rows at most `max_rollout_tokens`). The calls a
+    row carries go to `calls` before the row goes to `add` (`carried_calls`; None: they are
+    dropped). Returns the lines read."""
     seen: set[str] = set()
     episodes: set[str] = set()  # verifiers' Episode ids (load/verifiers_traces.py)
+
+    def add_row(row: dict) -> None:
+        carried_calls(row, calls)
+        add(row)
 
     def parse(value, rel: str) -> dict:
         row = parse_rollout(value, floats_marked=True)
@@ -79,13 +89,41 @@ def parse_rollouts(
     for rel, lines in runs:
         if is_traces_file(rel):  # verifiers' traces.jsonl (CONTRACT.md 10)
             number = read_traces_file(
-                night, rel, number, seen, add, rejects, max_line_bytes, lines, episodes, max_rollout_tokens
+                night, rel, number, seen, add_row, rejects, max_line_bytes, lines, episodes, max_rollout_tokens
             )
             continue
         number = read_file_lines(
-            night, "rollouts", rel, number, parse, lambda _, row: add(row), rejects, max_line_bytes, lines
+            night, "rollouts", rel, number, parse, lambda _, row: add_row(row), rejects, max_line_bytes, lines
         )
     return number
+
+
+def carried_calls(row: dict, calls: CallColumns | None) -> None:
+    """The calls a parsed rollout row carries (an envelope line's, a verifiers trace's, a
+    Gym-rebuilt line's) into `calls` (load/derived_calls.py), and the row left with what
+    the load decides with (gym_capture.GymCapture.rollout): an envelope line's capture
+    columns under `gym_envelope`, True under `verifiers`, a rebuilt line's verdict under
+    `gym_rebuilt`."""
+    trace, envelope, gym = row.get("verifiers"), row.get("gym_envelope"), row.get("gym_rebuilt")
+    if envelope is not None:
+        row["gym_envelope"] = envelope_columns(envelope)
+        found = envelope_calls(envelope)
+        capture = ENVELOPE
+    elif trace is not None:
+        row["verifiers"] = True
+        found = trace_calls(trace)
+        capture = VERIFIERS
+    elif gym is not None:
+        built = gym["row"]
+        reason = None if built.reason is None else built.reason.value
+        verdict = {"reason": reason, "detail": built.detail, "n_items": built.n_items}
+        row["gym_rebuilt"] = {"marked": gym["marked"], **verdict}
+        found = rebuilt_calls(built)
+        capture = REBUILT
+    else:
+        return
+    if calls is not None:
+        calls.add(row, capture, found)
 
 
 def split(night: NightFiles, parts: int) -> list[Part]:
@@ -134,13 +172,18 @@ class _Child:
     def done(self) -> bool:
         return self._proc.done()
 
-    def results(self, add: Callable[[dict], None], rejects) -> int:
-        """Hand the child's rows and reject rows over in order, as it writes them; returns
-        the lines read, once it has ended well."""
+    def results(self, add: Callable[[dict], None], rejects, derived: Callable[[DerivedChunk | None], None]) -> int:
+        """Hand the child's rows and reject rows over in order, as it writes them, each
+        chunk's carried calls to `derived` after its rows; returns the lines read, once it
+        has ended well."""
         for kind, payload in self._proc.records(last="lines"):
             if kind == "rows":
-                for row in payload:  # type: ignore[attr-defined]
+                rows: list[dict]
+                calls: DerivedChunk | None
+                rows, calls = payload  # type: ignore[misc]
+                for row in rows:
                     add(row)
+                derived(calls)
             elif kind == "rejects":
                 for row in payload:  # type: ignore[attr-defined]
                     rejects.add(row)
@@ -181,9 +224,12 @@ class InBackground:
         """Whether the children have ended (their results are ready, or their failure)."""
         return all(child.done() for child in self._children)
 
-    def results(self, add: Callable[[dict], None], rejects) -> int:
+    def results(self, add: Callable[[dict], None], rejects, derived: Callable[[DerivedChunk | None], None]) -> int:
         """Hand the children's rows and reject rows over in order (a child's as it writes
-        them, one child after the other); returns the lines read."""
+        them, one child after the other), each chunk's carried calls (load/derived_calls.py)
+        to `derived` after its rows; returns the lines read. A row refused here (its id in
+        an earlier part) never reaches `add`: whoever takes the calls keeps those of the
+        rows it took (DerivedChunk.of)."""
         seen: set[str] = set()
         episodes: dict[str, tuple[str, int]] = {}  # a verifiers Episode id: the line that holds it
         lines = 0
@@ -203,7 +249,7 @@ class InBackground:
                 row["rollout_seq"] = len(seen)
                 add(row)
 
-            lines += child.results(add_row, rejects)
+            lines += child.results(add_row, rejects, derived)
         return lines
 
     def _reject_seen_before(self, row: dict, part: Part | None, rejects, episode: str | None = None) -> None:
@@ -258,21 +304,18 @@ def start(night: NightFiles, max_line_bytes: int, max_rollout_tokens: int = MAX_
 
 class _Chunks:
     """Rows and reject rows put as records (child_process.Records) in chunks, in the order
-    they come."""
+    they come: a chunk of rows as (rows, their carried calls: a DerivedChunk or None)."""
 
     def __init__(self, records: Records):
         self.records = records
         self.rows: list[dict] = []
+        self.calls = CallColumns()  # the carried calls of `rows` (parse_rollouts puts them)
         self.rejects: list[dict] = []
-        self.tokens = 0  # token ids the rows buffered carry
 
     def add_row(self, row: dict) -> None:
         self._flush_rejects()
         self.rows.append(row)
-        trace, envelope = row.get("verifiers"), row.get("gym_envelope")
-        self.tokens += sum(len(node.ids) for node in trace.nodes.values()) if trace is not None else 0
-        self.tokens += envelope.n_tokens if envelope is not None else 0
-        if len(self.rows) >= CHUNK or self.tokens >= CHUNK_TOKENS:
+        if len(self.rows) >= CHUNK or self.calls.n_tokens >= CHUNK_TOKENS:
             self._flush_rows()
 
     def add(self, reject: dict) -> None:
@@ -288,13 +331,39 @@ class _Chunks:
 
     def _flush_rows(self) -> None:
         if self.rows:
-            self.records.put("rows", self.rows)
-            self.rows, self.tokens = [], 0
+            self.records.put("rows", (self.rows, self.calls.take()))
+            self.rows = []
 
     def _flush_rejects(self) -> None:
         if self.rejects:
             self.records.put("rejects", self.rejects)
             self.rejects = []
+
+
+def parse_here(
+    night: NightFiles,
+    max_line_bytes: int,
+    add: Callable[[dict], None],
+    rejects,
+    derived: Callable[[DerivedChunk | None], None],
+    max_rollout_tokens: int = MAX_ROLLOUT_TOKENS,
+) -> int:
+    """`parse_rollouts` in this process, its carried calls handed to `derived` in chunks as a
+    child hands them (after their rows)."""
+    calls = CallColumns()
+    rows = 0
+
+    def add_row(row: dict) -> None:
+        nonlocal rows
+        add(row)
+        rows += 1
+        if rows >= CHUNK or calls.n_tokens >= CHUNK_TOKENS:
+            derived(calls.take())
+            rows = 0
+
+    lines = parse_rollouts(night, max_line_bytes, add_row, rejects, None, max_rollout_tokens, calls)
+    derived(calls.take())
+    return lines
 
 
 def _child() -> None:
@@ -308,6 +377,8 @@ def _child() -> None:
     records.run(
         lambda: chunks.put(
             "lines",
-            parse_rollouts(night, args["max_line_bytes"], chunks.add_row, chunks, part, args["max_rollout_tokens"]),
+            parse_rollouts(
+                night, args["max_line_bytes"], chunks.add_row, chunks, part, args["max_rollout_tokens"], chunks.calls
+            ),
         )
     )

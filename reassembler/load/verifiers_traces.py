@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from ..formats.fields import LEDGER
 from ..formats.night import NightFiles
 from ..formats.records import RecordError
 from ..formats.verifiers import (
@@ -36,10 +35,11 @@ from ..formats.verifiers import (
     describe,
     parse_episode,
 )
+from .derived_calls import DerivedCall, token_rows
 from .json_lines import LineRange, decode, guess_ids, json_lines, reject, seen_before
 
 if TYPE_CHECKING:  # the rollout parse's child processes import this module: nothing heavy at import
-    from .local_capture import TokenRow
+    from .local_tokens import TokenRow
 
 CAPTURE = "verifiers"  # the rollouts' and their derived calls' capture kind
 
@@ -181,41 +181,27 @@ def rollout_row(r: TraceRollout) -> dict:
     }
 
 
-def trace_calls(row: dict, trace: TraceRollout) -> Iterator[tuple[dict, TokenRow]]:
-    """The derived calls (ledger rows, node order) of a trace's rows' nodes, each with its
-    token row; then, for each sampled node a later row holds as context (10.5, exactly-once
+def trace_calls(trace: TraceRollout) -> Iterator[DerivedCall]:
+    """The derived calls of a trace's rows' nodes, in node order (load/derived_calls.py);
+    then, for each sampled node a later row holds as context (10.5, exactly-once
     ownership), its copy with mask 0 and log probabilities 0.0 (formats/verifiers.py's
     context_call). One at a time: a trace of a million nodes is never held as call rows."""
     import numpy as np
 
-    from .local_capture import TokenRow
-
-    rid = row["rollout_id"]
-    template: dict = {f.name: None for f in LEDGER}
-    template.update(
-        rollout_id=rid, source_file=row.get("source_file"), source_line=row.get("source_line"), capture=CAPTURE
-    )
-
-    def call(call_id: str, node, mode: str, mask, logprobs) -> tuple[dict, TokenRow]:
-        key = f"{rid}/{call_id}"
-        out = dict(template)
-        out.update(
-            model_call_id=call_id,
-            parent_call_id=None if node.parent is None else str(node.parent),
-            mode=mode,
-            staging_key=key,
-        )
-        return out, TokenRow(key, node.ids, mask, logprobs)
+    def parent(node) -> str | None:
+        return None if node.parent is None else str(node.parent)
 
     for k in sorted(trace.nodes):
         node = trace.nodes[k]
-        yield call(str(k), node, "sampled" if node.sampled else "context", node.mask, node.logprobs)
+        mode = "sampled" if node.sampled else "context"
+        yield DerivedCall(str(k), parent(node), mode, node.ids, node.mask, node.logprobs)
     zeros = np.zeros(0, np.float32)
     for k in sorted({k for context in trace.context for k in context}):
         node = trace.nodes[k]
         if len(zeros) < len(node.ids):
             zeros = np.zeros(len(node.ids), np.float32)
-        yield call(context_call(k), node, "context", zeros[: len(node.ids)], zeros[: len(node.ids)])
+        none = zeros[: len(node.ids)]
+        yield DerivedCall(context_call(k), parent(node), "context", node.ids, none, none)
 
 
 def derive_again(raw: bytes, rollout_id: str) -> tuple[dict[str, TokenRow], list[str]]:
@@ -227,5 +213,4 @@ def derive_again(raw: bytes, rollout_id: str) -> tuple[dict[str, TokenRow], list
     trace = next((r for r in parse_episode(value) if r.rollout_id == rollout_id), None)
     if trace is None:
         return {}, [f"the line holds no rollout {rollout_id} now"]
-    tokens = {t.staging_key: t for _, t in trace_calls({"rollout_id": rollout_id}, trace)}
-    return tokens, describe(value, rollout_id)
+    return token_rows(rollout_id, trace_calls(trace)), describe(value, rollout_id)
