@@ -1347,6 +1347,13 @@ MUTANTS = [
         ("tests/test_child_process.py::test_the_last_record_of_a_child_that_fails_is_not_given",),
     ),
     Mutant(
+        "a rollout repeated across parse parts keeps its carried calls",
+        "reassembler/load/derived_calls.py",
+        "        wanted = set(rollout_ids)",
+        "        return self",
+        ("tests/test_rollout_lines.py::test_children_over_parts_hand_over_what_this_process_parses",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',
