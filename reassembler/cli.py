@@ -18,6 +18,7 @@ from . import progress, storage
 from .cli_args import UsageError, parser
 from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, EXIT_USAGE, InputError, classify
 from .formats.locations import Inputs
+from .load.child_process import keep_pandas_out
 from .producer.config import SynthConfig
 from .settings import (
     Settings,
@@ -211,19 +212,6 @@ def _main(args) -> int:
         return known.exit_code
 
 
-class _KeepPandasOut:
-    """pyarrow and DuckDB import pandas (0.3-0.5 s, most of it CPU) the first time they are
-    handed Python objects, only to ask whether those are DataFrames; the command never hands
-    them one. Installed by `entry` only, so a process that imports this package (tests,
-    Airflow workers, notebooks) keeps pandas. (A meta path finder: `find_spec` is all
-    the import system asks of one.)"""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError("pandas is not used by the reassembler command", name=name)
-        return None
-
-
 def entry(argv: list[str] | None = None) -> int:
     """The `reassembler` command: `main` in a process of its own, set up as the build runs
     best (docs/performance.md): Arrow allocates through jemalloc, also inside its Parquet and
@@ -233,8 +221,7 @@ def entry(argv: list[str] | None = None) -> int:
     a notebook) keeps its own settings."""
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if "pandas" not in sys.modules:
-        sys.meta_path.insert(0, _KeepPandasOut())
+    keep_pandas_out()
     return main(argv)
 
 

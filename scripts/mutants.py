@@ -1354,6 +1354,13 @@ MUTANTS = [
         ("tests/test_rollout_lines.py::test_children_over_parts_hand_over_what_this_process_parses",),
     ),
     Mutant(
+        "a load child lets pandas in",
+        "reassembler/load/child_process.py",
+        """            f"keep_pandas_out(); from {module} import _child; _child()",""",
+        """            f"from {module} import _child; _child()",""",
+        ("tests/test_child_process.py::test_a_child_keeps_pandas_out",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

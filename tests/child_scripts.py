@@ -30,6 +30,11 @@ def _child() -> None:
         records.out.write(body[100:])
         records.out.flush()
         records.put("lines", 1)
+    elif work["script"] == "pandas":  # what pyarrow does with a Python list here
+        import pyarrow as pa
+
+        table = pa.table({"ids": pa.array([1, 2, 3])})
+        records.put("lines", {"rows": table.num_rows, "pandas": "pandas" in sys.modules})
     elif work["script"] == "dies":  # every record written, then a failed exit
         records.put("rows", [1])
         records.put("lines", 1)

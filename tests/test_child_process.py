@@ -51,3 +51,13 @@ def test_the_last_record_of_a_child_that_fails_is_not_given(child):
             next(records)
     finally:
         proc.close()
+
+
+def test_a_child_keeps_pandas_out(child):
+    """pyarrow imports pandas (0.3-0.5 s) the first time it is handed a Python list, only to
+    ask whether it is a DataFrame: a child of the load never has it imported."""
+    proc = child(script="pandas")
+    try:
+        assert list(proc.records(last="lines")) == [("lines", {"rows": 3, "pandas": False})]
+    finally:
+        proc.close()

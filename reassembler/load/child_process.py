@@ -1,10 +1,11 @@
 """A child process of the load: this interpreter running one module's `_child()`, its results
 pickled to a temporary file (rollout_lines.py and capture_children.py start them).
 
-The child is `python -P -c "...; from <module> import _child; _child()" <package folder>`:
-this interpreter, without the working folder on its path (-P: nothing there shadows a
-module), importing this package as this process does, else from the folder this file was
-loaded from (appended, so it never shadows anything either). Its work comes on stdin (given
+The child is `python -P -c "...; from <module> import _child; _child()" <package folder>`
+(pandas kept out first: `keep_pandas_out`): this interpreter, without the working folder on
+its path (-P: nothing there shadows a module), importing this package as this process does,
+else from the folder this file was loaded from (appended, so it never shadows anything
+either). Its work comes on stdin (given
 at the start, or later with `give`), its results go to stdout as pickled `(kind, payload)`
 records (`Records`, in the child), and its stderr to a temporary file.
 
@@ -40,6 +41,26 @@ FRAME = struct.Struct("<Q")  # a record's length, before its pickle
 POLL_FIRST, POLL_MAX = 0.001, 0.02  # s: waits for a record the child is still writing
 
 
+class _KeepPandasOut:
+    """pyarrow and DuckDB import pandas (0.3-0.5 s, most of it CPU) the first time they are
+    handed Python objects, only to ask whether those are DataFrames; the command and the
+    load's children never hand them one. (A meta path finder: `find_spec` is all the import
+    system asks of one.)"""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("pandas is not used by the reassembler command", name=name)
+        return None
+
+
+def keep_pandas_out() -> None:
+    """Keep pandas from being imported in this process: only for a process of the job's own
+    (the `reassembler` command, a load child), never one that imports the package (tests,
+    an Airflow worker, a notebook), whose own code may want pandas after pyarrow found none."""
+    if "pandas" not in sys.modules and not any(isinstance(f, _KeepPandasOut) for f in sys.meta_path):
+        sys.meta_path.insert(0, _KeepPandasOut())
+
+
 class ChildProcess:
     def __init__(self, module: str, name: str, work: bytes | None = None):
         """Start `module`'s `_child()`; `name` says what it is in errors. `work`: its stdin,
@@ -51,7 +72,8 @@ class ChildProcess:
             sys.executable,
             "-P",
             "-c",
-            f"import sys; sys.path.append(sys.argv[1]); from {module} import _child; _child()",
+            "import sys; sys.path.append(sys.argv[1]); from reassembler.load.child_process import keep_pandas_out; "
+            f"keep_pandas_out(); from {module} import _child; _child()",
         ]
         try:
             if work is None:

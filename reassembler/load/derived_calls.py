@@ -26,10 +26,21 @@ if TYPE_CHECKING:  # the rollout parse's children import this module before nump
     import pyarrow as pa
 
     from ..formats.gym_rebuilt import RebuiltRow
-    from .local_tokens import TokenRow
 
 REBUILT = "rebuilt"  # the capture kind of a Gym-rebuilt line
 REBUILT_CALL = "gym-rebuilt-item-{}"  # the calls of a rebuilt line, one per token item (never shown)
+
+
+@dataclass
+class TokenRow:
+    """One derived call's token row: the tokens it adds, with their mask and log
+    probabilities (int64 / float32 / float32): a local-mode entry's, or a call a rollout
+    line carries. Its home is here, light to import: the rollout parse's children build them."""
+
+    staging_key: str
+    ids: np.ndarray
+    mask: np.ndarray
+    logprobs: np.ndarray
 
 
 class DerivedCall(NamedTuple):
@@ -52,8 +63,6 @@ def rebuilt_calls(built: RebuiltRow) -> Iterator[DerivedCall]:
 
 def token_rows(rollout_id: str, calls: Iterable[DerivedCall]) -> dict[str, TokenRow]:
     """The token rows of a rollout's derived calls by staging key (`reassembler explain`)."""
-    from .local_tokens import TokenRow
-
     keyed = ((f"{rollout_id}/{call.call_id}", call) for call in calls)
     return {key: TokenRow(key, call.ids, call.mask, call.logprobs) for key, call in keyed}
 
@@ -91,8 +100,6 @@ class CallColumns:
 
     def add(self, row: dict, capture: str, calls: Iterable[DerivedCall]) -> None:
         """The calls of rollout row `row`, read from the line under capture kind `capture`."""
-        from .local_tokens import TokenRow
-
         c = self._columns
         rid, source_file, source_line = row["rollout_id"], row.get("source_file"), row.get("source_line")
         for call in calls:

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..formats.token_file import CANONICAL, LISTS
-from .local_capture import TokenRow
+from .derived_calls import TokenRow
 
 ROW_GROUP_ROWS = 256
 

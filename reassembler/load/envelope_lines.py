@@ -21,7 +21,7 @@ from ..formats.gym_envelope import CAPTURE, EnvelopeRollout, describe, read_enve
 from .derived_calls import DerivedCall, token_rows
 
 if TYPE_CHECKING:
-    from .local_capture import TokenRow
+    from .derived_calls import TokenRow
 
 
 def envelope_columns(envelope: EnvelopeRollout) -> dict:

@@ -29,7 +29,8 @@ import numpy as np
 from ..formats.gym_local import tokens_digest
 from ..formats.items import generated_items
 from ..reasons import Reason
-from .local_tokens import TOKEN_LIMIT, Masked, Parsed, Sequences, TokenRow, full_ids
+from .derived_calls import TokenRow
+from .local_tokens import TOKEN_LIMIT, Masked, Parsed, Sequences, full_ids
 
 UNRESOLVED = "unresolved_parent"  # the poison rows' failure_reason (CONTRACT.md 9.6)
 

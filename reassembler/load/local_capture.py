@@ -23,9 +23,10 @@ from .. import storage
 from ..errors import InputError
 from ..formats.gym_local import Entry, LineProblem, entry_digest, parse_entry, parse_state
 from ..reasons import Reason
+from .derived_calls import TokenRow
 from .entry_reader import BATCH_BYTES, EntryLines, EntryReader
 from .local_calls import UNRESOLVED, calls_of
-from .local_tokens import TOKEN_LIMIT, Flat, Masked, Parsed, TokenRow, converted, first_list_problem
+from .local_tokens import TOKEN_LIMIT, Flat, Masked, Parsed, converted, first_list_problem
 
 __all__ = ["TOKEN_LIMIT", "UNRESOLVED", "CaptureFiles", "LocalRollout", "TokenRow", "read_capture", "read_captures"]
 

@@ -26,14 +26,6 @@ from .entry_reader import EntryLines
 TOKEN_LIMIT = 2**31
 
 
-@dataclass
-class TokenRow:
-    staging_key: str
-    ids: np.ndarray
-    mask: np.ndarray
-    logprobs: np.ndarray
-
-
 class Masked(Exception):
     """A rollout check that failed: its reason, detail, and the call it names."""
 

@@ -39,7 +39,7 @@ from .derived_calls import DerivedCall, token_rows
 from .json_lines import LineRange, decode, guess_ids, json_lines, reject, seen_before
 
 if TYPE_CHECKING:  # the rollout parse's child processes import this module: nothing heavy at import
-    from .local_tokens import TokenRow
+    from .derived_calls import TokenRow
 
 CAPTURE = "verifiers"  # the rollouts' and their derived calls' capture kind
 
