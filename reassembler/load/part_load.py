@@ -193,32 +193,20 @@ def _parse(
         ledger = LedgerTap(tables)
         gym = GymCapture(ledger, part, rejects, out, max_line_bytes, readers, progress.read, every_capture)
         rollouts = RolloutTap(tables["rollouts"], tables["rollout_items"])
-        rollouts_first = background is None or background.done()
-        if rollouts_first:
-            rollout_lines_read = load_rollout_lines(
-                rollouts,
-                part,
-                rejects,
-                max_line_bytes,
-                background,
-                gym.rollout,
-                settings.max_rollout_tokens,
-                gym.derived,
+
+        def read_rollouts() -> int:
+            most = settings.max_rollout_tokens  # a verifiers rollout's rows
+            lines = load_rollout_lines(
+                rollouts, part, rejects, max_line_bytes, background, gym.rollout, most, gym.derived
             )
             progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
+            return lines
+
+        rollouts_first = background is None or background.done()
+        rollout_lines_read = read_rollouts() if rollouts_first else 0
         ledger_lines = load_ledger_lines(ledger, part, rejects, max_line_bytes, progress.read)
         if not rollouts_first:
-            rollout_lines_read = load_rollout_lines(
-                rollouts,
-                part,
-                rejects,
-                max_line_bytes,
-                background,
-                gym.rollout,
-                settings.max_rollout_tokens,
-                gym.derived,
-            )
-            progress.read(*(part.path("rollouts", rel) for rel in part.rollouts))
+            rollout_lines_read = read_rollouts()
         gym.read()
         rejects.flush()
         write_table(
