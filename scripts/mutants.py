@@ -1361,6 +1361,13 @@ MUTANTS = [
         ("tests/test_child_process.py::test_a_child_keeps_pandas_out",),
     ),
     Mutant(
+        "a derived token row's key names the row after it",
+        "reassembler/load/derived_tokens.py",
+        "        rows = pa.array(np.arange(n, dtype=np.int64))  # each key's row in the file",
+        "        rows = pa.array(np.arange(1, n + 1, dtype=np.int64))",
+        ("tests/test_gym_local.py",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

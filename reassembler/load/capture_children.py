@@ -14,9 +14,10 @@ children's (CHILD_SHARE).
 A child runs exactly `read_capture` over its rollouts, writes their token rows to a
 derived-tokens file of its own in the run's folder (load/derived_tokens.py), and pickles
 each rollout's outcome and ledger rows, without its token rows, in chunks
-(child_process.py). `read` hands the outcomes over in key order, its own run (with token rows) and then
-the children's, as one process would have read them; `token_files` names the files the
-children wrote. A child that cannot start leaves the night to this process; one that fails
+(child_process.py). `read` hands the outcomes over in key order, its own run (with token
+rows) and then the children's, as one process would have read them; `token_files` names
+the files the children wrote, `token_keys` their keys (as the children wrote them, never
+read back). A child that cannot start leaves the night to this process; one that fails
 re-raises its error here (an InputError stays an InputError, with the same message); one
 killed fails the load, naming its exit code and the last line it wrote to stderr.
 docs/performance.md has the figures.
@@ -37,6 +38,8 @@ from ..formats.night import NightFiles
 from .child_process import ChildProcess, Records
 
 if TYPE_CHECKING:  # imported when the reading begins: load.NightLoad starts children before numpy is loaded
+    import pyarrow as pa
+
     from ..errors import InputError
     from .local_capture import CaptureFiles, LocalRollout
 
@@ -70,9 +73,9 @@ class _Child:
         }
         self._proc.give(json.dumps(work).encode())
 
-    def results(self) -> Iterator[LocalRollout | InputError | str | None]:
+    def results(self) -> Iterator[LocalRollout | InputError | tuple[str, pa.Table] | None]:
         """The child's outcomes in order, as it writes them, and last (once it has ended well)
-        the token file it wrote (None when it derived no token row)."""
+        the token file it wrote and its keys (None when it derived no token row)."""
         for kind, payload in self._proc.records(last="done"):
             if kind == "rollouts":
                 yield from payload  # type: ignore[misc]
@@ -97,6 +100,7 @@ class CaptureChildren:
             self.close()
             raise
         self.token_files: list[str] = []
+        self.token_keys: list[pa.Table] = []  # per file of token_files, its keys (DerivedTokens.keys)
 
     def read(self, folder: str, files: list[CaptureFiles], scratch: str) -> Iterator[LocalRollout | InputError]:
         """The local-mode rollouts of `files` (in the ledger partition `folder`), in order:
@@ -121,10 +125,12 @@ class CaptureChildren:
                 local = next(outcomes)
                 assert isinstance(local, (LocalRollout, InputError))
                 yield local
-            path = next(outcomes)
-            assert path is None or isinstance(path, str)
-            if path is not None:
+            written = next(outcomes)
+            if written is not None:
+                assert isinstance(written, tuple)
+                path, keys = written
                 self.token_files.append(path)
+                self.token_keys.append(keys)
 
     def close(self) -> None:
         for child in self._children:
@@ -166,7 +172,8 @@ def _read(records: Records, work: dict) -> None:
             chunk = []
     if chunk:
         records.put("rollouts", chunk)
-    records.put("done", tokens.close())
+    path = tokens.close()
+    records.put("done", None if path is None else (path, tokens.keys()))
 
 
 def _child() -> None:

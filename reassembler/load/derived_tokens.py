@@ -57,6 +57,7 @@ class DerivedTokens:
         self._rows: list[TokenRow] = []
         self._tables: list[pa.Table] = []  # given before the rows in _rows
         self._held = 0  # rows in _tables
+        self._keys: list[pa.ChunkedArray] = []  # the staging keys written, in file order
         self.count = 0
 
     def add(self, row: TokenRow) -> None:
@@ -92,8 +93,22 @@ class DerivedTokens:
             self._writer = pq.ParquetWriter(
                 self._sink, FILE_SCHEMA, compression="none", use_dictionary=False, write_statistics=False
             )
-        self._writer.write_table(table.slice(0, n), row_group_size=ROW_GROUP_ROWS)
+        written = table.slice(0, n)
+        self._writer.write_table(written, row_group_size=ROW_GROUP_ROWS)
+        self._keys.append(written.column("staging_key"))
         self.count += n
+
+    def keys(self) -> pa.Table:
+        """The keys of the rows written, as token_keys.key_batches would read them back from
+        the file (token_keys.KEYS: the rollout and call columns null, as the file's are)."""
+        from .token_keys import KEYS
+
+        n = self.count
+        keys = pa.chunked_array(self._keys, pa.string()) if self._keys else pa.chunked_array([], pa.string())
+        columns = [keys, pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
+        rows = pa.array(np.arange(n, dtype=np.int64))  # each key's row in the file
+        columns += [pa.repeat(pa.scalar(self.path, pa.string()), n), rows]
+        return pa.Table.from_arrays(columns, schema=KEYS)
 
     def close(self) -> str | None:
         """The file, once complete; None when no row was derived."""

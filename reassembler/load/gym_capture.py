@@ -114,6 +114,7 @@ class GymCapture:
         self.calls = Inserter(ledger, LEDGER_BATCH)  # the part's ledger table
         self._seq = CAPTURE_SEQ_BASE
         self.token_files: list[str] = []  # the derived token files (read)
+        self.token_keys: list[pa.Table] = []  # their keys, file by file (DerivedTokens.keys)
         self._taken: list[str] = []  # rollouts whose carried calls are taken (`derived`)
 
     @property
@@ -198,13 +199,16 @@ class GymCapture:
             for files, outcome in zip(local, self._readers.read(folder, local, self._scratch), strict=True):
                 self._local(files, outcome)
             self.token_files += self._readers.token_files
+            self.token_keys += self._readers.token_keys
         else:
             for files, outcome in zip(local, read_captures(folder, local), strict=True):
                 self._local(files, outcome)
         self._done(*(self.night.path("ledger", rel) for rel in self.night.captures))  # those read or not
         self.calls.flush()
         path = None if self._tokens is None else self._tokens.close()
-        self.token_files = ([] if path is None else [path]) + self.token_files
+        if path is not None and self._tokens is not None:
+            self.token_files.insert(0, path)
+            self.token_keys.insert(0, self._tokens.keys())
 
     def _local(self, files: CaptureFiles, local: LocalRollout | InputError) -> None:
         self._done(

@@ -209,9 +209,7 @@ def _parse(
             rollout_lines_read = read_rollouts()
         gym.read()
         rejects.flush()
-        write_table(
-            storage.join(out, "derived_keys.parquet"), KEYS, key_batches(gym.token_files), "t_staging_key", buckets
-        )
+        write_table(storage.join(out, "derived_keys.parquet"), KEYS, gym.token_keys, "t_staging_key", buckets)
         write_table(storage.join(out, "calls_by_rollout.parquet"), CALLS_BY_ROLLOUT, [ledger.counts()])
         write_table(storage.join(out, "samples.parquet"), SAMPLES, [pa.Table.from_pylist(gym.samples, schema=SAMPLES)])
         write_table(
