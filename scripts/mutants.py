@@ -1036,8 +1036,8 @@ MUTANTS = [
     Mutant(
         "verifiers: the rollout parser's children ignore max_rollout_tokens",
         "reassembler/load/rollout_lines.py",
-        '            parse_rollouts(night, args["max_line_bytes"], chunks.add_row, chunks, part, args["max_rollout_tokens"]),',  # noqa: E501 - a line as it is in the code
-        '            parse_rollouts(night, args["max_line_bytes"], chunks.add_row, chunks, part),',
+        'chunks, part, args["max_rollout_tokens"], chunks.calls',
+        "chunks, part, calls=chunks.calls",
         (VERIFIERS,),
     ),
     Mutant(
