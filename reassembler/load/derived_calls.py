@@ -91,11 +91,14 @@ class DerivedChunk:
 class CallColumns:
     """Derived calls gathered row after row; `take` gives them as one DerivedChunk."""
 
-    _KEYS = ("rollout_id", "model_call_id", "parent_call_id", "mode", "staging_key", "source_file", "source_line")
+    COLUMNS = ("rollout_id", "model_call_id", "parent_call_id", "mode", "staging_key", "source_file", "source_line")
 
     def __init__(self) -> None:
-        self._columns: dict[str, list] = {k: [] for k in (*self._KEYS, "capture")}
-        self._tokens: list = []  # local_tokens.TokenRow, one a call
+        self._clear()
+
+    def _clear(self) -> None:
+        self._columns: dict[str, list] = {k: [] for k in (*self.COLUMNS, "capture")}
+        self._tokens: list[TokenRow] = []  # one a call
         self.n_tokens = 0  # token ids held
 
     def add(self, row: dict, capture: str, calls: Iterable[DerivedCall]) -> None:
@@ -128,5 +131,5 @@ class CallColumns:
         given = {name: pa.array(values, LEDGER_BATCH.field(name).type) for name, values in self._columns.items()}
         calls = pa.table([given.get(f.name, pa.nulls(n, f.type)) for f in LEDGER_BATCH], schema=LEDGER_BATCH)
         chunk = DerivedChunk(calls, token_table(self._tokens))
-        self.__init__()  # type: ignore[misc]
+        self._clear()
         return chunk
