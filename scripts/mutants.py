@@ -1368,6 +1368,13 @@ MUTANTS = [
         ("tests/test_gym_local.py",),
     ),
     Mutant(
+        "a derived token file's keys past their bound are dropped, not read back",
+        "reassembler/load/derived_tokens.py",
+        "            yield from key_batches([path])",
+        "            pass",
+        ("tests/test_capture_children.py::test_derived_keys_past_their_memory_bound_are_read_back_the_same",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

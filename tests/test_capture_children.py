@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -169,3 +170,21 @@ def test_the_night_load_module_imports_nothing_heavy():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_derived_keys_past_their_memory_bound_are_read_back_the_same(tmp_path, local_night, monkeypatch):
+    """A part keeps the keys of the token rows it derives as it writes them, up to KEYS_HELD
+    bytes a file; past that the file's keys are read back from it: the same ledger, token
+    places and rows either way."""
+    from reassembler.load import derived_tokens, token_keys
+
+    kept = _built(local_night, tmp_path / "kept", monkeypatch, None)
+    read_back: list[list[str]] = []
+    real = token_keys.key_batches
+    monkeypatch.setattr(token_keys, "key_batches", lambda files, *a: read_back.append(files) or real(files, *a))
+    monkeypatch.setattr(derived_tokens, "KEYS_HELD", 0)
+    read = _built(local_night, tmp_path / "read", monkeypatch, None)
+    assert [Path(f).name for [f] in read_back if "derived" in f] == ["derived-tokens.parquet"]
+    places = [str(r).replace(str(tmp_path / "read"), str(tmp_path / "kept")) for r in read[1]]
+    assert places == [str(r) for r in kept[1]] and read[2] == kept[2] > 0
+    assert read[3] == kept[3] and len(kept[3]) > 0

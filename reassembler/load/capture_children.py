@@ -73,7 +73,7 @@ class _Child:
         }
         self._proc.give(json.dumps(work).encode())
 
-    def results(self) -> Iterator[LocalRollout | InputError | tuple[str, pa.Table] | None]:
+    def results(self) -> Iterator[LocalRollout | InputError | tuple[str, pa.Table | None] | None]:
         """The child's outcomes in order, as it writes them, and last (once it has ended well)
         the token file it wrote and its keys (None when it derived no token row)."""
         for kind, payload in self._proc.records(last="done"):
@@ -100,7 +100,7 @@ class CaptureChildren:
             self.close()
             raise
         self.token_files: list[str] = []
-        self.token_keys: list[pa.Table] = []  # per file of token_files, its keys (DerivedTokens.keys)
+        self.token_keys: list[pa.Table | None] = []  # per file of token_files, its keys (DerivedTokens.keys)
 
     def read(self, folder: str, files: list[CaptureFiles], scratch: str) -> Iterator[LocalRollout | InputError]:
         """The local-mode rollouts of `files` (in the ledger partition `folder`), in order:

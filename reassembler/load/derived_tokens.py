@@ -12,7 +12,7 @@ time; the shards treat its rows as any token row.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from ..formats.token_file import CANONICAL, LISTS
 from .derived_calls import TokenRow
 
 ROW_GROUP_ROWS = 256
+KEYS_HELD = 64 << 20  # bytes of staging keys a DerivedTokens keeps for `keys`; past that they are read back
 
 # a token file (CONTRACT.md 2.3) holding only keys and token lists; the custody columns are
 # null: a derived call's checks ran where it was derived. Every derived id is in [0, 2**31)
@@ -57,7 +58,8 @@ class DerivedTokens:
         self._rows: list[TokenRow] = []
         self._tables: list[pa.Table] = []  # given before the rows in _rows
         self._held = 0  # rows in _tables
-        self._keys: list[pa.ChunkedArray] = []  # the staging keys written, in file order
+        self._keys: list[pa.ChunkedArray] | None = []  # the staging keys written, in file order
+        self._key_bytes = 0
         self.count = 0
 
     def add(self, row: TokenRow) -> None:
@@ -95,14 +97,21 @@ class DerivedTokens:
             )
         written = table.slice(0, n)
         self._writer.write_table(written, row_group_size=ROW_GROUP_ROWS)
-        self._keys.append(written.column("staging_key"))
+        if self._keys is not None:
+            self._keys.append(written.column("staging_key"))
+            self._key_bytes += written.column("staging_key").nbytes
+            if self._key_bytes > KEYS_HELD:  # memory bounded: the file's keys read back instead
+                self._keys = None
         self.count += n
 
-    def keys(self) -> pa.Table:
+    def keys(self) -> pa.Table | None:
         """The keys of the rows written, as token_keys.key_batches would read them back from
-        the file (token_keys.KEYS: the rollout and call columns null, as the file's are)."""
+        the file (token_keys.KEYS: the rollout and call columns null, as the file's are);
+        None when they were more than KEYS_HELD bytes (`derived_keys` reads them back)."""
         from .token_keys import KEYS
 
+        if self._keys is None:
+            return None
         n = self.count
         keys = pa.chunked_array(self._keys, pa.string()) if self._keys else pa.chunked_array([], pa.string())
         columns = [keys, pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
@@ -151,3 +160,15 @@ def _token_lists(rows: list[TokenRow] | list[TokenRow | None], types: Mapping[st
             raise RuntimeError(f"internal: a derived token row's {part} does not fit {np.dtype(dtype).name}")
         out.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(narrowed), mask=missing))
     return out
+
+
+def derived_keys(files: list[str], keys: list[pa.Table | None]) -> Iterator[pa.Table | pa.RecordBatch]:
+    """The keys of the derived token files `files`, in order: each file's as its writer kept
+    them (`DerivedTokens.keys`), or read back from the file when it did not."""
+    from .token_keys import key_batches
+
+    for path, kept in zip(files, keys, strict=True):
+        if kept is not None:
+            yield kept
+        else:
+            yield from key_batches([path])

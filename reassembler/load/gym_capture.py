@@ -114,7 +114,7 @@ class GymCapture:
         self.calls = Inserter(ledger, LEDGER_BATCH)  # the part's ledger table
         self._seq = CAPTURE_SEQ_BASE
         self.token_files: list[str] = []  # the derived token files (read)
-        self.token_keys: list[pa.Table] = []  # their keys, file by file (DerivedTokens.keys)
+        self.token_keys: list[pa.Table | None] = []  # their keys, file by file (DerivedTokens.keys)
         self._taken: list[str] = []  # rollouts whose carried calls are taken (`derived`)
 
     @property

@@ -29,6 +29,7 @@ from ..formats.night import NightFiles
 from ..settings import DEFAULTS, Settings
 from ..table_file import digest
 from . import capture_children, rollout_lines
+from .derived_tokens import derived_keys
 from .gym_capture import GymCapture
 from .inserter import LEDGER_BATCH, PART_ITEMS, PART_ROLLOUTS, REJECT_BATCH, Inserter, RolloutTap
 from .part_tables import PartTables, write_table
@@ -209,7 +210,8 @@ def _parse(
             rollout_lines_read = read_rollouts()
         gym.read()
         rejects.flush()
-        write_table(storage.join(out, "derived_keys.parquet"), KEYS, gym.token_keys, "t_staging_key", buckets)
+        derived = derived_keys(gym.token_files, gym.token_keys)  # the derived token files'
+        write_table(storage.join(out, "derived_keys.parquet"), KEYS, derived, "t_staging_key", buckets)
         write_table(storage.join(out, "calls_by_rollout.parquet"), CALLS_BY_ROLLOUT, [ledger.counts()])
         write_table(storage.join(out, "samples.parquet"), SAMPLES, [pa.Table.from_pylist(gym.samples, schema=SAMPLES)])
         write_table(
