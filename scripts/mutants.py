@@ -1375,6 +1375,13 @@ MUTANTS = [
         ("tests/test_capture_children.py::test_derived_keys_past_their_memory_bound_are_read_back_the_same",),
     ),
     Mutant(
+        "a delta prompt read as if it were the whole prompt",
+        "reassembler/load/local_tokens.py",
+        "            seq = seq.then(self.own(q))",
+        "            seq = self.own(q)",
+        ("tests/test_gym_local.py::test_full_prompt_and_delta_entries_give_the_same_rows",),
+    ),
+    Mutant(
         "every row claims digest evidence",
         "reassembler/verify/rows.py",
         '    return "digest" if capture in DIGEST_CAPTURES else "none"',

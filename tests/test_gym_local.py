@@ -647,21 +647,22 @@ def _chains(draw):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_chains(), st.integers(0, 2**32 - 1))
 def test_full_prompt_and_delta_entries_give_the_same_rows(tmp_path_factory, chains, seed):
+    """The same chains captured with full prompts, delta prompts, a mix of both, and staged:
+    four rollouts of one night, the same rows each."""
     calls, output = chains
+    root = tmp_path_factory.mktemp("night")
+    n = Night(root)
+    mixed = lambda c: (hash((c.call_id, seed)) % 2) == 0  # noqa: E731
+    for kind, delta in (("full", False), ("delta", True), ("mixed", mixed)):
+        n.add_local(f"{kind}_g0", calls, output, delta=delta)
+    n.add("staged_g0", calls, output)
+    built = Built(root / "out", build_night(n.write(), root / "out", DS))
     rows = []
-    for kind in ("full", "delta", "mixed"):
-        root = tmp_path_factory.mktemp(kind)
-        n = Night(root)
-        delta = {"full": False, "delta": True, "mixed": lambda c: (hash((c.call_id, seed)) % 2) == 0}[kind]
-        n.add_local("grp_g0", calls, output, delta=delta)
-        built = Built(root / "out", build_night(n.write(), root / "out", DS))
-        assert built.audit["grp_g0"]["status"] == "ok", built.audit["grp_g0"]
-        rows.append([(r["input_ids"], r["loss_mask"], r["logprobs"], r["prompt_len"]) for r in built.rows])
-    assert rows[0] == rows[1] == rows[2]
-    staged = Night(tmp_path_factory.mktemp("staged"))
-    staged.add("grp_g0", calls, output)
-    built = Built(staged.root / "out", build_night(staged.write(), staged.root / "out", DS))
-    assert [(r["input_ids"], r["loss_mask"], r["logprobs"], r["prompt_len"]) for r in built.rows] == rows[0]
+    for kind in ("full", "delta", "mixed", "staged"):
+        assert built.audit[f"{kind}_g0"]["status"] == "ok", built.audit[f"{kind}_g0"]
+        picked = built.rows_of(f"{kind}_g0")
+        rows.append([(r["input_ids"], r["loss_mask"], r["logprobs"], r["prompt_len"]) for r in picked])
+    assert rows[0] == rows[1] == rows[2] == rows[3] and rows[0]
 
 
 def test_gyms_tokens_digest_of_the_fixture_entries():
