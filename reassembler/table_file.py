@@ -13,7 +13,7 @@ glob never sees a torn file); an object appears once its upload completes
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -23,6 +23,42 @@ from . import storage
 from .buckets import BucketedFile
 
 DIGEST_CHUNK = 1 << 20
+
+
+class HeldRows:
+    """Rows held in the order given until taken as one table: one by one (laid out in tables
+    by `to_table`, a run at a time) or as tables already (load/inserter.py's Inserter,
+    load/derived_tokens.py's DerivedTokens)."""
+
+    def __init__(self, to_table: Callable[[list], pa.Table]):
+        self._to_table = to_table
+        self._rows: list = []
+        self._tables: list[pa.Table] = []
+        self.count = 0  # rows held
+
+    def add(self, row) -> None:
+        self._rows.append(row)
+        self.count += 1
+
+    def add_table(self, table: pa.Table) -> None:
+        self._lay_out()
+        self._tables.append(table)
+        self.count += table.num_rows
+
+    def take(self) -> pa.Table | None:
+        """Every row held, in order (None when none is)."""
+        self._lay_out()
+        if not self._tables:
+            return None
+        table = pa.concat_tables(self._tables) if len(self._tables) > 1 else self._tables[0]
+        self._tables, self.count = [], 0
+        return table
+
+    def _lay_out(self) -> None:
+        if self._rows:
+            self._tables.append(self._to_table(self._rows))
+            self._rows = []
+
 
 ROW_GROUP_ROWS = 65_536
 ROW_GROUP_BYTES = 16 << 20  # a rollout row carries its whole output's fingerprints

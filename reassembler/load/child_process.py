@@ -5,9 +5,9 @@ The child is `python -P -c "...; from <module> import _child; _child()" <package
 (pandas kept out first: `keep_pandas_out`): this interpreter, without the working folder on
 its path (-P: nothing there shadows a module), importing this package as this process does,
 else from the folder this file was loaded from (appended, so it never shadows anything
-either). Its work comes on stdin (given
-at the start, or later with `give`), its results go to stdout as pickled `(kind, payload)`
-records (`Records`, in the child), and its stderr to a temporary file.
+either). Its work comes on stdin (given at the start, or later with `give`), its results go
+to stdout as pickled `(kind, payload)` records (`Records`, in the child), and its stderr to
+a temporary file.
 
 On this side, `records` yields the child's records in order as the child writes them
 (each a length-prefixed pickle, so a record half written is waited for, never read), so

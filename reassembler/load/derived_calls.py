@@ -124,12 +124,12 @@ class CallColumns:
             return None
         import pyarrow as pa
 
+        from ..formats.fields import LEDGER, arrow_schema
         from .derived_tokens import token_table
-        from .inserter import LEDGER_BATCH
 
-        n = len(self._tokens)
-        given = {name: pa.array(values, LEDGER_BATCH.field(name).type) for name, values in self._columns.items()}
-        calls = pa.table([given.get(f.name, pa.nulls(n, f.type)) for f in LEDGER_BATCH], schema=LEDGER_BATCH)
+        n, schema = len(self._tokens), arrow_schema(LEDGER)  # inserter.LEDGER_BATCH (its module imports DuckDB)
+        given = {name: pa.array(values, schema.field(name).type) for name, values in self._columns.items()}
+        calls = pa.table([given.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema)
         chunk = DerivedChunk(calls, token_table(self._tokens))
         self._clear()
         return chunk

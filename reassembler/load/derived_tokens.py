@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..formats.token_file import CANONICAL, LISTS
+from ..table_file import HeldRows
 from .derived_calls import TokenRow
 
 ROW_GROUP_ROWS = 256
@@ -55,40 +56,30 @@ class DerivedTokens:
         self.path = storage.join(folder, name)
         self._writer: pq.ParquetWriter | None = None
         self._sink: Any = None
-        self._rows: list[TokenRow] = []
-        self._tables: list[pa.Table] = []  # given before the rows in _rows
-        self._held = 0  # rows in _tables
+        self._held = HeldRows(token_table)  # rows not yet written
         self._keys: list[pa.ChunkedArray] | None = []  # the staging keys written, in file order
         self._key_bytes = 0
         self.count = 0
 
     def add(self, row: TokenRow) -> None:
-        self._rows.append(row)
-        if self._held + len(self._rows) >= ROW_GROUP_ROWS:
+        self._held.add(row)
+        if self._held.count >= ROW_GROUP_ROWS:
             self._flush()
 
     def add_table(self, table: pa.Table) -> None:
-        if self._rows:
-            self._tables.append(token_table(self._rows))
-            self._held += len(self._rows)
-            self._rows = []
-        self._tables.append(table)
-        self._held += table.num_rows
-        if self._held >= ROW_GROUP_ROWS:
+        self._held.add_table(table)
+        if self._held.count >= ROW_GROUP_ROWS:
             self._flush()
 
     def _flush(self, last: bool = False) -> None:
         """Whole row groups of what is held (`last`: every row held)."""
-        if self._rows:
-            self._tables.append(token_table(self._rows))
-            self._held += len(self._rows)
-            self._rows = []
-        n = self._held if last else self._held - self._held % ROW_GROUP_ROWS
+        n = self._held.count if last else self._held.count - self._held.count % ROW_GROUP_ROWS
         if not n:
             return
-        table = pa.concat_tables(self._tables) if len(self._tables) > 1 else self._tables[0]
-        rest = table.slice(n)
-        self._tables, self._held = ([rest] if rest.num_rows else []), rest.num_rows
+        table = self._held.take()
+        assert table is not None
+        if table.num_rows > n:
+            self._held.add_table(table.slice(n))  # the next row group's first rows
         if self._writer is None:
             self._sink = storage.open_output(self.path)
             # scratch, read once by the shards: no compression, dictionary or statistics to make

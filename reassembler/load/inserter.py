@@ -9,6 +9,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from ..formats.fields import EPISODE, LEDGER, ROLLOUT, ROLLOUT_ITEMS, ROLLOUT_ROW, arrow_schema
+from ..table_file import HeldRows
 from ..warehouse import sql
 
 CHUNK_ROWS = 500  # rows buffered before a write: a rollout row carries its whole output's fingerprints
@@ -69,32 +70,21 @@ class Inserter:
 
     def __init__(self, sink: Sink, schema: pa.Schema):
         self.sink, self.schema = sink, schema
-        self.rows: list[dict] = []
-        self._tables: list[pa.Table] = []  # given before the rows in `rows`
-        self._held = 0  # rows in _tables
+        self._held = HeldRows(lambda rows: pa.Table.from_pylist(rows, schema=schema))
         self.count = 0
 
     def add(self, row: dict) -> None:
-        self.rows.append(row)
-        if self._held + len(self.rows) >= CHUNK_ROWS:
+        self._held.add(row)
+        if self._held.count >= CHUNK_ROWS:
             self.flush()
 
     def add_table(self, table: pa.Table) -> None:
-        self._take_rows()
-        self._tables.append(table)
-        self._held += table.num_rows
-        if self._held >= CHUNK_ROWS:
+        self._held.add_table(table)
+        if self._held.count >= CHUNK_ROWS:
             self.flush()
 
-    def _take_rows(self) -> None:
-        if self.rows:
-            self._tables.append(pa.Table.from_pylist(self.rows, schema=self.schema))
-            self._held += len(self.rows)
-            self.rows = []
-
     def flush(self) -> None:
-        self._take_rows()
-        if self._tables:
-            self.sink.write(pa.concat_tables(self._tables) if len(self._tables) > 1 else self._tables[0])
-            self.count += self._held
-            self._tables, self._held = [], 0
+        table = self._held.take()
+        if table is not None:
+            self.sink.write(table)
+            self.count += table.num_rows

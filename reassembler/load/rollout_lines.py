@@ -177,19 +177,10 @@ class _Child:
         chunk's carried calls to `derived` after its rows; returns the lines read, once it
         has ended well."""
         for kind, payload in self._proc.records(last="lines"):
-            if kind == "rows":
-                rows: list[dict]
-                calls: DerivedChunk | None
-                rows, calls = payload  # type: ignore[misc]
-                for row in rows:
-                    add(row)
-                derived(calls)
-            elif kind == "rejects":
-                for row in payload:  # type: ignore[attr-defined]
-                    rejects.add(row)
-            else:  # "lines": the last record
+            if kind == "lines":  # the last record
                 assert isinstance(payload, int)
                 return payload
+            _hand_over(kind, payload, add, rejects, derived)
         raise AssertionError("unreachable: records end with the last one or raise")
 
     def close(self) -> None:
@@ -302,11 +293,37 @@ def start(night: NightFiles, max_line_bytes: int, max_rollout_tokens: int = MAX_
         return None  # parsed in this process instead
 
 
-class _Chunks:
-    """Rows and reject rows put as records (child_process.Records) in chunks, in the order
-    they come: a chunk of rows as (rows, their carried calls: a DerivedChunk or None)."""
+def _hand_over(kind: str, payload, add: Callable[[dict], None], rejects, derived) -> None:
+    """One record of `_Chunks`: a chunk's rows to `add` and then its carried calls to
+    `derived`, or its reject rows to `rejects.add`."""
+    if kind == "rows":
+        rows, calls = payload
+        for row in rows:
+            add(row)
+        derived(calls)
+    else:
+        assert kind == "rejects", kind
+        for row in payload:
+            rejects.add(row)
 
-    def __init__(self, records: Records):
+
+class _HandedHere:
+    """`_Chunks`' records handed over in this process as they are put (`parse_here`)."""
+
+    def __init__(self, add: Callable[[dict], None], rejects, derived: Callable[[DerivedChunk | None], None]):
+        self.add, self.rejects, self.derived = add, rejects, derived
+
+    def put(self, kind: str, payload) -> None:
+        if kind != "lines":  # the count, returned by parse_here itself
+            _hand_over(kind, payload, self.add, self.rejects, self.derived)
+
+
+class _Chunks:
+    """Rows and reject rows put as records (child_process.Records, or `_HandedHere`) in
+    chunks, in the order they come: a chunk of rows as (rows, their carried calls: a
+    DerivedChunk or None)."""
+
+    def __init__(self, records: Records | _HandedHere):
         self.records = records
         self.rows: list[dict] = []
         self.calls = CallColumns()  # the carried calls of `rows` (parse_rollouts puts them)
@@ -348,21 +365,11 @@ def parse_here(
     derived: Callable[[DerivedChunk | None], None],
     max_rollout_tokens: int = MAX_ROLLOUT_TOKENS,
 ) -> int:
-    """`parse_rollouts` in this process, its carried calls handed to `derived` in chunks as a
-    child hands them (after their rows)."""
-    calls = CallColumns()
-    rows = 0
-
-    def add_row(row: dict) -> None:
-        nonlocal rows
-        add(row)
-        rows += 1
-        if rows >= CHUNK or calls.n_tokens >= CHUNK_TOKENS:
-            derived(calls.take())
-            rows = 0
-
-    lines = parse_rollouts(night, max_line_bytes, add_row, rejects, None, max_rollout_tokens, calls)
-    derived(calls.take())
+    """`parse_rollouts` in this process, in the chunks a child hands over (`_Chunks`): each
+    chunk's rows to `add`, then its carried calls to `derived`."""
+    chunks = _Chunks(_HandedHere(add, rejects, derived))
+    lines = parse_rollouts(night, max_line_bytes, chunks.add_row, chunks, None, max_rollout_tokens, chunks.calls)
+    chunks.put("lines", lines)  # the last chunks handed over
     return lines
 
 
