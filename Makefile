@@ -11,7 +11,7 @@ ROLLOUTS  ?= 240
 PYTHONS   ?= 3.12 3.13
 AIRFLOW_TESTS := test_celery test_dag test_demo test_gym_envelope_dag test_quality_ui test_report_page \
                  test_scheduler test_verifiers_dag
-.PHONY: venv run test test-core test-pythons lint bench airflow airflow-celery airflow-stop lock clean
+.PHONY: venv run test test-core test-pythons test-install lint bench airflow airflow-celery airflow-stop lock clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,10 @@ test-pythons:
 	  echo "== Python $$v ($$py): install from requirements.lock, then the core's tests"; \
 	  $(MAKE) --no-print-directory PY="$$py" VENV=.venv-$$v test-core || exit 1; \
 	done
+
+# The wheel installed into an Airflow 3.2 image (tests/install/) and alone, from PyPI (.ci/run)
+test-install: $(STAMP)
+	REASSEMBLER_INSTALL_TESTS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_install.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
