@@ -89,12 +89,23 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
+def installed_version() -> str:
+    """The installed distribution's version (the wheel's, or the checkout's editable install)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("reassembler")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install .)"
+
+
 VERBOSE_HELP = "log progress to stderr (-v: steps and summaries, -vv: every batch)"
 
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="reassembler", description=__doc__.splitlines()[0], formatter_class=_Help)
     p.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
+    p.add_argument("--version", action="version", version=f"reassembler {installed_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -261,7 +272,16 @@ def parser() -> argparse.ArgumentParser:
         default=d.max_mask_rate_rise,
         help="rise of the mask rate over the trailing 7-night mean",
     )
-    g.add_argument("--max-rejects", type=int, default=d.max_rejects, help="rejected input lines")
+    g.add_argument(
+        "--max-rejects", type=int, default=d.max_rejects, help="rejected input lines (torn final lines not counted)"
+    )
+    g.add_argument(
+        "--min-rollouts",
+        type=int,
+        default=d.min_rollouts,
+        help="the rate checks fail only a night of at least this many rollouts; below, they warn",
+    )
+    g.add_argument("--json", action="store_true", help="print the checks and the verdict as one JSON object")
     return p
 
 

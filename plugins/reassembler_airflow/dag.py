@@ -50,6 +50,7 @@ and run on any worker. A night waiting for its input blocks nobody either way.
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -415,7 +416,8 @@ def capture_rows_nightly():
         }
         event = outlet_events[ROWS_ASSET]
         event.extra = published
-        event.add_partitions(night_ds)
+        if hasattr(event, "add_partitions"):  # Airflow 3.3: the night is the event's partition key
+            event.add_partitions(night_ds)  # (3.2 has no partitioned assets: the night is extra["ds"] alone)
         return published
 
     @task(**READER)
@@ -434,24 +436,28 @@ def capture_rows_nightly():
 
     @task(**WRITER)
     def quality_gate(output_dir: str, night_ds: str, report: str, params=None, run_id=None) -> dict:
-        """Fail (no retry) listing every breached threshold; the rows stay published."""
+        """Fail (no retry) listing every breached threshold; the rows stay published. Returns
+        (XCom) what `reassembler gate --json` prints, for a monitoring system."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from reassembler.audit.quality import breaches_of, check_lines
+        from reassembler.audit.quality import breaches_of, check_lines, gate_document
         from reassembler.build import gate_step
         from reassembler.warehouse import Warehouse
 
         settings = task_settings(params, POOL)
+        thresholds = thresholds_from_params(params)
         with task_errors():
             checks = gate_step(
                 Warehouse(output_dir, settings.duckdb),
                 night_ds,
                 run_id,
-                thresholds_from_params(params),
+                thresholds,
                 int(params["report_nights"]),
                 _by(params),
             )
         print("\n".join(check_lines(checks)))
+        document = gate_document(night_ds, checks, thresholds)
+        print("gate json: " + json.dumps(document, sort_keys=True))
         breaches = breaches_of(checks)
         if breaches:
             raise AirflowFailException(
@@ -460,7 +466,7 @@ def capture_rows_nightly():
                 + f" (report: {report})"
             )
         print(f"quality gate passed for ds={night_ds}")
-        return {"ds": night_ds, "verdict": "ok"}
+        return document
 
     night = check_input()
     ready = wait_for_input(night["input_dir"], night["ds"])
