@@ -111,14 +111,20 @@ def run(args) -> int:
 
         print(report(args.output, args.warehouse))
     elif args.command == "gate":
-        from .audit.quality import breaches_of, check_lines
+        from .audit.quality import breaches_of, check_lines, gate_document
         from .build import gate_step
         from .warehouse import Warehouse
 
-        thresholds = Thresholds(args.max_mask_rate, args.max_reason_rate, args.max_mask_rate_rise, args.max_rejects)
+        thresholds = Thresholds(
+            args.max_mask_rate, args.max_reason_rate, args.max_mask_rate_rise, args.max_rejects, args.min_rollouts
+        )
         checks = gate_step(Warehouse(args.output, path=args.warehouse), args.ds, None, thresholds)
-        print("\n".join(check_lines(checks)))  # every check: value against limit, margin, status
         breaches = breaches_of(checks)
+        if args.json:  # one JSON object on stdout, the same exit code (README, Alerts)
+            document = gate_document(args.ds, checks, thresholds)
+            print(json.dumps(document, sort_keys=True))
+            return document["exit_code"]
+        print("\n".join(check_lines(checks)))  # every check: value against limit, margin, status
         if breaches:
             print(
                 f"reassembler: quality gate breached for ds={args.ds}: " + "; ".join(b["message"] for b in breaches),
@@ -126,7 +132,10 @@ def run(args) -> int:
             )
             return EXIT_GATE
         warned = sum(c["status"] == "warn" for c in checks)
-        print(f"quality gate passed for ds={args.ds}" + (f" ({warned} near the limit)" if warned else ""))
+        print(
+            f"quality gate passed for ds={args.ds}"
+            + (f" ({warned} warning{'s' if warned > 1 else ''})" if warned else "")
+        )
     return 0
 
 

@@ -102,7 +102,10 @@ class Thresholds:
     max_mask_rate: float | None = 0.2  # share of masked rollouts
     max_reason_rate: float | None = 0.1  # share of rollouts masked by any one reason
     max_mask_rate_rise: float | None = 0.05  # mask rate minus the trailing 7-night mean
-    max_rejects: int | None = 0  # rejected input lines
+    max_rejects: int | None = 0  # rejected input lines (a crash-torn final line of a file not counted: it warns)
+    # the rate checks (mask rate, one reason's rate, the rise) breach only on a night of at
+    # least this many rollouts; on a smaller night a value over its limit warns (README)
+    min_rollouts: int = 50
 
 
 @dataclass(frozen=True)
@@ -298,6 +301,12 @@ def dag_params() -> dict[str, dict[str, Any]]:
             minimum=0,
             description="Alert when more input lines than this were rejected.",
         ),
+        "gate_min_rollouts": dict(
+            default=g.min_rollouts,
+            type="integer",
+            minimum=0,
+            description="The rate checks fail only a night of at least this many rollouts; below, they warn.",
+        ),
         "report_nights": dict(
             default=REPORT_NIGHTS, type="integer", minimum=1, description="Nights shown in the report's trends."
         ),
@@ -311,4 +320,5 @@ def thresholds_from_params(params: Mapping[str, Any]) -> Thresholds:
         params.get("gate_max_reason_rate"),
         params.get("gate_max_mask_rate_rise"),
         params.get("gate_max_rejects"),
+        GATE_DEFAULTS.min_rollouts if params.get("gate_min_rollouts") is None else int(params["gate_min_rollouts"]),
     )

@@ -23,6 +23,8 @@ SELECT n.ds,
        coalesce(sum(a.n_offchain), 0)                             AS offchain_calls,
        coalesce(sum(a.n_offchain_faults), 0)                      AS offchain_faults,
        (SELECT count(*) FROM rejects j WHERE j.ds = n.ds)         AS rejects,
+       (SELECT count(*) FROM rejects j
+         WHERE j.ds = n.ds AND starts_with(j.error, 'torn_final_line')) AS torn_lines,
        n.run_id                                                   AS run_id,
        any_value(n.inputs)                                        AS inputs
 FROM nights n

@@ -28,9 +28,11 @@ def table_row(first_cell: str) -> list[str]:
 def readme_gate() -> dict[str, float]:
     """The gate's defaults as the README's settings table states them."""
     cell = table_row("quality gate")[1]
-    found = re.fullmatch(r"mask rate ([\d.]+), one reason ([\d.]+), rise ([\d.]+), rejects (\d+)", cell)
+    found = re.fullmatch(
+        r"mask rate ([\d.]+), one reason ([\d.]+), rise ([\d.]+), rejects (\d+), min rollouts (\d+)", cell
+    )
     assert found, cell
-    names = ("max_mask_rate", "max_reason_rate", "max_mask_rate_rise", "max_rejects")
+    names = ("max_mask_rate", "max_reason_rate", "max_mask_rate_rise", "max_rejects", "min_rollouts")
     return {n: float(v) for n, v in zip(names, found.groups())}
 
 

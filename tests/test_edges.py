@@ -422,7 +422,7 @@ def test_the_gate_judges_a_published_night_of_no_rollout(tmp_path):
     assert res.stdout.strip().splitlines() == [  # every check: value against limit, margin, status
         "ok     mask_rate                             0.000 against limit   0.000, margin 0.000",
         "warn   rejects                                  15 against limit      15, margin 0",
-        f"quality gate passed for ds={DS} (1 near the limit)",
+        f"quality gate passed for ds={DS} (1 warning)",
     ]
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
         assert con.execute("SELECT verdict FROM quality WHERE ds = ?", [DS]).fetchall() == [("ok",)]  # the last

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 
 from reassembler.audit.quality import Thresholds
@@ -36,7 +37,7 @@ def reports(tmp_path_factory):
         )
         synth_night(root / "input", ds, cfg)
         build_night(root / "input", root / "out", ds)
-        gate_step(Warehouse(root / "out"), ds, None, Thresholds())
+        gate_step(Warehouse(root / "out"), ds, None, Thresholds(min_rollouts=0))  # 48-rollout nights
     with open(root / "input" / "rollouts" / f"ds={NIGHTS[-1]}" / "rollouts-00000.jsonl", "a") as fh:
         fh.write("{not json\n")  # one rejected line on the last night
     build_night(root / "input", root / "out", NIGHTS[-1])
@@ -128,28 +129,26 @@ def test_the_gate_lists_every_breached_threshold_and_keeps_the_verdict(reports):
         q = night_quality(con, NIGHTS[-1], traces=False)
     night = q["night"]
     assert night["rejects"] == 1 and q["trailing_nights"] == 3
-    everything = gate(q, Thresholds(max_mask_rate=0.0, max_reason_rate=0.0, max_mask_rate_rise=0.0, max_rejects=0))
+    everything = gate(q, Thresholds(0.0, 0.0, 0.0, 0, min_rollouts=0))
     checks = {b["check"] for b in everything}
     assert {"mask_rate", "mask_rate_rise", "rejects"} <= checks
     assert {c for c in checks if c.startswith("reason:")} == {f"reason:{r['reason']}" for r in q["reasons"]}
-    assert gate(q, Thresholds(None, None, None, None)) == []
+    assert gate(q, Thresholds(None, None, None, None, min_rollouts=0)) == []
     assert (
         gate(
             q,
-            Thresholds(
-                max_mask_rate=night["mask_rate"], max_reason_rate=None, max_mask_rate_rise=None, max_rejects=None
-            ),
+            Thresholds(night["mask_rate"], None, None, None, min_rollouts=0),
         )
         == []
     )  # at the threshold is not over it
     rise = night["mask_rate"] - q["baseline"]["mask_rate"]
-    [b] = gate(q, Thresholds(None, None, rise - 0.001, None))
+    [b] = gate(q, Thresholds(None, None, rise - 0.001, None, min_rollouts=0))
     assert b["check"] == "mask_rate_rise" and "over the trailing 3-night mean" in b["message"]
     breaches = gate_step(
         Warehouse(out),
         NIGHTS[-1],
         "run-x",
-        Thresholds(max_mask_rate=0.0, max_reason_rate=None, max_mask_rate_rise=None, max_rejects=None),
+        Thresholds(0.0, None, None, None, min_rollouts=0),
     )
     assert [b["check"] for b in breaches] == ["mask_rate"]
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
@@ -257,9 +256,19 @@ def test_an_auditor_sees_counts_margins_and_every_masked_rollout(reports, tmp_pa
         audit = con.execute(
             "SELECT rollout_id, reason FROM audit WHERE ds = ? AND status = 'masked' ORDER BY ALL", [NIGHTS[-1]]
         ).fetchall()
-    listed = pd.read_parquet(folder / "masked.parquet")
+    # named for the night, with its ds; captures as the audit table writes them
+    listed = pd.read_parquet(folder / f"masked-{NIGHTS[-1]}.parquet")
     assert sorted(zip(listed["rollout_id"], listed["reason"])) == audit  # every masked rollout, each once
-    assert pd.read_csv(folder / "masked.csv").shape[0] == len(audit)
+    assert set(listed["ds"]) == {NIGHTS[-1]}
+    with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
+        captures = dict(con.execute("SELECT rollout_id, capture FROM audit WHERE ds = ?", [NIGHTS[-1]]).fetchall())
+    downloaded = pq.read_table(folder / f"masked-{NIGHTS[-1]}.parquet").to_pylist()
+    assert {r["rollout_id"]: r["capture"] for r in downloaded} == {
+        r["rollout_id"]: captures[r["rollout_id"]] for r in downloaded
+    }
+    csv = pd.read_csv(folder / f"masked-{NIGHTS[-1]}.csv")
+    assert csv.shape[0] == len(audit) and list(csv.columns)[:2] == ["ds", "rollout_id"]
+    assert not (folder / "masked.csv").exists()
     reason, n = max(((r, sum(x == r for _, x in audit)) for r in {x for _, x in audit}), key=lambda t: (t[1], t[0]))
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -271,7 +280,7 @@ def test_an_auditor_sees_counts_margins_and_every_masked_rollout(reports, tmp_pa
         labels = tab.locator("#chart-by-0 text.bartext").all_text_contents()  # capture: "masked/rollouts"
         assert labels and all(re.fullmatch(r"\d+/\d+", t) for t in labels), labels
         checks = tab.locator("#gate-checks tr").all_inner_texts()
-        [mask_rate] = [c.split() for c in checks if c.startswith("mask_rate")]  # value, limit, margin, status
+        [mask_rate] = [c.split() for c in checks if c.split()[:1] == ["mask_rate"]]  # value, limit, margin, status
         value, limit, margin = map(float, mask_rate[1:4])
         assert abs(margin - (limit - value)) < 1e-3 and mask_rate[4] in ("ok", "warn", "breach"), checks
         tab.locator(f'a.list-reason[data-reason="{reason}"]').click()

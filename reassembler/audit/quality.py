@@ -130,6 +130,7 @@ def _diagnosed(rollouts: list[dict]) -> list[dict]:
 
 
 MASKED_COLUMNS = (
+    "ds",
     "rollout_id",
     "group_id",
     "slot",
@@ -146,17 +147,24 @@ MASKED_COLUMNS = (
 
 def masked_rollouts(con, ds: str) -> list[dict]:
     """Every masked rollout of night `ds` with what an auditor filters by (agent, env, model
-    server, capture) and the tokens its ledger declared, in output order (the report's list
-    and its CSV / Parquet downloads)."""
+    server, capture: the audit table's codes, `local` not its label) and the tokens its ledger
+    declared, in output order (the report's list and its CSV / Parquet downloads, which
+    carry the night as `ds`)."""
     cur = con.execute(sql("quality_rollouts"), {"ds": ds})
     names = [d[0] for d in cur.description]
     out = []
     for row in cur.fetchall():
-        r = dict(zip(names, row))
+        r = dict(zip(names, row), ds=ds)
         if r["status"] == "masked":
-            r["capture"] = CAPTURE_LABELS.get(r["capture"], r["capture"])
+            r["capture"] = r["audit_capture"]
             out.append({k: r[k] for k in MASKED_COLUMNS})
     return out
+
+
+def masked_file(ds: str, suffix: str) -> str:
+    """The name of a night's masked-rollouts download (`masked-2026-11-28.csv`): each night's
+    file downloads under a name of its own."""
+    return f"masked-{ds}.{suffix}"
 
 
 def night_quality(
@@ -280,10 +288,17 @@ WARN_SHARE = 0.8  # a check whose value reaches this share of its limit warns be
 def gate_checks(quality: dict, thresholds: Thresholds) -> list[dict]:
     """Every enabled check of the gate on a night: its value against its limit, the margin
     left (limit - value), and its status: `breach` above the limit, `warn` from WARN_SHARE of
-    the limit up to it (at the limit included), else `ok`; with a one-line message."""
-    night, checks = quality["night"], []
+    the limit up to it (at the limit included), else `ok`; with a one-line message.
 
-    def check(name: str, value, limit, text: str) -> None:
+    A rate check (mask rate, one reason's share, the rise) over its limit on a night of fewer
+    than `thresholds.min_rollouts` rollouts warns instead: a few rollouts make no rate. The
+    rejects check counts rejected input lines but a file's crash-torn final line; torn lines
+    are a check of their own that warns (limit None)."""
+    night, checks = quality["night"], []
+    t = thresholds
+    small = night["rollouts"] < t.min_rollouts
+
+    def check(name: str, value, limit, text: str, rate: bool = False) -> None:
         if value > limit:
             status = "breach"
         elif limit > 0 and value >= WARN_SHARE * limit:
@@ -291,6 +306,10 @@ def gate_checks(quality: dict, thresholds: Thresholds) -> list[dict]:
         else:
             status = "ok"
         sign = ">" if status == "breach" else "<="
+        message = f"{text} {sign} {limit:.3f}" if isinstance(limit, float) else f"{text} {sign} {limit}"
+        if status == "breach" and rate and small:
+            status = "warn"
+            message += f" (warns only: {night['rollouts']} rollouts, under the gate's minimum of {t.min_rollouts})"
         checks.append(
             {
                 "check": name,
@@ -298,17 +317,17 @@ def gate_checks(quality: dict, thresholds: Thresholds) -> list[dict]:
                 "threshold": limit,
                 "margin": limit - value,
                 "status": status,
-                "message": f"{text} {sign} {limit:.3f}" if isinstance(limit, float) else f"{text} {sign} {limit}",
+                "message": message,
             }
         )
 
-    t = thresholds
     if t.max_mask_rate is not None:
         check(
             "mask_rate",
             night["mask_rate"],
             t.max_mask_rate,
             f"mask rate {night['mask_rate']:.3f} ({night['masked']}/{night['rollouts']})",
+            rate=True,
         )
     if t.max_reason_rate is not None:
         for r in quality["reasons"]:
@@ -317,6 +336,7 @@ def gate_checks(quality: dict, thresholds: Thresholds) -> list[dict]:
                 r["share"],
                 t.max_reason_rate,
                 f"{r['reason']} masks {r['share']:.3f} of rollouts ({r['n']})",
+                rate=True,
             )
     base = quality.get("baseline")
     if t.max_mask_rate_rise is not None and base is not None:
@@ -327,9 +347,28 @@ def gate_checks(quality: dict, thresholds: Thresholds) -> list[dict]:
             t.max_mask_rate_rise,
             f"mask rate {night['mask_rate']:.3f} is {rise:+.3f} over the trailing "
             f"{quality['trailing_nights']}-night mean {base['mask_rate']:.3f}",
+            rate=True,
         )
+    torn = night.get("torn_lines") or 0
     if t.max_rejects is not None:
-        check("rejects", night["rejects"], t.max_rejects, f"{night['rejects']} rejected input lines")
+        rejects = night["rejects"] - torn
+        check(
+            "rejects",
+            rejects,
+            t.max_rejects,
+            f"{rejects} rejected input lines" + (f" (and {torn} torn)" if torn else ""),
+        )
+    if torn:
+        checks.append(
+            {
+                "check": "torn_final_lines",
+                "value": torn,
+                "threshold": None,
+                "margin": None,
+                "status": "warn",
+                "message": f"{torn} files end in a torn line (a producer stopped mid-write): rejected, no breach",
+            }
+        )
     return checks
 
 
@@ -342,7 +381,7 @@ def check_lines(checks: list[dict]) -> list[str]:
     """One line a check: status, name, value against limit, margin (the gate's output)."""
 
     def shown(x) -> str:
-        return f"{x:.3f}" if isinstance(x, float) else str(x)
+        return f"{x:.3f}" if isinstance(x, float) else "-" if x is None else str(x)
 
     return [
         f"{c['status']:<7}{c['check']:<34}{shown(c['value']):>9} against limit {shown(c['threshold']):>7}, "
@@ -355,6 +394,38 @@ def breaches_of(checks: list[dict]) -> list[dict]:
     """The breaches among a recorded verdict's checks (a verdict recorded before checks had a
     status lists its breaches only)."""
     return [c for c in checks if c.get("status", "breach") == "breach"]
+
+
+GATE_JSON_VERSION = 1  # `reassembler gate --json`'s shape (README, Alerts): a new key is no new version
+
+
+def gate_document(ds: str, checks: list[dict], thresholds: Thresholds) -> dict:
+    """What `reassembler gate --json` prints, for a monitoring system: the verdict (`breached`
+    when a check breached, else `warn` when one warned, else `ok`), the exit code that goes
+    with it, and every check with its value, limit, level (ok, warn, breach), margin (limit -
+    value; null for a check without a limit) and one-line message."""
+    from ..errors import EXIT_GATE
+
+    levels = {c["status"] for c in checks}
+    verdict = "breached" if "breach" in levels else "warn" if "warn" in levels else "ok"
+    return {
+        "version": GATE_JSON_VERSION,
+        "ds": ds,
+        "verdict": verdict,
+        "exit_code": EXIT_GATE if verdict == "breached" else 0,
+        "min_rollouts": thresholds.min_rollouts,
+        "checks": [
+            {
+                "check": c["check"],
+                "value": c["value"],
+                "limit": c["threshold"],
+                "level": c["status"],
+                "margin": c["margin"],
+                "message": c["message"],
+            }
+            for c in checks
+        ],
+    }
 
 
 def record_verdict(con, ds: str, run_id: str | None, checks: list[dict]) -> None:

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from .. import storage
 from ..settings import REPORT_NIGHTS
-from .quality import MASKED_COLUMNS, masked_rollouts, night_quality, nights_overview
+from .quality import MASKED_COLUMNS, masked_file, masked_rollouts, night_quality, nights_overview
 from .report_night import night_page
 from .report_parts import chart, esc, html_page, html_table, rate_axis
 
@@ -90,8 +90,8 @@ def row_lengths(partition: str) -> dict | None:
     }
 
 
-def _write_masked(folder: str, masked: list[dict]) -> None:
-    """The night's masked rollouts as masked.csv and masked.parquet beside its page."""
+def _write_masked(folder: str, ds: str, masked: list[dict]) -> None:
+    """The night's masked rollouts as masked-<ds>.csv and masked-<ds>.parquet beside its page."""
     import csv
     import io
 
@@ -109,12 +109,12 @@ def _write_masked(folder: str, masked: list[dict]) -> None:
     )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    storage.write_bytes(storage.join(folder, "masked.parquet"), sink.getvalue().to_pybytes())
+    storage.write_bytes(storage.join(folder, masked_file(ds, "parquet")), sink.getvalue().to_pybytes())
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(MASKED_COLUMNS))
     writer.writeheader()
     writer.writerows(masked)
-    _write(storage.join(folder, "masked.csv"), text.getvalue())
+    _write(storage.join(folder, masked_file(ds, "csv")), text.getvalue())
 
 
 def _plotly_js(folder: str) -> None:
@@ -142,7 +142,7 @@ def write_reports(
     _plotly_js(folder)
     page = storage.join(folder, f"ds={ds}", "index.html")
     masked = masked_rollouts(con, ds)
-    _write_masked(storage.join(folder, f"ds={ds}"), masked)
+    _write_masked(storage.join(folder, f"ds={ds}"), ds, masked)
     _write(page, night_page(q, masked))
     _write(storage.join(folder, "data", f"ds={ds}.json"), json.dumps(q, default=str))
     _write(storage.join(folder, "index.html"), index_page(nights_overview(con)))

@@ -288,7 +288,7 @@ def night_page(q: dict, masked: list[dict] | None = None) -> str:
         parts.append(chart(fig, "chart-row-lengths", 280, x="tokens in the row", y="rows"))
 
     if masked is not None:
-        parts.append(masked_section(masked))
+        parts.append(masked_section(q["ds"], masked))
 
     parts.append("<h2>Rejected input</h2>")
     if q["rejects"]:

@@ -9,6 +9,8 @@ import json
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from .quality import masked_file
+
 STEP_COLORS = {
     "rollout checks": "#8c6bb1",
     "select": "#e6550d",
@@ -86,7 +88,8 @@ STATUS_CLASS = {"ok": "ok", "warn": "warn", "breach": "breach"}
 
 
 def num_text(x) -> str:
-    return f"{x:.3f}" if isinstance(x, float) else f"{x:,}"
+    """A number as the report shows it; None (a check without a limit) as a dash."""
+    return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else f"{x:,}"
 
 
 def nights_text(n: int) -> str:
@@ -158,13 +161,14 @@ FILTER_SCRIPT = """
 """
 
 
-def masked_section(masked: list[dict]) -> str:
+def masked_section(ds: str, masked: list[dict]) -> str:
     """Every masked rollout (the first MASKED_SHOWN on the page), filterable by reason,
     capture, agent, env and model server, with the whole list as CSV and Parquet."""
+    csv, parquet = masked_file(ds, "csv"), masked_file(ds, "parquet")
     parts = [
         '<h2 id="masked">Masked rollouts</h2>',
         f'<div class="sub">{len(masked):,} masked rollouts · download every one: '
-        '<a href="masked.csv" download>CSV</a> · <a href="masked.parquet" download>Parquet</a>'
+        f'<a href="{csv}" download>CSV</a> · <a href="{parquet}" download>Parquet</a>'
         + (f" · the first {MASKED_SHOWN:,} are listed here" if len(masked) > MASKED_SHOWN else "")
         + "</div>",
     ]

@@ -33,6 +33,24 @@ class RecordError(ValueError):
     """A JSON line that does not have the shape of its record."""
 
 
+class NotJson(RecordError):
+    """A line that does not parse as JSON at all (a torn one among them)."""
+
+
+# The reject kind of a file's last line that has no newline and does not parse: a producer
+# killed mid-append (README, the quality gate: counted apart from other rejects, never a breach).
+TORN_FINAL_LINE = "torn_final_line"
+
+
+def torn_line(problem: RecordError, raw: bytes) -> RecordError:
+    """The reject error of a line that did not decode: `torn_final_line` when it is a
+    file's last line with no newline (only the last line can lack one) that is not JSON,
+    else `problem` (a line over the size limit stays one, whole or not)."""
+    if raw.endswith(b"\n") or not isinstance(problem, NotJson):
+        return problem
+    return RecordError(f"{TORN_FINAL_LINE}: the last line has no newline and is not whole ({problem})")
+
+
 def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     """A JSON object's pairs as a dict (json's object_pairs_hook); RecordError naming a key
     written twice, at any depth."""

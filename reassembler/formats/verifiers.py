@@ -52,7 +52,6 @@ __all__ = [
 
 TRACES_FILE = "traces.jsonl"  # verifiers' TRACES_FILE (utils/trace_store.py)
 TRACES_SUFFIX = ".traces.jsonl"  # choice (10.2): several runs in one night, e.g. runA.traces.jsonl
-TORN_FINAL_LINE = "torn_final_line"
 
 
 def is_traces_file(rel: str) -> bool:

@@ -17,7 +17,14 @@ from .. import storage
 from ..errors import InputError
 from ..formats.items import JsonFloat, UnmarkedFloats
 from ..formats.night import NightFiles
-from ..formats.records import RecordError, has_surrogate, no_duplicate_keys, rollout_id_from_path
+from ..formats.records import (
+    NotJson,
+    RecordError,
+    has_surrogate,
+    no_duplicate_keys,
+    rollout_id_from_path,
+    torn_line,
+)
 from ..settings import MAX_JSON_DEPTH, MAX_LINE_BYTES
 
 RAW_CHARS = 300
@@ -161,7 +168,7 @@ def decode(raw: bytes, decoder=DECODER):
     except RecordError as e:
         return e
     except (ValueError, RecursionError) as e:
-        return RecordError(f"not valid JSON: {e}")
+        return NotJson(f"not valid JSON: {e}")
 
 
 def raw_text(raw: bytes) -> str:
@@ -217,7 +224,7 @@ def read_file_lines(
 
 
 def one_line(source: str, rel: str, line: int, raw: bytes, value, number: int, parse, add, rejects) -> None:
-    problem = value if isinstance(value, RecordError) else None
+    problem = torn_line(value, raw) if isinstance(value, RecordError) else None
     if problem is None:
         try:
             row = parse(value, rel)

@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ..formats.night import NightFiles
-from ..formats.records import RecordError
+from ..formats.records import RecordError, torn_line
 from ..formats.verifiers import (
     DECODER,
     MAX_ROLLOUT_TOKENS,
-    TORN_FINAL_LINE,
     TraceRollout,
     context_call,
     describe,
@@ -64,9 +63,7 @@ def read_traces_file(
     for line, raw, value in json_lines(night.path("rollouts", rel), rel, max_line_bytes, decode_episode, lines):
         try:
             if isinstance(value, RecordError):
-                if not raw.endswith(b"\n"):
-                    raise RecordError(f"{TORN_FINAL_LINE}: the last line has no newline and is not whole ({value})")
-                raise value
+                raise torn_line(value, raw)
             rollouts = parse_episode(value, max_rollout_tokens)
         except RecordError as e:
             number += 1
