@@ -103,6 +103,7 @@ def load_step(
         drop_call_files(output, kept)
         if call_tables.is_temporary(con):
             call_tables.define_views(con, output, temporary=True)  # the files as they are now
+        warehouse.save_copy(con, ds, run_id)  # the load survives this worker (warehouse/copies.py)
         checkpoint("loaded")
     if load.plan is not None:
         clear_parts(load.plan, staging)  # merged: the warehouse holds them now
@@ -155,13 +156,14 @@ def publish_step(
             numbers,
             {
                 "input_dir": read_from.text(),
-                "inputs": {k: loc.where for k, loc in read_from.resolve(ds).items()},
+                "inputs": read_from.wheres(ds),
                 "mode": options.mode,
                 "offchain": options.offchain,
                 "options": json.dumps(asdict(options), sort_keys=True),
                 "seconds": seconds,
             },
         )
+        warehouse.save_copy(con, ds, run_id)
     log.info("published ds=%s: %d rows, %d ok, %d masked", ds, numbers.n_rows, numbers.ok_rollouts, numbers.masked)
     return numbers
 
@@ -189,8 +191,8 @@ def build_loaded(load: NightLoad, output_dir, run_id: str | None = None, warehou
     once in worker processes, which read their plans from the output store, as Airflow's
     mapped tasks do."""
     settings, ds = load.settings, load.ds
-    check_output_apart(load.night, output_dir)
     warehouse = Warehouse(output_dir, settings.duckdb, warehouse_file)
+    check_output_apart(load.night, output_dir, warehouse=warehouse.path, temp_directory=settings.duckdb.temp_directory)
     parallel = settings.workers > 1 and settings.shards > 1
     # the shards run on this machine: on object storage their plans stay on local disk
     # (in this process's scratch folder: a killed build's are removed with it by the next build)
@@ -278,4 +280,5 @@ def gate_step(
         checks = gate_checks(quality, thresholds)
         record_verdict(con, ds, run_id, checks)
         write_reports(con, output, ds, nights, by)
+        warehouse.save_copy(con, ds, run_id)
     return checks

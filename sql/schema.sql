@@ -102,6 +102,15 @@ CREATE TABLE IF NOT EXISTS quality (
     breaches    VARCHAR              -- JSON list of breaches: check, value, threshold, message
 );
 
+-- The copies of this file in the output store (warehouse/copies.py): one row per copy, the
+-- newest generation is the file's own; a worker restores the store's copy when its file is older.
+CREATE TABLE IF NOT EXISTS warehouse_copies (
+    generation  BIGINT  NOT NULL,
+    ds          DATE,                 -- the night whose commit (or verdict) made the copy
+    run_id      VARCHAR,
+    copied_at   TIMESTAMP
+);
+
 -- The schema version of this warehouse (warehouse.py applies sql/migrations/ up to it).
 CREATE TABLE IF NOT EXISTS schema_version (
     version     INTEGER NOT NULL,

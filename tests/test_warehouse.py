@@ -60,7 +60,7 @@ def test_a_warehouse_of_release_2_gets_the_token_rows_table(tmp_path):
     worked_example(n, "a_g0")
     summary = build_night(n.write(), out, DS)
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 11
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 12
         assert con.execute("SELECT count(*) FROM token_rows").fetchone()[0] == summary.load.tokens.read > 0
     assert summary.numbers.ok_rollouts == 1
 
@@ -123,7 +123,7 @@ def test_a_warehouse_of_release_10_moves_its_rollouts_items_to_parquet_and_its_n
     worked_example(n, "a_g0")
     build_night(n.write(), out, DS)  # migrates, then loads another night
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 11
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 12
         columns = columns_of(con, "rollout_runs")
         after = sorted(con.execute("SELECT * FROM rollout_items WHERE ds = '2026-11-27'").fetchall())
         assert con.execute(f"SELECT count(*) FROM rollout_items WHERE ds = '{DS}'").fetchone()[0] == 1

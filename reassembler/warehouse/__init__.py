@@ -22,22 +22,23 @@ from pathlib import Path
 
 import duckdb
 
-from . import call_tables, storage
-from .errors import InputError, OutputBusy, StoreError
-from .formats.fields import ROLLOUT_ROW, ddl
-from .settings import DuckDBSettings
+from .. import call_tables, storage
+from ..errors import InputError, OutputBusy, StoreError
+from ..formats.fields import ROLLOUT_ROW, ddl
+from ..settings import DuckDBSettings
+from . import copies
 
-SCHEMA_VERSION = 11  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
+SCHEMA_VERSION = 12  # sql/schema.sql is at this version; sql/migrations/NNN_*.sql lead up to it
 
 
 def _sql_dir() -> Path:
     """The repository's sql/ in a checkout (and an editable install), else the package data."""
     if os.environ.get("REASSEMBLER_SQL_DIR"):
         return Path(os.environ["REASSEMBLER_SQL_DIR"])
-    checkout = Path(__file__).resolve().parent.parent / "sql"
+    checkout = Path(__file__).resolve().parents[2] / "sql"
     if (checkout / "schema.sql").exists():
         return checkout
-    return Path(__file__).resolve().parent / "sql"  # installed: the wheel's reassembler/sql/
+    return Path(__file__).resolve().parents[1] / "sql"  # installed: the wheel's reassembler/sql/
 
 
 SQL_DIR = _sql_dir()
@@ -170,6 +171,7 @@ def connect(
     output folder (their spill folder is in the system temp folder). Another process holding
     the file is waited for up to `settings.lock_wait_seconds`, then OutputBusy names it."""
     path = warehouse_path(output_dir, database)
+    copies.restore_missing(output_dir, path)  # a worker's first open: the store's copy, if any
     if read_only:
         if not path.exists():
             raise InputError(f"{path}: no warehouse here; run `reassembler build` first")
@@ -201,6 +203,12 @@ def connect(
                     "blocking the job)"
                 ) from None
             time.sleep(0.5)
+    newer = copies.newer_copy(con, output_dir)
+    if newer is not None:  # an older night's file: the store's copy replaces it
+        local = copies.generation(con)
+        con.close()
+        copies.replace_stale(output_dir, path, newer, local)
+        return connect(output_dir, settings, read_only, database)
     try:
         if read_only:
             check_version(con, path)
@@ -309,6 +317,14 @@ class Warehouse:
         self.output_dir, self.settings = storage.location(output_dir), settings
         self.path = warehouse_path(self.output_dir, path)
         self._held: duckdb.DuckDBPyConnection | None = None
+
+    def save_copy(self, con, ds: str | None, run_id: str | None) -> dict:
+        """Copy the file into the output store (copies.py), from the writer's connection `con`
+        under the output lock: after each step that commits a night's state (load, publish,
+        the gate's verdict). Returns the copy's pointer."""
+        pointer = copies.save(con, self.path, self.output_dir, ds, run_id, SCHEMA_VERSION)
+        log.info("warehouse copied to %s (generation %d)", pointer["file"], pointer["generation"])
+        return pointer
 
     @contextmanager
     def held(self) -> Iterator[Warehouse]:
