@@ -17,7 +17,7 @@ import sys
 from . import progress, storage
 from .cli_args import UsageError, parser
 from .errors import EXIT_BUG, EXIT_GATE, EXIT_OK, EXIT_USAGE, InputError, classify
-from .formats.locations import Inputs
+from .formats.locations import Inputs, templates
 from .load.child_process import keep_pandas_out
 from .producer.config import SynthConfig
 from .settings import (
@@ -42,7 +42,8 @@ def run(args) -> int:
         settings = Settings.from_cli(args)
         warehouse = warehouse_path(args.output, args.warehouse)  # a missing --warehouse: said before any work
         # entered before the heavy imports below: the rollout children parse meanwhile
-        inputs = Inputs(args.input, args.layout, args.rollouts, args.ledger, args.tokens)
+        rollouts = args.rollouts or templates(os.environ.get("REASSEMBLER_ROLLOUTS"))
+        inputs = Inputs(args.input, args.layout, rollouts, args.ledger, args.tokens)
         with NightLoad(inputs, args.ds, settings) as load:
             from .build import build_loaded
 

@@ -132,13 +132,20 @@ def parser() -> argparse.ArgumentParser:
         ("ledger", "the ledger (capture folder)"),
         ("tokens", "the token store"),
     ):
+        several = kind == "rollouts"  # repeatable: a night read from several locations, in the order given
         b.add_argument(
             f"--{kind}",
-            default=os.environ.get(f"REASSEMBLER_{kind.upper()}") or None,
+            default=None if several else os.environ.get(f"REASSEMBLER_{kind.upper()}") or None,
+            action="append" if several else "store",
             metavar="TEMPLATE",
             help=f"where {what} of a night are, instead of the layout's: a folder, a file or a glob, local or "
             f"s3://, with {{ds}} {{yyyy}} {{mm}} {{dd}} {{input}} filled from the night "
-            f"(default: REASSEMBLER_{kind.upper()})",
+            + (
+                "(repeat it to read several locations as one night; default: REASSEMBLER_ROLLOUTS, one template or "
+                "a JSON list)"
+                if several
+                else f"(default: REASSEMBLER_{kind.upper()})"
+            ),
         )
     _output(b, "output root (a folder or s3://bucket/prefix): rows/, audit/, reports/, _published/")
     b.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from nights import DS, worked_example
 from reassembler.cli import main
 
@@ -163,3 +165,22 @@ def test_console_script_is_installed(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert "synth ds=2026-11-28: 8 rollouts" in res.stdout
+
+
+@pytest.mark.parametrize("flag", ["--warehouse", "--temp-directory"])
+def test_a_warehouse_or_spill_folder_inside_an_input_location_is_refused(tmp_path, night, capsys, flag):
+    worked_example(night, "group_g0")
+    inp = night.write()
+    before = sorted(p.relative_to(inp) for p in inp.rglob("*"))
+    for inside in (inp / "w", inp / "ledger" / f"ds={DS}" / "w"):
+        out = tmp_path / "out"
+        assert main(["build", "--input", str(inp), "--output", str(out), "--ds", DS, flag, str(inside)]) == 2
+        err = capsys.readouterr().err.strip()
+        what = "warehouse" if flag == "--warehouse" else "temp directory"
+        assert err.startswith(f"reassembler: error: {inside}: the {what} lies inside the ") and "\n" not in err
+        assert err.endswith(f"choose a {what} outside the night's input")
+    assert sorted(p.relative_to(inp) for p in inp.rglob("*")) == before  # nothing written there
+    assert (
+        main(["build", "--input", str(inp), "--output", str(tmp_path / "o2"), "--ds", DS, flag, str(tmp_path / "w")])
+        == 0
+    )

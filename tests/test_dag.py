@@ -463,7 +463,9 @@ def test_the_dag_builds_a_night_from_and_to_object_storage(tmp_path, s3):
     assert (tmp_path / "mirror" / "reports" / f"ds={DS}" / "index.html").exists()
     with sqlite3.connect(home / "airflow.db") as db:
         [(uri,)] = db.execute("SELECT uri FROM asset WHERE name = 'capture_rows'").fetchall()
-    assert uri == f"{out}/rows"
+        [(extra,)] = db.execute("SELECT extra FROM asset_event").fetchall()
+    assert uri == "reassembler://capture_rows/"  # whatever the output (test_scheduler.py changes it)
+    assert json.loads(extra)["partition"] == f"{out}/rows/ds={DS}"
 
 
 def test_check_input_and_wait_for_input_follow_the_gym_layout(tmp_path, monkeypatch):
@@ -518,11 +520,25 @@ def test_the_dag_builds_a_gym_night_on_object_storage_with_the_gym_layout(tmp_pa
     home = tmp_path / "airflow"
     home.mkdir()
     env = _airflow_env(home, root + "/{ds}", out)
-    env.update(s3.env, REASSEMBLER_WAREHOUSE=str(tmp_path / "warehouse.duckdb"), REASSEMBLER_LAYOUT="gym")
+    # the credentials as Airflow users keep them: a Connection (the aws_conn_id param's
+    # default, aws_default), no AWS_* variable on the processes
+    env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    connection = {
+        "conn_type": "aws",
+        "login": s3.env["AWS_ACCESS_KEY_ID"],
+        "password": s3.env["AWS_SECRET_ACCESS_KEY"],
+        "extra": {"endpoint_url": s3.env["AWS_ENDPOINT_URL"], "region_name": s3.env["AWS_DEFAULT_REGION"]},
+    }
+    env.update(
+        AIRFLOW_CONN_AWS_DEFAULT=json.dumps(connection),
+        REASSEMBLER_WAREHOUSE=str(tmp_path / "warehouse.duckdb"),
+        REASSEMBLER_LAYOUT="gym",
+    )
     _airflow(env, "db", "migrate")
     relaxed = {"ds": STAGED_DS, "gate_max_mask_rate": None, "gate_max_reason_rate": None}
     log = _airflow(env, "dags", "test", "capture_rows_nightly", "2026-11-30", "-c", json.dumps(relaxed))
     assert "state=success" in log
+    assert "object storage credentials: the Airflow Connection 'aws_default' (AWS_ACCESS_KEY_ID, " in log
     build_night(DATA / "gym-0.7.0", tmp_path / "contract", STAGED_DS)
     s3.download(out, tmp_path / "mirror")
     assert tables(tmp_path / "mirror", STAGED_DS) == tables(tmp_path / "contract", STAGED_DS)
@@ -547,3 +563,42 @@ def test_a_location_named_in_the_trigger_form_stays_under_the_input_root(tmp_pat
     conf = {"ds": DS, "input_marker": "../../../etc/passwd"}
     log = _airflow(env, "dags", "test", "capture_rows_nightly", "-c", json.dumps(conf), ok=False)
     assert "a file name in the night's rollouts folder, not a path" in log
+    # a list of rollouts locations: each one confined
+    conf = {"ds": DS, "rollouts": [str(inp / "rollouts" / "ds={ds}"), "/etc/passwd"]}
+    log = _airflow(env, "dags", "test", "capture_rows_nightly", "-c", json.dumps(conf), ok=False)
+    assert "/etc/passwd: the rollouts location given for this run lies outside the allowed input roots" in log
+    # a typo in a triggered run's conf fails at once, naming the key and its near miss
+    log = _airflow(env, "dags", "test", "capture_rows_nightly", "-c", json.dumps({"ds": DS, "shard": 2}), ok=False)
+    assert "conf key 'shard' is no param of capture_rows_nightly; did you mean 'shards'?" in log
+    assert not (out / "tables").exists()
+
+
+def test_check_input_takes_several_rollouts_locations_and_refuses_an_unknown_conf_key(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from reassembler.formats.night import find_night
+
+    check = DagBag(dag_folder=str(REPO / "dags")).dags["capture_rows_nightly"].get_task("check_input").python_callable
+    ds = "2026-12-02"
+    gym, runs = tmp_path / "gym" / ds, tmp_path / "runs" / ds / "a"
+    shutil.copytree(REPO / "tests" / "data" / "gym-0.7.0-compaction" / "rollouts" / f"ds={ds}", gym)
+    runs.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "data" / "verifiers-0.4.0" / "rollouts" / "ds=2026-12-01" / "traces.jsonl", runs)
+    monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_OUTPUT", str(tmp_path / "out"))
+    monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_ALLOWED_INPUT_ROOTS", f"{tmp_path / 'gym'},{tmp_path / 'runs'}")
+    locations = [str(tmp_path / "gym" / "{ds}"), str(tmp_path / "runs" / "{ds}" / "*" / "traces.jsonl")]
+    run = SimpleNamespace(conf={"ds": ds, "rollouts": locations}, run_type="manual")
+    got = check(params={"ds": ds, "rollouts": locations}, logical_date=None, dag_run=run)
+    night = find_night(got["input_dir"], ds)
+    assert night.rollouts == [f"gym/{ds}/rollouts.jsonl", f"runs/{ds}/a/traces.jsonl"]
+    # the Variable takes a JSON list, as REASSEMBLER_ROLLOUTS does
+    monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_ROLLOUTS", json.dumps(locations))
+    got = check(params={"ds": ds}, logical_date=None, dag_run=SimpleNamespace(conf={"ds": ds}, run_type="manual"))
+    assert find_night(got["input_dir"], ds).rollouts == night.rollouts
+    with pytest.raises(
+        AirflowFailException, match=r"conf key 'layot' is no param of capture_rows_nightly; did you mean 'layout'\?"
+    ):
+        check(params={"ds": ds}, logical_date=None, dag_run=SimpleNamespace(conf={"layot": "gym"}, run_type="manual"))

@@ -226,3 +226,63 @@ def test_a_verifiers_night_with_another_jsonl_beside_its_traces_needs_no_ledger(
     (runs / "notes.jsonl").write_text('{"reward": 1.0}\n')  # not a rollout: a reject row
     summary = build_night(Inputs(rollouts=str(tmp_path / "runs" / "{ds}")), tmp_path / "out", "2026-12-01")
     assert summary.load.traces[0] == 6 and summary.load.rollouts.rejected == 2  # the torn line and the note
+
+
+def _rows_and_audit(out, ds: str) -> tuple[dict, dict]:
+    import pyarrow.parquet as pq
+
+    audit = {
+        a["rollout_id"]: (a["status"], a["reason"], a["capture"])
+        for a in pq.read_table(out / "audit" / f"ds={ds}").to_pylist()
+    }
+    rows = {}
+    for r in pq.read_table(out / "rows" / f"ds={ds}").to_pylist():
+        rows[(r["rollout_id"], r["segment_index"])] = (r["input_ids"], r["loss_mask"], r["advantage"])
+    return rows, audit
+
+
+def test_several_rollouts_locations_build_one_night_as_each_builds_alone(tmp_path):
+    """NeMo Gym's compaction-agent results in one folder and verifiers traces in another (each
+    a producer's own sample night, moved to one ds): one night, each rollout as its own night
+    gives it (advantages are per group, and the two share no group)."""
+    ds = "2026-12-02"
+    gym = tmp_path / "gym" / ds
+    shutil.copytree(DATA / "gym-0.7.0-compaction" / "rollouts" / f"ds={ds}", gym)
+    runs = tmp_path / "runs" / ds / "run-a"
+    runs.mkdir(parents=True)
+    shutil.copy(DATA / "verifiers-0.4.0" / "rollouts" / "ds=2026-12-01" / "traces.jsonl", runs / "traces.jsonl")
+    both = (
+        "--rollouts",
+        str(tmp_path / "gym" / "{ds}"),
+        "--rollouts",
+        str(tmp_path / "runs" / "{ds}" / "*" / "traces.jsonl"),
+    )
+    res = cli("build", *both, "--output", tmp_path / "both", "--ds", ds)
+    assert res.returncode == 0, res.stderr
+    assert "12 rollouts" in res.stdout and "rollouts 14 read = 12 loaded + 2 rejected" in res.stdout
+    for name, one in (("gym", both[:2]), ("verifiers", both[2:])):
+        alone = cli("build", *one, "--output", tmp_path / name, "--ds", ds)
+        assert alone.returncode == 0, alone.stderr
+    rows, audit = _rows_and_audit(tmp_path / "both", ds)
+    gym_rows, gym_audit = _rows_and_audit(tmp_path / "gym", ds)
+    ver_rows, ver_audit = _rows_and_audit(tmp_path / "verifiers", ds)
+    assert audit == gym_audit | ver_audit and len(audit) == len(gym_audit) + len(ver_audit) == 12
+    assert rows == gym_rows | ver_rows
+    manifest = json.loads((tmp_path / "both" / "_published" / f"ds={ds}.json").read_text())
+    assert manifest["run_info"]["inputs"]["rollouts"] == [str(gym), str(runs.parent / "*" / "traces.jsonl")]
+    # the rejects name their files under the folder the locations share
+    import pyarrow.parquet as pq
+
+    files = sorted(pq.read_table(tmp_path / "both" / "tables" / "rejects.parquet").column("file").to_pylist())
+    assert files == [f"gym/{ds}/rollouts.jsonl", f"runs/{ds}/run-a/traces.jsonl"]
+    # REASSEMBLER_ROLLOUTS takes the same as a JSON list; a file two locations name is refused
+    env = {"REASSEMBLER_ROLLOUTS": json.dumps([both[1], both[3]])}
+    res = cli("build", "--output", tmp_path / "env", "--ds", ds, env=env)
+    assert res.returncode == 0 and _rows_and_audit(tmp_path / "env", ds) == (rows, audit), res.stderr
+    twice = cli("build", *both, "--rollouts", str(runs / "traces.jsonl"), "--output", tmp_path / "x", "--ds", ds)
+    assert twice.returncode == 2 and f"{runs / 'traces.jsonl'}: both rollouts locations" in twice.stderr
+    missing = cli(
+        "build", *both, "--rollouts", str(tmp_path / "nowhere" / "{ds}"), "--output", tmp_path / "y", "--ds", ds
+    )
+    assert missing.returncode == 2
+    assert f"{tmp_path / 'nowhere' / ds}: the rollouts location of night {ds} is missing" in missing.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -25,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_a_backfill_of_three_nights_runs_while_a_late_night_waits(tmp_path):
     home, inp, out = tmp_path / "airflow", tmp_path / "input", tmp_path / "output"
     home.mkdir()
@@ -169,6 +170,42 @@ def test_a_backfill_of_three_nights_runs_while_a_late_night_waits(tmp_path):
         )
         manifest = json.loads((out / "_published" / f"ds={nights[0]}.json").read_text())
         assert manifest["numbers"]["rollouts_in"] == 16
+
+        # The platform engineer changes the output setting on the running deployment (its
+        # scheduler and dag-processor restarted with it) while the late night still waits:
+        # that run keeps the output it resolved and publishes; a new run takes the new output.
+        out2 = tmp_path / "output-2"
+        env["REASSEMBLER_OUTPUT"] = str(out2)
+        for k, cmd in enumerate(commands):
+            if cmd[0] in ("scheduler", "dag-processor"):
+                os.killpg(services[k].pid, signal.SIGTERM)
+                services[k].wait(timeout=60)
+                services[k] = start(cmd, log_files[k])
+        synth_night(inp, late_ds, SynthConfig(rollouts=8, seed=50, fault_rate=0.0, max_calls=6))
+        wait_for(
+            lambda: query("SELECT state FROM dag_run WHERE run_type = 'scheduled' AND state IN ('success', 'failed')"),
+            "the late night, once its input came",
+            seconds=300,
+        )
+        [(state,)] = query("SELECT state FROM dag_run WHERE run_type = 'scheduled'")
+        failed = query("SELECT task_id FROM task_instance WHERE state = 'failed'")
+        assert (state, failed) == ("success", []), failed
+        assert pq.read_table(out / "rows" / f"ds={late_ds}").num_rows > 0 and not out2.exists()
+        airflow("dags", "trigger", "capture_rows_nightly", "--conf", json.dumps({"ds": nights[0]}))
+        wait_for(
+            lambda: query("SELECT state FROM dag_run WHERE run_type = 'manual' AND state IN ('success', 'failed')"),
+            "a run after the change",
+            seconds=300,
+        )
+        assert query("SELECT state FROM dag_run WHERE run_type = 'manual'") == [("success",)]
+        assert pq.read_table(out2 / "rows" / f"ds={nights[0]}").num_rows > 0
+        # one asset, every night's event on it, each naming where its rows went
+        assert query("SELECT uri FROM asset WHERE name = 'capture_rows'") == [("reassembler://capture_rows/",)]
+        assert query("SELECT uri FROM asset_active WHERE name = 'capture_rows'") == [("reassembler://capture_rows/",)]
+        partitions = sorted(json.loads(e)["partition"] for (e,) in query("SELECT extra FROM asset_event"))
+        assert partitions == sorted(
+            [f"{out}/rows/ds={ds}" for ds in [*nights, late_ds]] + [f"{out2}/rows/ds={nights[0]}"]
+        )
     finally:
         stop = [sys.executable, str(REPO / "scripts" / "stop_services.py"), "--run-dir", str(home / "services")]
         (home / "services").mkdir(exist_ok=True)

@@ -754,7 +754,9 @@ def test_the_command_builds_explains_and_reports_a_verifiers_night(tmp_path):
     assert res.returncode == 0, res.stderr
     page = (out / "reports" / f"ds={DS}" / "index.html").read_text()
     assert "Rollouts by capture" in page and "verifiers trace" in page
-    res = cli("gate", "--output", out, "--ds", DS)  # half the rollouts masked: the gate says so
+    res = cli("gate", "--output", out, "--ds", DS)  # half of 6 rollouts masked: a warning (too few for a rate)
+    assert res.returncode == 0 and "warn   mask_rate" in res.stdout, res.stderr
+    res = cli("gate", "--output", out, "--ds", DS, "--min-rollouts", "6")  # judged as a rate: the gate says so
     assert res.returncode == 5 and "mask rate 0.500 (3/6) > 0.200" in res.stderr, res.stderr
     res = cli("build", "--input", tmp_path / "nowhere", "--output", tmp_path / "o2", "--ds", DS)
     assert res.returncode == 2 and "input partition folder is missing" in one_line_error(res)

@@ -59,6 +59,7 @@ from airflow.sdk import Asset, Param, PokeReturnValue, Variable, dag, task
 
 from reassembler.settings import DS_PATTERN, dag_params, parse_ds, thresholds_from_params
 from reassembler_airflow import DAG_ID
+from reassembler_airflow.connections import DEFAULT_CONN_ID, use_connection
 from reassembler_airflow.failures import task_errors
 from reassembler_airflow.operators import ReassembleOperator
 from reassembler_airflow.warehouse import reader, task_settings, warehouse_pool, writer
@@ -67,11 +68,11 @@ from reassembler_airflow.warehouse import reader, task_settings, warehouse_pool,
 HOME = Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow").expanduser()
 DEFAULT_INPUT = os.environ.get("REASSEMBLER_INPUT") or str(HOME / "reassembler" / "input")
 DEFAULT_OUTPUT = os.environ.get("REASSEMBLER_OUTPUT") or str(HOME / "reassembler" / "output")
-# the rows Asset follows the output: s3://bucket/prefix/rows on object storage
-ROWS_ASSET = Asset(
-    name="capture_rows",
-    uri=f"{DEFAULT_OUTPUT.rstrip('/')}/rows" if DEFAULT_OUTPUT.startswith("s3://") else f"file://{DEFAULT_OUTPUT}/rows",
-)
+# The rows Asset: one identity whatever the output setting, so that changing the output on a
+# running deployment never turns the asset a run was parsed with into an inactive one (publish
+# would fail at the very end). Where a night's rows are is each event's extra (partition,
+# manifest); downstream DAGs schedule on Asset("capture_rows").
+ROWS_ASSET = Asset(name="capture_rows", uri="reassembler://capture_rows/")
 # A demo deployment's night (make airflow: the night `make run` writes), built by a run
 # triggered with the form's defaults; production leaves it unset. Scheduled runs always
 # build the day before their logical date.
@@ -93,13 +94,78 @@ def _setting(name: str, default: str | None) -> str | None:
 
 
 def _location_param(kind: str, what: str) -> Param:
+    several = kind == "rollouts"  # a list: a night read from several locations (Gym results, verifiers traces)
     return Param(
         None,
-        type=["null", "string"],
+        type=["null", "string", "array"] if several else ["null", "string"],
+        **({"items": {"type": "string"}} if several else {}),
         description=f"Where {what} of the night are, instead of the layout's (REASSEMBLER_{kind.upper()}, or the "
         f"Variable reassembler_{kind}): a folder, a file or a glob, local or s3://, with {{ds}}, {{yyyy}}, {{mm}}, "
-        "{dd} and {input} filled from the night. Empty: the deployment's setting, else the layout's.",
+        "{dd} and {input} filled from the night"
+        + ("; a list of them reads every one as one night (the setting: a JSON list)" if several else "")
+        + ". Empty: the deployment's setting, else the layout's.",
     )
+
+
+# every param a run takes; a triggered run's conf naming another key fails (unknown_conf)
+PARAMS = {
+    "ds": Param(
+        None,
+        type=["null", "string"],
+        format="date",  # a date that exists: the trigger form refuses 2026-02-30
+        pattern=DS_PATTERN,
+        description="Night to build (YYYY-MM-DD). Empty: the day before the run's logical date"
+        + (
+            f"; a run triggered by hand builds {DEFAULT_DS}, this deployment's demo night (REASSEMBLER_DEFAULT_DS)."
+            if DEFAULT_DS
+            else "."
+        ),
+    ),
+    # the params Settings owns (reassembler/settings.py): defaults, ranges and enums from there
+    **{name: Param(**spec) for name, spec in dag_params().items()},
+    "input_wait_hours": Param(
+        INPUT_WAIT_HOURS,
+        type="number",
+        minimum=0,
+        description="How long wait_for_input waits for the night's input before failing "
+        "(REASSEMBLER_INPUT_WAIT_HOURS; 0: fail at once when it is missing).",
+    ),
+    "layout": Param(
+        LAYOUT_OF_DEPLOYMENT,
+        type="string",
+        enum=[LAYOUT_OF_DEPLOYMENT, "contract", "gym"],
+        values_display={
+            LAYOUT_OF_DEPLOYMENT: "the deployment's (REASSEMBLER_LAYOUT, else contract)",
+            "contract": "contract: rollouts/, ledger/, tokens/ by ds=",
+            "gym": "gym: NeMo Gym's night folder",
+        },
+        description="Where the inputs sit under the input root (REASSEMBLER_LAYOUT, or the Variable "
+        "reassembler_layout): contract = rollouts/ds=<ds>/, ledger/ds=<ds>/, tokens/ds=<ds>/; gym = NeMo Gym's "
+        "own night folder (the root holds {ds}): results *.jsonl, token_id_capture/, staged/. deployment: the "
+        "deployment's setting, else contract.",
+    ),
+    "rollouts": _location_param("rollouts", "the rollout records"),
+    "ledger": _location_param("ledger", "the ledger (capture folder)"),
+    "tokens": _location_param("tokens", "the token store"),
+    "aws_conn_id": Param(
+        DEFAULT_CONN_ID,
+        type=["null", "string"],
+        description="The Airflow Connection (Amazon Web Services) holding the object store's credentials, endpoint "
+        "and region; when it is not defined, or empty here, the workers' AWS_* environment.",
+    ),
+    "input_marker": Param(
+        None,
+        type=["null", "string"],
+        description="A file the capture writes into the night's rollouts folder (rollouts/ds=<ds>/) when the "
+        "night is complete (for example _SUCCESS); empty: the input locations suffice.",
+    ),
+    "report_by": Param(
+        None,
+        type=["null", "string"],
+        description="Rollout metadata keys to break the mask rate down by, comma-separated. "
+        "Empty: the keys present on most rollouts.",
+    ),
+}
 
 
 @dag(
@@ -113,69 +179,22 @@ def _location_param(kind: str, what: str) -> Param:
     render_template_as_native_obj=True,
     default_args={"retries": int(os.environ.get("REASSEMBLER_TASK_RETRIES", "1")), "retry_delay": timedelta(minutes=5)},
     tags=["capture", "training-data"],
-    params={
-        "ds": Param(
-            None,
-            type=["null", "string"],
-            format="date",  # a date that exists: the trigger form refuses 2026-02-30
-            pattern=DS_PATTERN,
-            description="Night to build (YYYY-MM-DD). Empty: the day before the run's logical date"
-            + (
-                f"; a run triggered by hand builds {DEFAULT_DS}, this deployment's demo night (REASSEMBLER_DEFAULT_DS)."
-                if DEFAULT_DS
-                else "."
-            ),
-        ),
-        # the params Settings owns (reassembler/settings.py): defaults, ranges and enums from there
-        **{name: Param(**spec) for name, spec in dag_params().items()},
-        "input_wait_hours": Param(
-            INPUT_WAIT_HOURS,
-            type="number",
-            minimum=0,
-            description="How long wait_for_input waits for the night's input before failing "
-            "(REASSEMBLER_INPUT_WAIT_HOURS; 0: fail at once when it is missing).",
-        ),
-        "layout": Param(
-            LAYOUT_OF_DEPLOYMENT,
-            type="string",
-            enum=[LAYOUT_OF_DEPLOYMENT, "contract", "gym"],
-            values_display={
-                LAYOUT_OF_DEPLOYMENT: "the deployment's (REASSEMBLER_LAYOUT, else contract)",
-                "contract": "contract: rollouts/, ledger/, tokens/ by ds=",
-                "gym": "gym: NeMo Gym's night folder",
-            },
-            description="Where the inputs sit under the input root (REASSEMBLER_LAYOUT, or the Variable "
-            "reassembler_layout): contract = rollouts/ds=<ds>/, ledger/ds=<ds>/, tokens/ds=<ds>/; gym = NeMo Gym's "
-            "own night folder (the root holds {ds}): results *.jsonl, token_id_capture/, staged/. deployment: the "
-            "deployment's setting, else contract.",
-        ),
-        "rollouts": _location_param("rollouts", "the rollout records"),
-        "ledger": _location_param("ledger", "the ledger (capture folder)"),
-        "tokens": _location_param("tokens", "the token store"),
-        "input_marker": Param(
-            None,
-            type=["null", "string"],
-            description="A file the capture writes into the night's rollouts folder (rollouts/ds=<ds>/) when the "
-            "night is complete (for example _SUCCESS); empty: the input locations suffice.",
-        ),
-        "report_by": Param(
-            None,
-            type=["null", "string"],
-            description="Rollout metadata keys to break the mask rate down by, comma-separated. "
-            "Empty: the keys present on most rollouts.",
-        ),
-    },
+    params=PARAMS,
     doc_md=__doc__,
 )
 def capture_rows_nightly():
     @task(multiple_outputs=True)
     def check_input(params=None, logical_date=None, dag_run=None) -> dict:
-        """Resolve the night and the input and output roots; an impossible night fails at
-        once (no retry)."""
+        """Resolve the night and the input and output roots; an impossible night, or a
+        triggered run's conf naming a key the DAG has no param for, fails at once (no retry)."""
         from airflow.sdk.exceptions import AirflowFailException
 
         from reassembler.errors import InputError
 
+        unknown = unknown_conf(getattr(dag_run, "conf", None))
+        if unknown:
+            raise AirflowFailException(unknown)
+        print(f"object storage credentials: {use_connection(params)}")
         ds = params.get("ds")
         if not ds and DEFAULT_DS and dag_run is not None and dag_run.run_type == "manual":
             ds = DEFAULT_DS  # a demo deployment: the night `make run` writes
@@ -186,7 +205,7 @@ def capture_rows_nightly():
             ds = parse_ds(ds)
         except InputError as e:
             raise AirflowFailException(str(e)) from None
-        from reassembler.formats.locations import Inputs, confine
+        from reassembler.formats.locations import KINDS, Inputs, confine, templates
 
         output_dir = _setting("output", DEFAULT_OUTPUT)
         try:
@@ -195,12 +214,13 @@ def capture_rows_nightly():
                 (params.get("layout") if params.get("layout") != LAYOUT_OF_DEPLOYMENT else None)
                 or _setting("layout", os.environ.get("REASSEMBLER_LAYOUT"))
                 or "contract",
+                templates(params.get("rollouts") or _setting("rollouts", os.environ.get("REASSEMBLER_ROLLOUTS"))),
                 *(
                     params.get(kind) or _setting(kind, os.environ.get(f"REASSEMBLER_{kind.upper()}"))
-                    for kind in ("rollouts", "ledger", "tokens")
+                    for kind in KINDS[1:]
                 ),
             )
-            where = {kind: loc.where for kind, loc in inputs.resolve(ds).items()}
+            where = inputs.wheres(ds)
             # locations chosen in the trigger form are confined to the deployment's input roots:
             # whoever may trigger the DAG must not make a worker read any file it can
             chosen = [kind for kind in ("rollouts", "ledger", "tokens") if params.get(kind)]
@@ -224,6 +244,7 @@ def capture_rows_nightly():
         from reassembler.errors import InputError
         from reassembler.formats.night import find_night, still_written
 
+        use_connection(params)
         try:
             night = find_night(input_dir, night_ds)
             marker = params.get("input_marker")
@@ -255,11 +276,17 @@ def capture_rows_nightly():
         from reassembler.formats.night import check_output_apart, find_night
         from reassembler.load.parts import plan_parts, write_plan
         from reassembler.publish.protocol import staging_dir
+        from reassembler.warehouse import warehouse_path
 
         settings = task_settings(params, POOL)
         with task_errors():
             night = find_night(input_dir, night_ds)
-            check_output_apart(night, output_dir)
+            check_output_apart(
+                night,
+                output_dir,
+                warehouse=warehouse_path(output_dir),
+                temp_directory=settings.duckdb.temp_directory,
+            )
             plan = plan_parts(night, settings.load_parts, settings.buckets)
             write_plan(staging_dir(output_dir, night_ds, run_id), plan)
         print(
@@ -506,6 +533,21 @@ def _merge_step(run, label: str, output_dir: str, night_ds: str, bucket: int, pa
     staging = staging_dir(output_dir, night_ds, run_id)
     with task_errors(), step_memory():
         return run(read_plan(staging), staging, bucket, (output_dir, path_safe(run_id)), settings)
+
+
+def unknown_conf(conf) -> str | None:
+    """The one-line failure of a triggered run whose conf holds a key the DAG has no param for
+    (`{"shard": 2}`: Airflow would run the defaults), with the nearest param; None when all
+    are known."""
+    from difflib import get_close_matches
+
+    known = sorted(PARAMS)
+    for key in sorted((conf or {}).keys()):
+        if key not in known:
+            near = get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            return f"conf key {key!r} is no param of {DAG_ID}{hint} (params: {', '.join(known)})"
+    return None
 
 
 def _by(params) -> list[str] | None:

@@ -45,9 +45,14 @@ def writer(pool: str | None) -> dict[str, Any]:
 
 
 def task_settings(params, pool: str | None):
-    """The core's Settings from a run's params; out of the pool, a longer wait for the warehouse."""
+    """The core's Settings from a run's params; out of the pool, a longer wait for the
+    warehouse. Every task that reads or writes the stores takes its settings here, and so
+    its object-storage credentials: the run's `aws_conn_id` Connection (connections.py)."""
     from reassembler.settings import Settings
 
+    from .connections import use_connection
+
+    use_connection(params)
     settings = Settings.from_params(params or {})
     if pool in (None, "default_pool"):
         wait = max(settings.duckdb.lock_wait_seconds, LOCK_WAIT_WITHOUT_POOL)

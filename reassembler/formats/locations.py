@@ -14,7 +14,9 @@ A layout is the three templates at once: `contract` (this project's `<input>/rol
 `ledger/ds=D/`, `tokens/ds=D/`) or `gym`, NeMo Gym's own per-night output folder: the results
 file(s) `*.jsonl` directly in it (with their `_failures` / `_materialized_inputs` sidecars),
 `token_id_capture/` as the ledger folder, and the staged dump in `staged/` when there is one.
-A template given on its own replaces its layout's.
+A template given on its own replaces its layout's. The rollouts may be several templates
+(`--rollouts` repeated, the DAG param a list): a night of NeMo Gym results in one folder and
+verifiers traces in another is one night, read location after location.
 
 `Inputs` is what a run was told (the CLI's flags, the DAG's settings); `resolve` gives each
 kind's `Location` for one night. Nothing here lists or opens a file (formats/night.py does).
@@ -54,16 +56,19 @@ class Inputs:
 
     input: str | None = None
     layout: str = "contract"
-    rollouts: str | None = None
+    rollouts: str | tuple[str, ...] | list[str] | None = None  # several: a tuple of two or more (a list is taken)
     ledger: str | None = None
     tokens: str | None = None
 
     def __post_init__(self):
+        if isinstance(self.rollouts, list | tuple):  # one template stays a string, none is None
+            several = tuple(dict.fromkeys(str(r) for r in self.rollouts if r not in (None, "")))
+            object.__setattr__(self, "rollouts", None if not several else several[0] if len(several) == 1 else several)
         if self.input is not None:
             object.__setattr__(self, "input", storage.location(self.input))
         if self.layout not in LAYOUTS:
             raise InputError(f"unknown input layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}")
-        if self.input is None and "{input}" in self.template("rollouts"):
+        if self.input is None and any("{input}" in t for t in self.rollout_templates()):
             raise InputError("no input root: give --input, or a location for each of --rollouts, --ledger, --tokens")
 
     @classmethod
@@ -80,7 +85,14 @@ class Inputs:
         return cls(input=storage.location(text))
 
     def template(self, kind: str) -> str:
-        return getattr(self, kind) or LAYOUTS[self.layout][kind]
+        """The kind's template (the rollouts': the first of several)."""
+        return self.rollout_templates()[0] if kind == "rollouts" else getattr(self, kind) or LAYOUTS[self.layout][kind]
+
+    def rollout_templates(self) -> list[str]:
+        """Every rollouts template, in reading order."""
+        if isinstance(self.rollouts, tuple | list):  # __post_init__ keeps several as a tuple
+            return list(self.rollouts)
+        return [self.rollouts or LAYOUTS[self.layout]["rollouts"]]
 
     def is_plain(self) -> bool:
         """The contract's layout under a root, no template of its own."""
@@ -97,11 +109,41 @@ class Inputs:
         """Each kind's location for night `ds`. Without an input root, `{input}` is the
         folder of the rollouts location (a verifiers run given as `--rollouts` alone: its
         ledger and tokens folders are missing, as verifiers writes none)."""
-        rollouts = Location.parse(fill(self.template("rollouts"), ds, self.input), "rollouts")
+        rollouts = self.rollout_locations(ds)[0]
         root = self.input if self.input is not None else rollouts.folder
         return {"rollouts": rollouts} | {
             kind: Location.parse(fill(self.template(kind), ds, root), kind) for kind in KINDS[1:]
         }
+
+    def rollout_locations(self, ds: str) -> list[Location]:
+        """Each rollouts location for night `ds`, in reading order (`resolve` gives the first)."""
+        return [Location.parse(fill(t, ds, self.input), "rollouts") for t in self.rollout_templates()]
+
+    def wheres(self, ds: str) -> dict[str, str | list[str]]:
+        """Each kind's location as named for night `ds` (the rollouts: a list when several),
+        for the run history and the logs."""
+        named: dict[str, str | list[str]] = {k: loc.where for k, loc in self.resolve(ds).items()}
+        several = [loc.where for loc in self.rollout_locations(ds)]
+        if len(several) > 1:
+            named["rollouts"] = several
+        return named
+
+
+def templates(value) -> str | list[str] | None:
+    """A rollouts setting as written in the environment or an Airflow Variable: one template,
+    or several as a JSON list (`["/gym/{ds}", "/runs/{ds}/*/traces.jsonl"]`)."""
+    if value is None or isinstance(value, list | tuple):
+        return None if value is None else [str(t) for t in value]
+    text = str(value).strip()
+    if text.startswith("["):
+        try:
+            listed = json.loads(text)
+        except ValueError as e:
+            raise InputError(f"rollouts setting {text!r}: not a JSON list of templates ({e})") from None
+        if not isinstance(listed, list) or not all(isinstance(t, str) for t in listed):
+            raise InputError(f"rollouts setting {text!r}: a JSON list of templates (strings)")
+        return listed
+    return text or None
 
 
 def _match(parts: list[str], want: list[str]) -> bool:
@@ -184,11 +226,16 @@ def confine(inputs: Inputs, ds: str, kinds: list[str], roots: list[str]) -> None
 
     allowed = [real(fill(r.strip(), ds, None)).rstrip("/") for r in roots if r.strip()]  # {ds} filled
     resolved = inputs.resolve(ds)
-    for kind in kinds:
-        folder = real(resolved[kind].folder)
+    chosen = [
+        (kind, loc)
+        for kind in kinds
+        for loc in (inputs.rollout_locations(ds) if kind == "rollouts" else [resolved[kind]])
+    ]
+    for kind, loc in chosen:
+        folder = real(loc.folder)
         if not any(folder == root or folder.startswith(root + "/") for root in allowed):
             raise InputError(
-                f"{resolved[kind].where}: the {kind} location given for this run lies outside the allowed input "
+                f"{loc.where}: the {kind} location given for this run lies outside the allowed input "
                 f"roots ({', '.join(allowed) or 'none'}); a deployment allows more with "
                 "REASSEMBLER_ALLOWED_INPUT_ROOTS (or the Variable reassembler_allowed_input_roots)"
             )

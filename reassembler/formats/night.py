@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import storage
 from ..errors import InputError
@@ -39,6 +39,8 @@ class NightFiles:
     folders: dict[str, str] = field(default_factory=dict)  # each kind's folder; empty: the contract's under root
     locations: dict[str, str] = field(default_factory=dict)  # each kind's location as resolved (recorded)
     inputs: str = ""  # the run's input settings (formats/locations.py: Inputs.text), for the run history
+    # several rollouts locations: each one's folder (folders["rollouts"] is the one they share)
+    rollout_folders: tuple[str, ...] = ()
 
     def path(self, kind: str, rel: str) -> str:
         """The location of a file of the night (storage.py), or of a kind's folder (rel "")."""
@@ -70,14 +72,21 @@ def find_night(where, ds: str) -> NightFiles:
     file that two locations would both read."""
     inputs = Inputs.of(where)
     resolved = inputs.resolve(ds)
-    remote = {storage.split(loc.folder)[0]: loc.folder for loc in resolved.values() if storage.is_remote(loc.folder)}
+    several = inputs.rollout_locations(ds)
+    every = [*several, *list(resolved.values())[1:]]
+    remote = {storage.split(loc.folder)[0]: loc.folder for loc in every if storage.is_remote(loc.folder)}
     for folder in remote.values():  # each bucket once: a clear error before any listing
         storage.check_bucket(folder)
     listings = _Listings()
-    listings.prefetch(sorted({loc.folder for loc in resolved.values() if storage.is_remote(loc.folder)}))
+    listings.prefetch(sorted({loc.folder for loc in every if storage.is_remote(loc.folder)}))
     found: dict[str, list[str]] = {}
     present: dict[str, bool] = {}
+    if len(several) > 1:  # the rollouts of several locations: relative to the folder they share
+        resolved["rollouts"] = _rollouts_of(several, listings, inputs, ds, found)
+        present["rollouts"] = True
     for kind, (suffix, recursive) in _KINDS.items():
+        if kind in found:
+            continue
         loc = resolved[kind]
         exclude = NOT_LEDGER_SUFFIX if kind == "ledger" else None
         rels, present[kind] = listings.files(loc, suffix, recursive, exclude)
@@ -91,12 +100,12 @@ def find_night(where, ds: str) -> NightFiles:
             raise _missing(inputs, resolved, ds, kind)
         found[kind] = rels
     captures = listings.files(resolved["ledger"], tuple(CAPTURE_SUFFIXES), False)[0] if present["ledger"] else []
-    if resolved["rollouts"].pattern:
+    if resolved["rollouts"].pattern and len(several) == 1:
         found["rollouts"] = _with_sidecars(found["rollouts"], listings.everything(resolved["rollouts"]))
     _read_once(resolved, found, captures)
     folders = {kind: loc.folder for kind, loc in resolved.items()}
-    return _night(
-        inputs.input or folders["rollouts"],
+    night = _night(
+        inputs.input or several[0].folder,
         ds,
         found,
         captures,
@@ -105,6 +114,55 @@ def find_night(where, ds: str) -> NightFiles:
         {kind: loc.where for kind, loc in resolved.items()},
         inputs.text(),
     )
+    if len(several) > 1:
+        return replace(night, rollout_folders=tuple(loc.folder for loc in several))
+    return night
+
+
+def _rollouts_of(
+    several: list[Location], listings: _Listings, inputs: Inputs, ds: str, found: dict[str, list[str]]
+) -> Location:
+    """The rollout files of several locations, in the order given (each location's in its
+    own order, with Gym's sidecars beside a results file it names), into found["rollouts"]
+    relative to the deepest folder they share, which the returned Location names (nothing
+    lists it). Each location must exist and match a file, as one location must; every
+    location on one store (one bucket); a file two of them name is an InputError."""
+    suffix, recursive = _KINDS["rollouts"]
+    stores = {storage.split(loc.folder)[0] if storage.is_remote(loc.folder) else "local" for loc in several}
+    if len(stores) > 1:
+        raise InputError(
+            f"rollouts locations {', '.join(loc.where for loc in several)}: several rollouts locations of one night "
+            "must be on one store (one bucket, or all local)"
+        )
+    common = _shared_folder([loc.folder for loc in several])
+    rels: list[str] = []
+    named: dict[str, str] = {}
+    for loc in several:
+        mine, exists = listings.files(loc, suffix, recursive)
+        if not exists or (loc.pattern and not mine):
+            problem = "matches no file" if loc.pattern else "is missing"
+            raise InputError(f"{loc.where}: the rollouts location of night {ds} {problem} (one of several)")
+        if loc.pattern:
+            mine = _with_sidecars(mine, listings.everything(loc))
+        for rel in mine:
+            full = storage.join(loc.folder, rel)
+            if full in named:
+                raise InputError(f"{full}: both rollouts locations {named[full]} and {loc.where} name it")
+            named[full] = loc.where
+            rels.append(storage.relative(common, full))
+    found["rollouts"] = rels
+    return Location("rollouts", common)
+
+
+def _shared_folder(folders: list[str]) -> str:
+    """The deepest folder holding every one of `folders` (locally at least `/`)."""
+    split = [f.rstrip("/").split("/") for f in folders]
+    shared: list[str] = []
+    for segments in zip(*split):
+        if len(set(segments)) > 1:
+            break
+        shared.append(segments[0])
+    return "/".join(shared) or "/"
 
 
 _ENVELOPE_KEYS = tuple(f'"{key}"'.encode() for key in CONTRACT_KEYS)
@@ -131,27 +189,36 @@ def _carry_tokens(rels: list[str], rollouts: Location) -> bool:
     return False
 
 
-def check_output_apart(night: NightFiles, output) -> None:
+def check_output_apart(night: NightFiles, output, **local) -> None:
     """InputError when the output root is an input location of the night or lies inside one
     (rows, audit and the warehouse would land beside the capture, and a later night's listing
-    would read them): each compared as written and, locally, with its links resolved."""
-    out = storage.location(output)
+    would read them): each compared as written and, locally, with its links resolved. The
+    same for each local place in `local` (warehouse=, temp_directory=: the warehouse file and
+    the DuckDB spill folder), which write files too."""
+    places = [("input", night.root), *night.folders.items()]
+    if night.rollout_folders:  # several: each location, not the folder they share
+        places = [(k, f) for k, f in places if k != "rollouts"]
+        places += [("rollouts", f) for f in night.rollout_folders]
+    written = [("output", str(output), "an output root")] + [
+        (name.replace("_", " "), str(where), f"a {name.replace('_', ' ')}") for name, where in local.items() if where
+    ]
 
     def forms(loc: str) -> set[str]:
         return {loc} if storage.is_remote(loc) else {loc, os.path.realpath(loc)}
 
-    places = {"input": night.root, **night.folders}
-    for kind, folder in places.items():
-        if not folder:
-            continue
-        for o in forms(out):
-            for f in forms(storage.location(folder)):
-                if o == f or o.startswith(f.rstrip("/") + "/"):
-                    relation = "is" if o == f else "lies inside"
-                    raise InputError(
-                        f"{output}: the output {relation} the {kind} location {folder}; "
-                        "choose an output root outside the night's input"
-                    )
+    for what, where, choose in written:
+        out = storage.location(where)
+        for kind, folder in places:
+            if not folder:
+                continue
+            for o in forms(out):
+                for f in forms(storage.location(folder)):
+                    if o == f or o.startswith(f.rstrip("/") + "/"):
+                        relation = "is" if o == f else "lies inside"
+                        raise InputError(
+                            f"{where}: the {what} {relation} the {kind} location {folder}; "
+                            f"choose {choose} outside the night's input"
+                        )
 
 
 class _Listings:
