@@ -23,6 +23,7 @@ from . import call_tables, progress, storage
 from .errors import InputError
 from .formats.locations import Inputs
 from .formats.night import check_output_apart
+from .load.child_process import worker_start
 from .load.part_load import clear_parts
 from .load.read import LoadSummary
 from .memory import give_back, step_memory
@@ -237,10 +238,10 @@ def _run_shards_in_workers(warehouse: Warehouse, ds: str, run_id: str, settings:
     context = get_context("fork")
     with (
         progress.worker_bars(context) as relay,
-        ProcessPoolExecutor(  # the parent draws the workers' bars
+        ProcessPoolExecutor(  # the parent draws the workers' bars; a worker ends with its parent
             max_workers=min(settings.workers, settings.shards),
             mp_context=context,
-            initializer=progress.relay_to,
+            initializer=worker_start,
             initargs=(relay,),
         ) as pool,
     ):

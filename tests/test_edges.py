@@ -479,3 +479,68 @@ def test_gyms_sidecar_files_are_read_as_contract_v3_says(tmp_path):
         None,
         None,
     )
+
+
+def _descendants(pid: int) -> set[int]:
+    """The live processes below `pid` (zombies, which the system reaps, not counted)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.add(pid)
+        except OSError:
+            pass
+    return alive
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("sig", "after"), [(signal.SIGKILL, 0.0), (signal.SIGTERM, 0.0), (signal.SIGKILL, 1.5)])
+def test_a_killed_multi_worker_build_leaves_no_process_and_its_rerun_succeeds(tmp_path, sig, after):
+    """kill -9 (or SIGTERM) of a `--workers 2` build while its worker processes run (the load
+    parts at once, later the merge or the shards): every worker ends with it, the output's
+    lock is free, and the same command run again builds the night."""
+    from reassembler.producer.synth import SynthConfig, synth_night
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    synth_night(inp, DS, SynthConfig(rollouts=160, seed=5, fault_rate=0.1))
+    cmd = [sys.executable, "-m", "reassembler.cli", "build", "--input", str(inp), "--output", str(out), "--ds", DS]
+    cmd += ["--workers", "2", "--shards", "2", "--load-parts", "2", "--merge-buckets", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    workers: set[int] = set()
+    while not workers and proc.poll() is None and time.monotonic() < deadline:
+        workers = _descendants(proc.pid)
+        time.sleep(0.02)
+    assert workers, f"the build started no worker (exit {proc.poll()})"
+    time.sleep(after)
+    workers |= _descendants(proc.pid)
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    deadline = time.monotonic() + 10
+    while _alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive(workers) == set(), "workers outlived the killed build"
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr
+    assert "160 rollouts" in res.stdout

@@ -88,3 +88,28 @@ def test_releasing_a_lease_whose_file_is_gone_is_quiet(tmp_path, caplog):
         lease.release()
     assert "taken over" not in caplog.text and "could not be deleted" not in caplog.text
     assert storage.read_versioned(f"{out}/_lock") == (None, None)
+
+
+def test_a_lease_whose_holder_on_this_host_is_dead_is_taken_over_at_once(s3):
+    """A killed build's lease runs on for LEASE_SECONDS; its holder named a process of this
+    host that no longer exists, so the rerun takes the output at once. A live holder here, or
+    a process on another host, still holds it."""
+    import socket
+
+    out = f"s3://{s3.bucket('rows')}/nightly"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    until = time.time() + 600
+    for pid, host, free in ((gone.pid, socket.gethostname(), True), (gone.pid, "other-host", False)):
+        data, version = storage.read_versioned(f"{out}/_lock")
+        held = json.dumps({"pid": pid, "host": host, "command": "build", "token": "old", "until": until}).encode()
+        storage.put_if(f"{out}/_lock", held, version)
+        other = subprocess.run([sys.executable, "-c", TAKE, out], capture_output=True, text=True, timeout=60)
+        assert other.returncode == (0 if free else 3), (host, other.stdout, other.stderr)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as live:
+        data, version = storage.read_versioned(f"{out}/_lock")
+        held = json.dumps({"pid": live.pid, "host": socket.gethostname(), "token": "x", "until": until}).encode()
+        storage.put_if(f"{out}/_lock", held, version)
+        other = subprocess.run([sys.executable, "-c", TAKE, out], capture_output=True, text=True, timeout=60)
+        live.kill()
+    assert other.returncode == 3 and f"held by pid {live.pid}" in other.stdout

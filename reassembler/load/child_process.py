@@ -53,6 +53,38 @@ class _KeepPandasOut:
         return None
 
 
+PARENT_POLL = 0.25  # s: how often a worker or child looks whether its parent is still there
+EXIT_PARENT_GONE = 75  # the exit code of a worker or child whose parent was killed
+
+
+def watch_parent(interval: float = PARENT_POLL) -> None:
+    """In a worker process (`--workers`) or a load child: end this process at once when the
+    process that started it is gone (killed: the kernel hands the orphan to another parent),
+    so that no worker outlives a killed build, holding its output or writing into its run.
+    A daemon thread polls the parent's pid (a prctl death signal would follow the thread
+    that forked, not the process)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(EXIT_PARENT_GONE)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def worker_start(relay=None) -> None:
+    """The initializer of the job's worker processes (ProcessPoolExecutor): watch the parent,
+    and draw progress through the parent's bars (progress.relay_to) when it gives a relay."""
+    watch_parent()
+    if relay is not None:
+        from .. import progress
+
+        progress.relay_to(relay)
+
+
 def keep_pandas_out() -> None:
     """Keep pandas from being imported in this process: only for a process of the job's own
     (the `reassembler` command, a load child), never one that imports the package (tests,
@@ -72,8 +104,8 @@ class ChildProcess:
             sys.executable,
             "-P",
             "-c",
-            "import sys; sys.path.append(sys.argv[1]); from reassembler.load.child_process import keep_pandas_out; "
-            f"keep_pandas_out(); from {module} import _child; _child()",
+            "import sys; sys.path.append(sys.argv[1]); from reassembler.load.child_process import keep_pandas_out, "
+            f"watch_parent; keep_pandas_out(); watch_parent(); from {module} import _child; _child()",
         ]
         try:
             if work is None:

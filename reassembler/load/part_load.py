@@ -29,6 +29,7 @@ from ..formats.night import NightFiles
 from ..settings import DEFAULTS, Settings
 from ..table_file import digest
 from . import capture_children, rollout_lines
+from .child_process import worker_start
 from .derived_tokens import derived_keys
 from .gym_capture import GymCapture
 from .inserter import LEDGER_BATCH, PART_ITEMS, PART_ROLLOUTS, REJECT_BATCH, Inserter, RolloutTap
@@ -261,10 +262,10 @@ def run_parts(
     context = get_context("fork")
     with (
         progress.worker_bars(context) as relay,
-        ProcessPoolExecutor(  # the parent draws the workers' bars
+        ProcessPoolExecutor(  # the parent draws the workers' bars; a worker ends with its parent
             max_workers=min(settings.workers, len(plan.parts)),
             mp_context=context,
-            initializer=progress.relay_to,
+            initializer=worker_start,
             initargs=(relay,),
         ) as pool,
     ):

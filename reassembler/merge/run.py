@@ -37,7 +37,11 @@ def merge_night(plan: LoadPlan, folder: str, calls: tuple[str, str], settings: S
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    with ProcessPoolExecutor(max_workers=settings.workers, mp_context=get_context("fork")) as pool:
+    from ..load.child_process import worker_start
+
+    with ProcessPoolExecutor(
+        max_workers=settings.workers, mp_context=get_context("fork"), initializer=worker_start
+    ) as pool:  # a worker ends with its parent
         first = [pool.submit(merge_rollouts, plan, folder, calls, settings)]
         first += [pool.submit(merge_keys, plan, folder, b, calls, settings) for b in range(plan.buckets)]
         for done in first:

@@ -15,6 +15,12 @@ lease alone: the manifest's own conditional put decides between two publishers.
 
 Either way the content names the holder for the one-line error a second build prints.
 Shards never take it: they only read the warehouse and write their own run folder.
+
+A process forked while the lock is held (a `--workers` build's worker processes) closes its
+inherited copy of the lock's descriptor at once (`os.register_at_fork`): the lock belongs to
+the process that took it, so a killed build frees its output though a worker were still
+ending. A lease whose holder is a process of this host that no longer exists is taken over at
+once, without waiting for it to expire.
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ from datetime import UTC, datetime
 
 from .. import storage
 from ..errors import OutputBusy
+from ..settings import env_seconds
 
 LOCK_FILE = "_lock"
-LEASE_SECONDS = float(os.environ.get("REASSEMBLER_LEASE_SECONDS", 120))
+LEASE_SECONDS = env_seconds("REASSEMBLER_LEASE_SECONDS")
 log = logging.getLogger(__name__)
 
 
@@ -41,6 +48,7 @@ class OutputLock:
     """`with OutputLock(output, ds, "build"):` ... Re-entrant within one process."""
 
     _held: dict[str, int] = {}  # location -> depth, per process
+    _fds: set[int] = set()  # the descriptors of the local locks this process holds
 
     def __init__(self, output, ds: str, command: str, wait_seconds: float = 0.0):
         self.output = storage.location(output)
@@ -97,6 +105,7 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(self._info()).encode(), 0)
         self._fd = fd
+        OutputLock._fds.add(fd)
 
     def __exit__(self, *exc) -> None:
         self._held[self.path] -= 1
@@ -107,10 +116,40 @@ class OutputLock:
             self._lease.release(quiet=exc[0] is not None)
             self._lease = None
         elif self._fd is not None:
+            OutputLock._fds.discard(self._fd)
             os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def _forget_in_child() -> None:
+    """In a forked child: close the inherited descriptors of the parent's locks (closing, never
+    unlocking: the parent's own descriptor keeps the lock), and forget the depths."""
+    for fd in OutputLock._fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    OutputLock._fds = set()
+    OutputLock._held = {}
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _holder_gone(info: dict) -> bool:
+    """Whether a lease names a process of this host that no longer exists."""
+    pid = info.get("pid")
+    if info.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it exists, as another user's
+    return False
 
 
 def describe(info: dict) -> str:
@@ -147,7 +186,7 @@ class _Lease:
         while True:
             data, version = storage.read_versioned(self.lock.path)
             info = _parse(data)
-            if data is None or info.get("until", 0) < time.time():
+            if data is None or info.get("until", 0) < time.time() or _holder_gone(info):
                 try:
                     self.version = storage.put_if(self.lock.path, self._body(), version)
                     break
