@@ -23,6 +23,7 @@ from .producer.config import SynthConfig
 from .settings import (
     Settings,
     Thresholds,
+    check_environment,
 )
 
 # The commands' modules (DuckDB, pyarrow: ~0.4 s) are imported by `run` when a command needs
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args) -> int:
     settings = None
     try:
+        check_environment()  # a setting of the environment that is not a number: exit 2 naming it
         if args.command == "build":
             settings = Settings.from_cli(args).duckdb
         return run(args)

@@ -28,6 +28,8 @@ imports nothing heavy: the DAG file reads it when it is parsed.
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,6 +77,36 @@ class Options:
             raise InputError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.offchain not in OFFCHAIN_POLICIES:
             raise InputError(f"offchain must be one of {', '.join(OFFCHAIN_POLICIES)}, not {self.offchain!r}")
+
+
+# The settings read from the environment alone (README, Settings): each a number of seconds.
+ENV_SECONDS = {
+    "REASSEMBLER_GRACE_SECONDS": 3600.0,  # a superseded run's files stay readable (publish/protocol.py)
+    "REASSEMBLER_LEASE_SECONDS": 120.0,  # the output lease on object storage (publish/lock.py)
+    "REASSEMBLER_S3_RETRY_SECONDS": 60.0,  # the retry budget of one request (storage/retry.py)
+}
+
+
+def env_seconds(name: str) -> float:
+    """The environment setting `name` (ENV_SECONDS: its default when unset or empty), or an
+    InputError naming it: `REASSEMBLER_LEASE_SECONDS='2m': not a number of seconds`."""
+    default = ENV_SECONDS[name]
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise InputError(f"{name}={raw!r}: not a number of seconds >= 0 (unset: {default:g})")
+    return value
+
+
+def check_environment() -> None:
+    """Every environment setting read (the command checks them before any work: exit 2)."""
+    for name in ENV_SECONDS:
+        env_seconds(name)
 
 
 @dataclass(frozen=True)

@@ -184,3 +184,16 @@ def test_a_warehouse_or_spill_folder_inside_an_input_location_is_refused(tmp_pat
         main(["build", "--input", str(inp), "--output", str(tmp_path / "o2"), "--ds", DS, flag, str(tmp_path / "w")])
         == 0
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("REASSEMBLER_GRACE_SECONDS", "abc"), ("REASSEMBLER_LEASE_SECONDS", "2m"), ("REASSEMBLER_S3_RETRY_SECONDS", "-1")],
+)
+def test_a_setting_of_the_environment_that_is_no_number_is_one_line_naming_it(tmp_path, name, value):
+    from commands import cli, one_line_error
+
+    res = cli("build", "--input", tmp_path / "in", "--output", tmp_path / "out", "--ds", DS, env={name: value})
+    assert res.returncode == 2
+    assert one_line_error(res).startswith(f"reassembler: error: {name}={value!r}: not a number of seconds >= 0")
+    assert not (tmp_path / "out").exists()

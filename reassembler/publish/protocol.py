@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 from .. import call_tables, storage
 from ..errors import AuditCheckFailed, OutputBusy, StoreError
+from ..settings import env_seconds
 from ..warehouse import run_script, sql
 from .checkpoints import checkpoint
 from .staged import (  # the staged run, and the names its callers take from here
@@ -62,7 +63,7 @@ from .staged import (  # the staged run, and the names its callers take from her
 
 MANIFEST_VERSION = 1
 # how long a superseded run's files stay after the commit that replaced it
-GRACE_SECONDS = float(os.environ.get("REASSEMBLER_GRACE_SECONDS", 3600))
+GRACE_SECONDS = env_seconds("REASSEMBLER_GRACE_SECONDS")
 __all__ = [
     "KINDS",
     "AuditCheckFailed",

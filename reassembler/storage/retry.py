@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import http.client
 import logging
-import os
 import random
 import socket
 import threading
@@ -34,13 +33,14 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from ..errors import ReassemblerError, StoreError
+from ..settings import ENV_SECONDS, env_seconds
 
 T = TypeVar("T")
 THROTTLE, TRANSIENT = "throttling", "transient"
 BACKOFF = {THROTTLE: (0.2, 10.0), TRANSIENT: (0.05, 2.0)}
 TRANSIENT_SHARE = 1 / 3  # of the budget, for failures that are not throttling
 CLEANUP_SECONDS = 5.0
-DEFAULT_BUDGET = 60.0  # seconds, REASSEMBLER_S3_RETRY_SECONDS
+DEFAULT_BUDGET = ENV_SECONDS["REASSEMBLER_S3_RETRY_SECONDS"]  # seconds
 
 THROTTLE_CODES = frozenset(
     {
@@ -96,10 +96,7 @@ def budget_seconds() -> float:
     override = getattr(_local, "budget", None)
     if override is not None:
         return override
-    try:
-        return max(0.0, float(os.environ.get("REASSEMBLER_S3_RETRY_SECONDS", DEFAULT_BUDGET)))
-    except ValueError:
-        return DEFAULT_BUDGET
+    return env_seconds("REASSEMBLER_S3_RETRY_SECONDS")
 
 
 @contextmanager
