@@ -269,24 +269,13 @@ def parser() -> argparse.ArgumentParser:
     _output(g, "output root of the builds")
     g.add_argument("--ds", required=True, type=_ds, help="the night, YYYY-MM-DD")
     d = GATE_DEFAULTS
-    g.add_argument("--max-mask-rate", type=_rate, default=d.max_mask_rate, help="share of masked rollouts")
-    g.add_argument(
-        "--max-reason-rate", type=_rate, default=d.max_reason_rate, help="share of rollouts masked by any one reason"
-    )
-    g.add_argument(
-        "--max-mask-rate-rise",
-        type=_rate,
-        default=d.max_mask_rate_rise,
-        help="rise of the mask rate over the trailing 7-night mean",
-    )
-    g.add_argument(
-        "--max-rejects", type=int, default=d.max_rejects, help="rejected input lines (torn final lines not counted)"
-    )
-    g.add_argument(
-        "--min-rollouts",
-        type=int,
-        default=d.min_rollouts,
-        help="the rate checks fail only a night of at least this many rollouts; below, they warn",
+    _options(
+        g,
+        ("--max-mask-rate", _rate, d.max_mask_rate, "share of masked rollouts"),
+        ("--max-reason-rate", _rate, d.max_reason_rate, "share of rollouts masked by any one reason"),
+        ("--max-mask-rate-rise", _rate, d.max_mask_rate_rise, "rise of the mask rate over the trailing 7-night mean"),
+        ("--max-rejects", int, d.max_rejects, "rejected input lines (torn final lines not counted)"),
+        ("--min-rollouts", int, d.min_rollouts, "the rate checks fail only a night of at least this many rollouts"),
     )
     g.add_argument("--json", action="store_true", help="print the checks and the verdict as one JSON object")
     return p
