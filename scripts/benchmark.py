@@ -764,8 +764,8 @@ def per_token_and_call(per_token: float, tokens_a: float, per_call: float, token
     return x, y
 
 
-TASK_GAP = 0.8  # s between one Celery task's end and the next one's start (docs/deploy-celery.md)
-TAIL = 6.0  # s: publish, report and gate, one after the other (docs/deploy-celery.md)
+TASK_GAP = 0.8  # s between one Celery task's end and the next one's start (docs/performance.md, "Scale, on paper")
+TAIL = 6.0  # s: publish, report and gate, one after the other (docs/performance.md, "Scale, on paper")
 # the DAG's steps a night, one after the other: check, wait, plan, parts, global step, key
 # buckets, rollout buckets, warehouse task, shards, audit checks (publish, report and gate: TAIL)
 STEPS = 10
@@ -823,7 +823,7 @@ def print_model(f: dict, shapes: list[tuple[str, float]]) -> None:
 
 def scale_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str) -> dict:
     """The load and the merge in parts and buckets, measured for the scale model
-    (docs/deploy-celery.md): a part, the global step, each key and rollout bucket, the
+    (docs/performance.md, "Scale, on paper"): a part, the global step, each key and rollout bucket, the
     warehouse task and a shard, each in a fresh process, on the 1x and the 4x night of two
     shapes (~1,000 and ~200 tokens a call), so that each step's cost per call is the slope
     between them and the rest a fixed cost; the same from the local S3 server, its factor

@@ -54,6 +54,9 @@ def _status(pid: int) -> tuple[int, int]:
 
 
 def _du(path: Path) -> int:
+    """Bytes of a file, or of every file under a folder (0 when missing)."""
+    if path.is_file():
+        return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
