@@ -40,7 +40,7 @@ def run(args) -> int:
         from .merge.night_load import NightLoad
         from .warehouse import warehouse_path
 
-        settings = Settings.from_cli(args)
+        settings = getattr(args, "settings", None) or Settings.from_cli(args)
         warehouse = warehouse_path(args.output, args.warehouse)  # a missing --warehouse: said before any work
         # entered before the heavy imports below: the rollout children parse meanwhile
         rollouts = args.rollouts or templates(os.environ.get("REASSEMBLER_ROLLOUTS"))
@@ -195,7 +195,8 @@ def _main(args) -> int:
     try:
         check_environment()  # a setting of the environment that is not a number: exit 2 naming it
         if args.command == "build":
-            settings = Settings.from_cli(args).duckdb
+            args.settings = Settings.from_cli(args)  # once: its warnings (a fan-out lowered) said once
+            settings = args.settings.duckdb
         return run(args)
     except BrokenPipeError:
         # the reader of our output went away (`| head`): the work itself is done

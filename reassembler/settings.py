@@ -28,11 +28,12 @@ imports nothing heavy: the DAG file reads it when it is parsed.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -78,6 +79,14 @@ class Options:
         if self.offchain not in OFFCHAIN_POLICIES:
             raise InputError(f"offchain must be one of {', '.join(OFFCHAIN_POLICIES)}, not {self.offchain!r}")
 
+
+# The fan-outs' ceilings (Settings.bounded): what one machine, and one Airflow DAG run
+# (its mapped tasks: Airflow's max_map_length is 1024), survives.
+THREADS_PER_CORE = 4
+WORKERS_PER_CORE = 2
+MAX_SHARDS = 256
+MAX_PARTS = 1024
+log = logging.getLogger(__name__)
 
 # The settings read from the environment alone (README, Settings): each a number of seconds.
 ENV_SECONDS = {
@@ -163,6 +172,44 @@ class Settings:
         """The merge's fan-out: merge_buckets, else the shards."""
         return self.merge_buckets or self.shards
 
+    def bounded(self, cores: int | None = None) -> Settings:
+        """These settings with every fan-out within what a machine survives, each value
+        lowered said in one warning line: DuckDB's threads at most THREADS_PER_CORE a core,
+        worker processes at most WORKERS_PER_CORE a core, shards at most MAX_SHARDS, load
+        parts and merge buckets at most MAX_PARTS (the night bounds those two further: never
+        more parts than files, nor buckets than its input can fill: load/parts.py)."""
+        cores = cores or os.cpu_count() or 1
+        asked = {
+            "threads": self.duckdb.threads,
+            "workers": self.workers,
+            "shards": self.shards,
+            "load_parts": self.load_parts,
+            "merge_buckets": self.merge_buckets,
+        }
+        limits = {
+            "threads": (THREADS_PER_CORE * cores, f"{THREADS_PER_CORE} a core, {cores} cores here"),
+            "workers": (WORKERS_PER_CORE * cores, f"{WORKERS_PER_CORE} a core, {cores} cores here"),
+            "shards": (MAX_SHARDS, "the most one night is split in"),
+            "load_parts": (MAX_PARTS, "the most one night is parsed in"),
+            "merge_buckets": (MAX_PARTS, "the most one night is merged in"),
+        }
+        got: dict[str, int | None] = dict(asked)
+        for name, (limit, why) in limits.items():
+            value = asked[name]
+            if value is not None and value > limit:
+                got[name] = limit
+                log.warning("%s %d lowered to %d (%s)", name.replace("_", " "), value, limit, why)
+        if got == asked:
+            return self
+        return replace(
+            self,
+            duckdb=replace(self.duckdb, threads=int(got["threads"] or 1)),
+            workers=int(got["workers"] or 1),
+            shards=int(got["shards"] or 1),
+            load_parts=got["load_parts"],
+            merge_buckets=got["merge_buckets"],
+        )
+
     @classmethod
     def from_cli(cls, args) -> Settings:
         """From `reassembler build`'s parsed arguments (cli.py's parser)."""
@@ -183,7 +230,7 @@ class Settings:
             token_cache_bytes=d.token_cache_bytes,
             max_row_group_bytes=d.max_row_group_bytes,
             retention_nights=args.retention_nights,
-        )
+        ).bounded()
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Settings:
@@ -219,7 +266,7 @@ class Settings:
             token_cache_bytes=get("token_cache_bytes", d.token_cache_bytes, int),
             max_row_group_bytes=get("max_row_group_bytes", d.max_row_group_bytes, int),
             retention_nights=get("retention_nights", d.retention_nights, int),
-        )
+        ).bounded()
 
 
 def _bool(value) -> bool:
@@ -244,14 +291,14 @@ def dag_params() -> dict[str, dict[str, Any]]:
             default=d.shards,
             type="integer",
             minimum=1,
-            maximum=256,
+            maximum=MAX_SHARDS,
             description="Group ranges reassembled as separate mapped tasks (in parallel).",
         ),
         "load_parts": dict(
             default=d.load_parts,
             type=["null", "integer"],
             minimum=1,
-            maximum=4096,
+            maximum=MAX_PARTS,
             description="Parts the night's input is parsed in, as separate mapped tasks (in parallel). Empty: one "
             "per 256 MiB of input.",
         ),
@@ -259,7 +306,7 @@ def dag_params() -> dict[str, dict[str, Any]]:
             default=d.merge_buckets,
             type=["null", "integer"],
             minimum=1,
-            maximum=4096,
+            maximum=MAX_PARTS,
             description="Buckets of rollouts the night is merged in, as separate mapped tasks (in parallel). "
             "Empty: as many as shards.",
         ),
@@ -298,7 +345,11 @@ def dag_params() -> dict[str, dict[str, Any]]:
             description="DuckDB memory_limit of every task.",
         ),
         "duckdb_threads": dict(
-            default=d.duckdb.threads, type="integer", minimum=1, description="DuckDB threads of every task."
+            default=d.duckdb.threads,
+            type="integer",
+            minimum=1,
+            maximum=64,
+            description=f"DuckDB threads of every task (at most {THREADS_PER_CORE} a core of the worker).",
         ),
         "duckdb_temp_directory": dict(
             default=None, type=["null", "string"], description="DuckDB spill folder. Empty: <output>/_tmp/duckdb."

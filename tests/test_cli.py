@@ -197,3 +197,57 @@ def test_a_setting_of_the_environment_that_is_no_number_is_one_line_naming_it(tm
     assert res.returncode == 2
     assert one_line_error(res).startswith(f"reassembler: error: {name}={value!r}: not a number of seconds >= 0")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_fan_out_past_what_the_night_or_the_machine_can_use_is_lowered_saying_so(tmp_path):
+    """Fan-outs have ceilings: threads and worker processes by the machine's cores, shards,
+    parts and buckets by a night's most, parts by the night's files and buckets by its input,
+    each lowered in one warning line; the night builds as with the defaults."""
+    import os
+
+    from commands import cli
+
+    data = Path(__file__).resolve().parent / "data" / "gym-0.7.0"
+    ds = "2026-11-29"
+    plain = cli("build", "--input", data, "--output", tmp_path / "plain", "--ds", ds)
+    assert plain.returncode == 0, plain.stderr
+    cores = os.cpu_count() or 1
+    parts = "load parts 1024 lowered to 4 (the night's input is 4 files of one kind at most)"
+    buckets = "merge buckets 1024 lowered to 1 (one per 256 KiB of the night's 35 KiB of input)"
+    cases = [
+        (["--load-parts", "1000000"], ["load parts 1000000 lowered to 1024 (the most one night is parsed in)", parts]),
+        (["--threads", "100000"], [f"threads 100000 lowered to {4 * cores} (4 a core, {cores} cores here)"]),
+        (["--merge-buckets", "10000000"], ["merge buckets 10000000 lowered to 1024 (the most one night is merged in)",
+                                           buckets]),
+        (["--workers", "1000", "--shards", "3"], [f"workers 1000 lowered to {2 * cores} (2 a core, {cores} cores "
+                                                  "here)"]),
+    ]  # fmt: skip
+    for k, (flags, said) in enumerate(cases):
+        res = cli("build", "--input", data, "--output", tmp_path / f"o{k}", "--ds", ds, *flags, timeout=120)
+        assert res.returncode == 0, res.stderr
+        warnings = [line.split(" WARNING ", 1)[1] for line in res.stderr.splitlines() if " WARNING " in line]
+        assert [w for w in warnings if "lowered" in w] == said, res.stderr
+        assert (
+            res.stdout.splitlines()[0].split(" in ")[1].split(": ", 1)[1]
+            == (plain.stdout.splitlines()[0].split(" in ")[1].split(": ", 1)[1])
+        )
+
+
+def test_the_settings_fan_outs_are_bounded_whatever_their_source():
+    from reassembler.settings import MAX_PARTS, MAX_SHARDS, DuckDBSettings, Settings
+
+    wild = Settings(
+        duckdb=DuckDBSettings(threads=10**6), workers=10**6, shards=10**6, load_parts=10**7, merge_buckets=10**7
+    )
+    got = wild.bounded(cores=3)
+    assert (got.duckdb.threads, got.workers, got.shards, got.load_parts, got.merge_buckets) == (
+        12,
+        6,
+        MAX_SHARDS,
+        MAX_PARTS,
+        MAX_PARTS,
+    )
+    assert Settings().bounded(cores=1) == Settings()  # within every ceiling: as it was
+    params = Settings.from_params({"shards": "100000", "duckdb_threads": 10**5, "load_parts": None})
+    assert params.shards == MAX_SHARDS and params.duckdb.threads <= 4 * (__import__("os").cpu_count() or 1)

@@ -287,7 +287,7 @@ def capture_rows_nightly():
                 warehouse=warehouse_path(output_dir),
                 temp_directory=settings.duckdb.temp_directory,
             )
-            plan = plan_parts(night, settings.load_parts, settings.buckets)
+            plan = plan_parts(night, settings.load_parts, settings.buckets, settings.merge_buckets is not None)
             write_plan(staging_dir(output_dir, night_ds, run_id), plan)
         print(
             f"ds={night_ds}: {plan.input_bytes:,} bytes of input in {len(plan.parts)} load parts, "

@@ -40,7 +40,7 @@ class NightFiles:
     locations: dict[str, str] = field(default_factory=dict)  # each kind's location as resolved (recorded)
     inputs: str = ""  # the run's input settings (formats/locations.py: Inputs.text), for the run history
     # several rollouts locations: each one's folder (folders["rollouts"] is the one they share)
-    rollout_folders: tuple[str, ...] = ()
+    rollout_folders: list[str] = field(default_factory=list)
 
     def path(self, kind: str, rel: str) -> str:
         """The location of a file of the night (storage.py), or of a kind's folder (rel "")."""
@@ -115,7 +115,7 @@ def find_night(where, ds: str) -> NightFiles:
         inputs.text(),
     )
     if len(several) > 1:
-        return replace(night, rollout_folders=tuple(loc.folder for loc in several))
+        return replace(night, rollout_folders=[loc.folder for loc in several])
     return night
 
 

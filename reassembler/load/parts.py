@@ -19,6 +19,7 @@ The number of parts: `Settings.load_parts`, else one per PART_BYTES of input (at
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, replace
 
 from .. import storage
@@ -27,6 +28,14 @@ from ..formats.gym_local import capture_file
 from ..formats.night import NightFiles
 
 PART_BYTES = 256 << 20  # the default: one part per this much input
+BUCKET_BYTES = 256 << 10  # never more merge buckets than one per this much input (a few rollouts each)
+log = logging.getLogger(__name__)
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
+
+
 PLAN = "plan.json"
 PLAN_VERSION = 2  # 2: the merge's buckets
 
@@ -97,9 +106,11 @@ def _cut(units: list[tuple[list[str], int]], parts: int) -> list[list[str]]:
     return out
 
 
-def plan_parts(night: NightFiles, parts: int | None = None, buckets: int = 1) -> LoadPlan:
-    """Cut `night` into `parts` parts (None: one per PART_BYTES), whose per-call rows the
-    merge takes in `buckets` buckets. Sizes come from the
+def plan_parts(night: NightFiles, parts: int | None = None, buckets: int = 1, asked: bool = True) -> LoadPlan:
+    """Cut `night` into `parts` parts (None: one per PART_BYTES; never more than the files of
+    its kind with the most), whose per-call rows the merge takes in `buckets` buckets (never
+    more than one per BUCKET_BYTES of input; a warning says so when they were `asked` for,
+    an info line when they follow the shards). Sizes come from the
     listing on object storage, a stat locally; a file gone since counts 0 bytes (its read
     is what fails, naming it)."""
     kinds = {
@@ -113,6 +124,15 @@ def plan_parts(night: NightFiles, parts: int | None = None, buckets: int = 1) ->
     size_of = dict(zip(locations, storage.sizes(locations, missing=0)))
     total = sum(size_of.values())
     n = parts or default_parts(total)
+    most = max(1, max(len(rels) for _, rels in kinds.values()))  # a part is whole files: never more parts
+    if n > most:
+        log.warning("load parts %d lowered to %d (the night's input is %d files of one kind at most)", n, most, most)
+        n = most
+    fill = max(1, -(-total // BUCKET_BYTES))  # a bucket per BUCKET_BYTES of input at most
+    if buckets > fill:
+        log.log(logging.WARNING if asked else logging.INFO, "merge buckets %d lowered to %d (one per %s of the "
+                "night's %s of input)", buckets, fill, _size(BUCKET_BYTES), _size(total))  # fmt: skip
+        buckets = fill
     cuts: dict[str, list[list[str]]] = {}
     for kind, (folder, rels) in kinds.items():
         if kind == "captures":  # a rollout's capture files are one unit, units in key order

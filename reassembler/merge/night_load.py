@@ -38,7 +38,9 @@ class NightLoad:
 
     def __enter__(self) -> NightLoad:
         try:
-            self.plan = plan_parts(self.night, self.settings.load_parts, self.settings.buckets)
+            self.plan = plan_parts(
+                self.night, self.settings.load_parts, self.settings.buckets, self.settings.merge_buckets is not None
+            )
             if len(self.plan.parts) == 1:  # parts of their own start their own helpers
                 self._children = rollout_lines.start(
                     self.night, self.settings.max_line_bytes, self.settings.max_rollout_tokens

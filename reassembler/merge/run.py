@@ -82,7 +82,7 @@ def load_night(
 
 
 def _load(con, night, settings, background, folder, readers, plan, calls) -> LoadSummary:
-    plan = plan or plan_parts(night, settings.load_parts, settings.buckets)
+    plan = plan or plan_parts(night, settings.load_parts, settings.buckets, settings.merge_buckets is not None)
     write_plan(folder, plan)
     run_parts(plan, folder, settings, background, readers)
     beside = _warehouse_folder(con)
