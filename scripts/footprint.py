@@ -53,11 +53,30 @@ def _status(pid: int) -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]) * 1024 if "VmRSS" in fields else 0, int(fields["Threads"])
 
 
+def _role(pid: int, main: int) -> str:
+    """What a process of the build is: the command itself, a worker it forked, a load child."""
+    if pid == main:
+        return "the command"
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    return "a load child" if b"-P" in cmdline else "a worker process"
+
+
 def _du(path: Path) -> int:
-    """Bytes of a file, or of every file under a folder (0 when missing)."""
+    """Bytes of a file, or of every file under a folder (0 when missing), a file with several
+    names (the output's hard links) once."""
     if path.is_file():
         return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+    if not path.exists():
+        return 0
+    seen = {}
+    for p in path.rglob("*"):
+        if p.is_file():
+            st = p.stat()
+            seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values())
 
 
 def main() -> None:
@@ -65,6 +84,7 @@ def main() -> None:
     p.add_argument("--tokens", type=float, default=1e8)
     p.add_argument("--workdir", default="footprint-out")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--load-parts", type=int, default=None, help="default: as many as --workers")
     p.add_argument("--reuse", action="store_true", help="reuse the night an earlier run wrote in --workdir")
     args = p.parse_args()
     work = Path(args.workdir).absolute()
@@ -82,12 +102,18 @@ def main() -> None:
     shutil.rmtree(spill, ignore_errors=True)
     w = str(args.workers)
     cmd = [sys.executable, "-m", "reassembler.cli", "build", "--input", str(inp), "--output", str(out), "--ds", DS]
-    cmd += ["--workers", w, "--shards", w, "--load-parts", w, "--temp-directory", str(spill)]
+    parts = str(args.load_parts or args.workers)
+    cmd += ["--workers", w, "--shards", w, "--load-parts", parts, "--temp-directory", str(spill)]
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak_one = peak_sum = threads_one = threads_all = spill_peak = processes = 0
+    by_pid: dict[int, tuple[int, str]] = {}  # pid -> (its peak, what it is)
     while proc.poll() is None:
-        seen = [_status(pid) for pid in _tree(proc.pid)]
+        pids = _tree(proc.pid)
+        seen = [_status(pid) for pid in pids]
+        for pid, (rss, _) in zip(pids, seen):
+            if rss > by_pid.get(pid, (0, ""))[0]:
+                by_pid[pid] = (rss, by_pid.get(pid, (0, _role(pid, proc.pid)))[1] or _role(pid, proc.pid))
         processes = max(processes, len(seen))
         peak_one = max(peak_one, *(rss for rss, _ in seen))
         peak_sum = max(peak_sum, sum(rss for rss, _ in seen))
@@ -105,6 +131,7 @@ def main() -> None:
         "calls": totals["calls"],
         "rollouts": totals["rollouts"],
         "workers": args.workers,
+        "load_parts": int(parts),
         "wall_s": round(wall, 1),
         "peak_rss_one_process_mib": round(peak_one / mib),
         "peak_rss_all_processes_mib": round(peak_sum / mib),
@@ -118,6 +145,7 @@ def main() -> None:
         "warehouse_mib": round(_du(out / "warehouse.duckdb") / mib, 1),
         "warehouse_copies_mib": round(_du(out / "_warehouse") / mib, 1),
         "spill_peak_mib": round(spill_peak / mib),
+        "largest_processes_mib": [f"{rss / mib:.0f} {role}" for rss, role in sorted(by_pid.values(), reverse=True)[:4]],
     }
     print(stdout.strip().splitlines()[0])
     print(json.dumps(report, indent=1))
