@@ -122,7 +122,9 @@ def test_transient_faults_are_retried_through_to_the_same_night(store, night, fa
     assert res.returncode == 0, res.stderr
     assert sum(store.proxy.stats.faults.values()) > 0, store.proxy.stats  # the faults were met
     same_night(night / "clean", store.mirror())
-    assert store.lease() is None
+    # the lease is deleted, or (its DELETE failing past the release's short budget, as 30% of
+    # DELETEs may) expired in place: never live, the next build does not wait (publish/lock.py)
+    no_live_lease(store)
 
 
 def test_a_conditional_put_whose_answer_is_lost_commits_once(store, night):
@@ -140,7 +142,7 @@ def test_a_lease_put_whose_answer_is_lost_is_still_held(store, night):
     store.proxy.add("reset", ops=("PUT",), key="_lock", after=True, limit=1)
     res = store.build()
     assert res.returncode == 0, res.stderr
-    assert store.lease() is None
+    assert store.lease() is None, (store.lease(), res.stderr[-3000:])
 
 
 def test_failing_deletes_and_copies_past_the_budget_end_in_exit_6_and_leave_the_night_intact(store):
@@ -162,7 +164,7 @@ def test_failing_deletes_and_copies_past_the_budget_end_in_exit_6_and_leave_the_
     store.proxy.clear()  # the store recovers: the next build finishes and rebuilds the night
     res = store.build()
     assert res.returncode == 0, res.stderr
-    assert store.lease() is None
+    assert store.lease() is None, (store.lease(), res.stderr[-3000:])
 
 
 @pytest.mark.parametrize("fault", ["throttled", "5xx", "reset", "down"])
@@ -179,4 +181,4 @@ def test_a_fault_past_the_budget_is_exit_6_in_one_line(store, fault):
     line = one_line_error(res)
     assert "gave up after" in line and "nightly" in line
     assert res.seconds < 30  # type: ignore[attr-defined]
-    assert store.lease() is None
+    assert store.lease() is None, (store.lease(), res.stderr[-3000:])

@@ -787,7 +787,7 @@ def test_a_warehouse_of_release_6_gets_the_trace_column(tmp_path):
     _, rows, _ = build(FIXTURE, out)
     assert len(rows) == 5
     with duckdb.connect(str(out / "warehouse.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 11
+        assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 12
         assert con.execute("SELECT count(trace) FROM rollout_items").fetchone()[0] == 6
 
 
