@@ -430,7 +430,8 @@ def test_a_part_file_changed_since_its_part_wrote_it_stops_the_merge_naming_it(t
     with pytest.raises(InputError) as raised:
         merge_night(plan, str(run), (str(tmp_path / "wh"), "r1"), settings_)
     message = str(raised.value)
-    assert message.startswith(f"{target}: ") and "\n" not in message and message.endswith("run the load again")
+    named = target.with_suffix(".parquet") if "no such file" in said else target  # the file the marker lacks
+    assert message.startswith(f"{named}: ") and "\n" not in message and message.endswith("run the load again")
     assert said in message
 
 
@@ -521,3 +522,96 @@ def test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit(t
     ).to_pylist()
     keys = [(r["file"], r["line"] is None, r["line"] or 0) for r in rejects]
     assert keys == sorted(keys) and sum(k[1] for k in keys) == 101  # nulls last within a file
+
+
+def _marker_edit(change):
+    def edit(path: Path) -> None:
+        marker = json.loads(path.read_text())
+        change(marker)
+        path.write_text(json.dumps(marker))
+
+    return edit
+
+
+# what is done to the merge's own files (under load/merge/) before the step that reads them:
+# the file, the damage, the reader ("bucket": a rollout bucket run again; "load": the commit;
+# "shard": a shard's sort of its calls out of the buckets), and what the one-line error says
+MERGE_DAMAGE = {
+    "a page byte of a bucket's calls inverted": (
+        "bucket-00000/calls.parquet", _flip(2), "shard", "CRC checksum verification failed"),
+    "a page byte of a bucket's items inverted": (
+        "bucket-00001/items.parquet", _flip(2), "shard", "CRC checksum verification failed"),
+    "a bucket's calls truncated": (
+        "bucket-00000/calls.parquet", lambda p: p.write_bytes(p.read_bytes()[:-100]), "shard",
+        "not the file merge bucket 0 wrote"),
+    "another bucket's calls": (
+        "bucket-00000/calls.parquet", lambda p: shutil.copy(p.parent.parent / "bucket-00001" / "calls.parquet", p),
+        "shard", "not the file merge bucket 0 wrote"),
+    "a page byte of the global step's rollouts inverted": (
+        "rollouts.parquet", _flip(2), "load", "not the file the merge's global step wrote"),
+    "the groups gone": (
+        "groups.parquet", lambda p: p.unlink(), "load", "written by the merge's global step, now missing"),
+    "a bucket's rejected ledger lines edited": (
+        "bucket-00001/rollout_rejects.parquet", lambda p: _rewrite(p, lambda t: t.slice(0, 0)), "load",
+        "not the file merge bucket 1 wrote"),
+    "a key bucket's matches replaced by another's": (
+        "keys-00001.parquet", lambda p: shutil.copy(p.parent / "keys-00000.parquet", p), "bucket",
+        "not the file key bucket 1 wrote"),
+    "the decisions gone": (
+        "decisions.parquet", lambda p: p.unlink(), "bucket", "written by the merge's global step, now missing"),
+    "a bucket marker with a count written as text": (
+        "bucket-00000.json", _marker_edit(lambda m: m.update(ledger_lines=str(m["ledger_lines"]))), "load",
+        "records ledger_lines '"),
+    "a key marker without its files": (
+        "keys-00000.json", _marker_edit(lambda m: m.pop("files")), "bucket",
+        "the marker of key bucket 0 records no such file"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(MERGE_DAMAGE))
+def test_a_merge_file_changed_since_its_step_wrote_it_stops_the_night_naming_it(tmp_path, case):
+    """Every step of the merge records what it hands on (size, SHA-256, its footer's SHA-256)
+    and every page carries its CRC: the step that reads a file checks it first, so a file
+    damaged, truncated, replaced by another bucket's or gone, or a marker whose counts are not
+    counts, is one InputError (exit 2) naming it, never an internal error and never a night
+    published from it."""
+    from reassembler.build import load_step
+    from reassembler.errors import InputError
+    from reassembler.merge.keys import merge_keys
+    from reassembler.merge.night_load import PartsLoaded
+    from reassembler.publish.staged import staging_dir
+    from reassembler.warehouse import Warehouse
+    from steps import shard
+
+    inp, out = _damaged(tmp_path / "in", 7, None), tmp_path / "out"
+    settings_ = Settings(load_parts=2, merge_buckets=2, shards=2, allow_empty=True)
+    plan = plan_parts(find_night(inp, DS), 2, settings_.buckets)
+    run_id = "run-1"
+    run = staging_dir(str(out), DS, run_id)
+    write_plan(run, plan)
+    for k in range(2):
+        part_load.load_part(plan, k, run, settings_)
+    calls = (str(out), "run-1")
+    merge_rollouts(plan, run, calls, settings_)
+    for b in range(2):
+        merge_keys(plan, run, b, calls, settings_)
+    for b in range(2):
+        merge_bucket(plan, run, b, calls, settings_)
+    name, damage, reader, said = MERGE_DAMAGE[case]
+    target = Path(run) / "load" / "merge" / name
+    if reader == "shard":
+        load_step(PartsLoaded(run, settings_), Warehouse(out, settings_.duckdb), run_id)
+    damage(target)
+    with pytest.raises(InputError) as raised:
+        if reader == "bucket":
+            merge_bucket(plan, run, 1, calls, settings_)
+        elif reader == "load":
+            load_step(PartsLoaded(run, settings_), Warehouse(out, settings_.duckdb), run_id)
+        else:
+            for k in range(2):
+                shard(out, DS, k, run_id, settings_)
+    message = str(raised.value)
+    named = target.with_suffix(".parquet") if "no such file" in said else target  # the file the marker lacks
+    assert message.startswith(f"{named}: ") and "\n" not in message and message.endswith("run the load again")
+    assert said in message, message
+    assert not (out / "rows").exists()

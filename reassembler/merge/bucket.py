@@ -27,6 +27,8 @@ from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script, sql
 from . import keys, rollouts
 from .staging import (
+    check_handed,
+    handed,
     merge_dir,
     part_files,
     read_marker,
@@ -40,6 +42,9 @@ from .staging import (
 
 ITEM_ROWS = 1024  # rollouts a batch as their items go to the plan pieces (a rollout's are kilobytes)
 ROLLOUT_REJECTS = pa.schema([("rollout_id", pa.string()), ("n_rejected", pa.int64()), ("first_rejected", pa.string())])
+
+
+PIECES = ["calls.parquet", "items.parquet", "rollout_rejects.parquet"]  # a bucket's files, its marker records
 
 
 def name(bucket: int) -> str:
@@ -57,9 +62,8 @@ def merge_bucket(
     buckets in `folder`: RuntimeError naming one that has not finished); `calls`: the
     output and run the night's per-call files go to. Returns its marker."""
     markers = read_part_markers(plan, folder)
-    read_marker(folder, rollouts.NAME, "the merge's global step", plan)
-    for b in range(plan.buckets):
-        read_marker(folder, keys.name(b), f"key bucket {b}", plan)
+    top = read_marker(folder, rollouts.NAME, "the merge's global step", plan)
+    key_markers = [read_marker(folder, keys.name(b), f"key bucket {b}", plan) for b in range(plan.buckets)]
     ds, (output, run) = plan.night.ds, calls
     bases, before = [], 0
     for marker in markers:
@@ -70,8 +74,12 @@ def merge_bucket(
         call_tables.open_night(con)
         for table in ("ledger", "rejects", "rollout_items"):
             stage(con, f"p_{table}", part_files(plan, folder, table, markers), bucket)
-        stage(con, "decisions", [storage.join(merge_dir(folder), "decisions.parquet")], bucket, with_part=False)
-        matches = [keys.matches_path(folder, b) for b in range(plan.buckets)]
+        where = merge_dir(folder)
+        decisions = check_handed(where, "decisions.parquet", top, "the merge's global step")
+        stage(con, "decisions", [decisions], bucket, with_part=False)
+        matches = [
+            check_handed(where, f"{keys.name(b)}.parquet", m, f"key bucket {b}") for b, m in enumerate(key_markers)
+        ]
         stage(con, "matches", matches, bucket, with_part=False)
         con.register("part_bases", pa.table({"part": list(range(len(bases))), "base": bases}))
         run_script(con, "bucket_merge", {"ds": ds})
@@ -106,6 +114,7 @@ def merge_bucket(
         "ledger_lines": lines,
         "rows": written,
         "rejects": rejected,
+        "files": handed(pieces, PIECES),
     }
     write_marker(folder, name(bucket), marker)
     return marker

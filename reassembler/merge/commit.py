@@ -19,7 +19,16 @@ from ..load.read import LoadSummary, SourceCount
 from ..load.shard_plan import write_rollout_plans
 from ..warehouse import run_script
 from . import bucket, keys, rollouts
-from .staging import WIDE_ROWS, merge_dir, read_marker, read_part_markers
+from .staging import (
+    WIDE_ROWS,
+    check_handed,
+    merge_dir,
+    open_checked,
+    read_checked,
+    read_marker,
+    read_part_markers,
+    read_whole,
+)
 
 
 def markers(plan: LoadPlan, folder: str) -> tuple[list[dict], dict, list[dict], list[dict]]:
@@ -37,12 +46,14 @@ def commit_merge(con, plan: LoadPlan, folder: str, calls: tuple[str, str]) -> Lo
     parts, top, key_markers, bucket_markers = markers(plan, folder)
     ds, (_, run) = plan.night.ds, calls
     where = merge_dir(folder)
-    night = pq.ParquetFile(storage.open_parquet(storage.join(where, "rollouts.parquet")))
-    groups = pq.read_table(storage.open_parquet(storage.join(where, "groups.parquet")))
+    step = "the merge's global step"
+    night = open_checked(check_handed(where, "rollouts.parquet", top, step, whole=True))
+    groups_at = check_handed(where, "groups.parquet", top, step, whole=True)
+    groups = read_whole(groups_at)
     con.execute("BEGIN TRANSACTION")
     try:
         run_script(con, "clear_night", {"ds": ds, "run": run})
-        batches = night.iter_batches(WIDE_ROWS)
+        batches = _checked_batches(storage.join(where, "rollouts.parquet"), night)
         con.register("night_rollouts", pa.RecordBatchReader.from_batches(night.schema_arrow, batches))
         con.register("night_groups", groups)
         run_script(con, "insert_night", {"ds": ds, "run": run})
@@ -95,15 +106,24 @@ def write_shard_rollouts(con, plan: LoadPlan, folder: str, run: str, shards: int
     rows of `run` (path-safe) the warehouse behind `con` now holds, with the buckets'
     rejected ledger lines."""
     where = merge_dir(folder)
-    rejected = [
-        pq.read_table(storage.open_parquet(storage.join(bucket.pieces_dir(folder, b), "rollout_rejects.parquet")))
-        for b in range(plan.buckets)
-    ]
+    rejected = []
+    for b in range(plan.buckets):
+        marker = read_marker(folder, bucket.name(b), f"merge bucket {b}", plan)
+        at = check_handed(bucket.pieces_dir(folder, b), "rollout_rejects.parquet", marker, f"merge bucket {b}", True)
+        rejected.append(read_whole(at))
+    top = read_marker(folder, rollouts.NAME, "the merge's global step", plan)
     con.register("rollout_rejects", pa.concat_tables(rejected) if rejected else bucket.ROLLOUT_REJECTS.empty_table())
-    decisions = storage.open_parquet(storage.join(where, "decisions.parquet"))
-    con.register("night_sort", pq.read_table(decisions, columns=["rollout_id", "kept", "shard", "sort_bucket"]))
+    decisions = check_handed(where, "decisions.parquet", top, "the merge's global step", whole=True)
+    columns = ["rollout_id", "kept", "shard", "sort_bucket"]
+    con.register("night_sort", read_whole(decisions, columns))
     try:
         write_rollout_plans(con, plans or folder, plan.night.ds, run, shards)
     finally:
         con.unregister("rollout_rejects")
         con.unregister("night_sort")
+
+
+def _checked_batches(loc: str, file: pq.ParquetFile):
+    """The batches of a handed-over file, a page that fails its CRC an InputError naming it."""
+    for table in read_checked(loc, (pa.Table.from_batches([b]) for b in file.iter_batches(WIDE_ROWS))):
+        yield from table.to_batches()

@@ -21,7 +21,17 @@ from ..load.parts import LoadPlan
 from ..load.read import token_dir
 from ..settings import DEFAULTS, Settings
 from ..warehouse import sql
-from .staging import merge_dir, part_files, read_part_markers, scratch, stage, write_bucketed, write_marker, write_query
+from .staging import (
+    handed,
+    merge_dir,
+    part_files,
+    read_part_markers,
+    scratch,
+    stage,
+    write_bucketed,
+    write_marker,
+    write_query,
+)
 
 MATCHES = pa.schema(
     [
@@ -79,6 +89,7 @@ def merge_keys(plan: LoadPlan, folder: str, bucket: int, calls: tuple[str, str],
     finally:
         con.close()
     marker = {"plan": plan.plan_id, "bucket": bucket, "token_rows": token_rows, "in_token_files": in_token_files}
+    marker["files"] = handed(merge_dir(folder), [f"{name(bucket)}.parquet"])
     marker["rejects"] = {"tokens": orphans} if orphans else {}
     write_marker(folder, name(bucket), marker)
     return marker

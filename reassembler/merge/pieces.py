@@ -23,7 +23,9 @@ from ..load.shard_plan import CALL_ORDER, ITEM_ORDER, ITEMS_FILE, TokenGroups, p
 from ..settings import DEFAULTS, Settings
 from ..warehouse import scratch_config
 from ..wide_sort import SortBuckets, empty_of, sort_rows
+from .bucket import name as bucket_name
 from .bucket import pieces_dir
+from .staging import check_handed, open_checked, read_checked, read_marker
 
 
 def build_calls(folder: str, shard: int, plans: str | None = None, settings: Settings = DEFAULTS) -> None:
@@ -35,10 +37,11 @@ def build_calls(folder: str, shard: int, plans: str | None = None, settings: Set
     plan = read_plan(folder)
     spill = scratch_config(settings.duckdb)["temp_directory"]
 
-    def pieces(name: str) -> list[pq.ParquetFile]:
-        return [
-            pq.ParquetFile(storage.open_parquet(storage.join(pieces_dir(folder, b), name))) for b in range(plan.buckets)
-        ]
+    made = [read_marker(folder, bucket_name(b), f"merge bucket {b}", plan) for b in range(plan.buckets)]
+
+    def pieces(name: str) -> list[tuple[str, pq.ParquetFile]]:
+        at = [check_handed(pieces_dir(folder, b), name, made[b], f"merge bucket {b}") for b in range(plan.buckets)]
+        return [(loc, open_checked(loc)) for loc in at]
 
     out = plan_dir(plans or folder, shard)
     token_groups = TokenGroups({})
@@ -50,14 +53,16 @@ def build_calls(folder: str, shard: int, plans: str | None = None, settings: Set
     write_sorted(storage.join(out, ITEMS_FILE), None, items)
 
 
-def _sorted_out(files: list[pq.ParquetFile], shard: int, order, spill: str) -> Iterator[pa.Table]:
-    """The rows of `shard` in the BucketedFiles `files` (pieces), in `order`, a sort bucket
-    (their plan_bucket) at a time; the first table is empty (it carries the schema)."""
-    schema = files[0].schema_arrow.remove(files[0].schema_arrow.get_field_index("bucket"))
+def _sorted_out(files: list[tuple[str, pq.ParquetFile]], shard: int, order, spill: str) -> Iterator[pa.Table]:
+    """The rows of `shard` in the BucketedFiles `files` (pieces: each with its location),
+    in `order`, a sort bucket (their plan_bucket) at a time; the first table is empty (it
+    carries the schema). A page that fails its CRC is an InputError naming its file."""
+    first = files[0][1].schema_arrow
+    schema = first.remove(first.get_field_index("bucket"))
     yield empty_of(schema)
     with SortBuckets(schema, spill) as held:
-        for file in files:
-            for table in read_bucket(file, shard):
+        for loc, file in files:
+            for table in read_checked(loc, read_bucket(file, shard)):
                 for batch in table.cast(schema).to_batches():
                     held.add(batch)
         for table in held.tables():

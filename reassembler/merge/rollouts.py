@@ -33,6 +33,7 @@ from ..settings import DEFAULTS, Settings
 from ..warehouse import run_script
 from .captures import decide
 from .staging import (
+    handed,
     merge_dir,
     part_files,
     read_part_markers,
@@ -133,6 +134,7 @@ def merge_rollouts(
         "traces": counted.get("verifiers", [0, 0]),
         "envelopes": counted.get("envelope", [0, 0]),
         "shards": shards,
+        "files": handed(out, ["decisions.parquet", "rollouts.parquet", "groups.parquet"]),
     }
     write_marker(folder, NAME, marker)
     return marker

@@ -16,12 +16,19 @@ per-rollout files it reads whole, and every page is checked against its CRC as i
 (the buckets read only their row groups of the per-call files, so no step hashes every file
 again). A file damaged, truncated, replaced or edited since its part wrote it, or a marker or
 plan that does not parse, is an InputError naming it (exit 2): run the load again.
+
+The merge's own steps hand their files on the same way (`handed`, `check_handed`): the global
+step's, the key buckets' and the rollout buckets' markers record each file they wrote (size,
+SHA-256, and the SHA-256 of its Parquet footer), and the step that reads one checks it first:
+whole when it reads it whole, else its size and footer (another bucket's file, a file of an
+earlier run, a truncated one), every page then against its CRC. A marker whose counts are not
+counts is refused the same way.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import duckdb
 import pyarrow as pa
@@ -53,8 +60,119 @@ def write_marker(folder: str, name: str, marker: dict) -> None:
 
 def read_marker(folder: str, name: str, what: str, plan: LoadPlan) -> dict:
     """A step's marker; RuntimeError naming it when the step has not finished, or ran for
-    another load plan."""
-    return _marker_at(marker_path(folder, name), what, plan)
+    another load plan; InputError when a count it records is not one."""
+    where = marker_path(folder, name)
+    marker = _marker_at(where, what, plan)
+    counts: dict = {}
+    for key in COUNTS & marker.keys():  # a count, or a count by kind ({"ledger": 5892, ...})
+        value = marker[key]
+        counts.update({f"{key}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value})
+    for key, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{where}: the marker of {what} records {key} {value!r}, not a count; run the load again")
+    return marker
+
+
+# the counts a merge step's marker records (read_marker checks each is one)
+COUNTS = frozenset(
+    {"bucket", "ledger_used", "ledger_failed", "ledger_lines", "rows", "token_rows", "in_token_files", "rollout_lines"}
+    | {"rollouts_loaded", "repeated_rejects", "shards", "rejects"}
+)
+
+
+def handed(folder: str, names: list[str]) -> dict[str, dict]:
+    """What a merge step records of the files it wrote in `folder` (its marker's "files"):
+    each one's size, SHA-256 and the SHA-256 of its Parquet footer."""
+    import hashlib
+
+    out = {}
+    for name in names:
+        loc = storage.join(folder, name)
+        whole = digest(loc)
+        out[name] = {**whole, "footer_sha256": hashlib.sha256(_footer(loc, whole["bytes"])).hexdigest()}
+    return out
+
+
+def _footer(loc: str, size: int) -> bytes:
+    """A Parquet file's footer: its metadata, its length and the closing magic."""
+    if size < 12:
+        return b""
+    [tail] = storage.read_ranges(loc, [(size - 8, 8)], size)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != b"PAR1" or length > size - 12:
+        return tail
+    [meta] = storage.read_ranges(loc, [(size - 8 - length, length)], size)
+    return meta + tail
+
+
+def check_handed(folder: str, name: str, marker: dict, what: str, whole: bool = False) -> str:
+    """The location of file `name` in `folder`, once it is the file the step `what` recorded
+    in its `marker` (`whole`: its SHA-256, for a reader of the whole file; else its size and
+    footer); InputError naming it otherwise."""
+    import hashlib
+
+    loc = storage.join(folder, name)
+    wrote = (marker.get("files") or {}).get(name)
+    if not isinstance(wrote, dict):
+        raise InputError(f"{loc}: the marker of {what} records no such file; run the load again")
+    try:
+        size = storage.size(loc)
+        found = digest(loc) if whole else {"bytes": size, "sha256": wrote.get("sha256")}
+        if not whole and size == wrote.get("bytes"):
+            found["footer_sha256"] = hashlib.sha256(_footer(loc, size)).hexdigest()
+        else:
+            found["footer_sha256"] = wrote.get("footer_sha256")
+    except FileNotFoundError:
+        raise InputError(f"{loc}: written by {what}, now missing; run the load again") from None
+    expected = {k: wrote.get(k) for k in ("bytes", "sha256", "footer_sha256")}
+    if found != expected:
+        raise InputError(
+            f"{loc}: not the file {what} wrote ({_file(found, whole)}; it wrote {_file(expected, whole)}); "
+            "run the load again"
+        )
+    return loc
+
+
+def open_checked(loc: str, damaged: Callable[[str, Exception], InputError] | None = None) -> pq.ParquetFile:
+    """A Parquet file the job wrote, opened with every page checked against its CRC as it is
+    read (table_file.OPTIONS); a file that does not open is the InputError `damaged` makes
+    of it (`damaged_file`: one naming it)."""
+    try:
+        return pq.ParquetFile(storage.open_parquet(loc), page_checksum_verification=True)
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise (damaged or damaged_file)(loc, e) from None
+
+
+def read_whole(loc: str, columns: list[str] | None = None) -> pa.Table:
+    """A handed-over Parquet file read whole (`columns` of it), every page checked against
+    its CRC; a file that does not read is an InputError naming it."""
+    file = open_checked(loc)
+    try:
+        return file.read(columns)
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise damaged_file(loc, e) from None
+
+
+def damaged_file(loc: str, e: Exception) -> InputError:
+    said = " ".join(str(e).split())  # one line
+    return InputError(f"{loc}: damaged since it was written ({said}); run the load again")
+
+
+def read_checked(
+    loc: str, pieces: Iterator[pa.Table], damaged: Callable[[str, Exception], InputError] | None = None
+) -> Iterator[pa.Table]:
+    """`pieces` read from the file at `loc`, a page that fails its CRC (or does not decode)
+    the InputError `damaged` makes of it (`damaged_file`: one naming the file)."""
+    try:
+        yield from pieces
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise (damaged or damaged_file)(loc, e) from None
 
 
 def read_part_markers(plan: LoadPlan, folder: str) -> list[dict]:
@@ -111,7 +229,10 @@ def part_files(plan: LoadPlan, folder: str, name: str, markers: list[dict], whol
 def _file(what: dict, sha: bool) -> str:
     size = what["bytes"]
     text = f"{size:,} bytes" if isinstance(size, int) else f"size {size!r}"
-    return text + (f", SHA-256 {str(what['sha256'])[:16]}..." if sha else "")
+    if sha:
+        return text + f", SHA-256 {str(what['sha256'])[:16]}..."
+    footer = what.get("footer_sha256")
+    return text + (f", footer SHA-256 {str(footer)[:16]}..." if footer else "")
 
 
 def stage(con, table: str, locations: list[str], bucket: int | None = None, with_part: bool = True) -> None:
@@ -120,19 +241,11 @@ def stage(con, table: str, locations: list[str], bucket: int | None = None, with
     of one `bucket` of BucketedFiles, streamed a row group at a time."""
     failed: list[InputError] = []
 
-    def damaged(loc: str, e: Exception) -> InputError:
-        said = " ".join(str(e).split())  # one line
-        failed.append(InputError(f"{loc}: damaged since it was written ({said}); run the load again"))
+    def damaged(loc: str, e: Exception) -> InputError:  # kept: DuckDB's scan may wrap it
+        failed.append(damaged_file(loc, e))
         return failed[-1]
 
-    files = []
-    for loc in locations:
-        try:  # every page checked against its CRC as it is read (table_file.OPTIONS)
-            files.append(pq.ParquetFile(storage.open_parquet(loc), page_checksum_verification=True))
-        except (pa.ArrowException, OSError) as e:
-            if isinstance(e, FileNotFoundError):
-                raise
-            raise damaged(loc, e) from None
+    files = [open_checked(loc, damaged) for loc in locations]
     schema = files[0].schema_arrow if files else None
     if schema is not None and "bucket" in schema.names:
         schema = schema.remove(schema.get_field_index("bucket"))
@@ -148,7 +261,7 @@ def stage(con, table: str, locations: list[str], bucket: int | None = None, with
                 if bucket is None
                 else read_bucket(file, bucket)
             )
-            for piece in _checked(loc, pieces, damaged):
+            for piece in read_checked(loc, pieces, damaged):
                 if "bucket" in piece.column_names:
                     piece = piece.drop_columns(["bucket"])
                 if with_part:
@@ -171,17 +284,6 @@ def stage(con, table: str, locations: list[str], bucket: int | None = None, with
             con.unregister("staged_rows")
         except Exception:  # noqa: BLE001, S110 - the error in flight, if any, is re-raised
             pass
-
-
-def _checked(loc: str, pieces: Iterator[pa.Table], damaged) -> Iterator[pa.Table]:
-    """`pieces` of the file at `loc`, a page that fails its CRC (or does not decode) the
-    InputError `damaged` makes of it."""
-    try:
-        yield from pieces
-    except (pa.ArrowException, OSError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise damaged(loc, e) from None
 
 
 # Rows of wide records (rollout rows: their output items) sorted and handed over at a time.
