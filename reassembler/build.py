@@ -274,6 +274,7 @@ def gate_step(
     from .audit.report_html import write_reports
 
     output = warehouse.output_dir
+    warehouse.must_exist()  # never an empty warehouse (and per-call folders) made by a gate
     with OutputLock(output, ds, "gate", warehouse.settings.lock_wait_seconds), warehouse.writing() as con:
         quality = night_quality(con, ds, nights, by, traces=False)
         if quality["night"] is None:

@@ -109,3 +109,13 @@ def test_a_crash_torn_final_line_of_a_results_file_is_a_reject_row_not_a_failed_
     assert code == EXIT_GATE and (by["rejects"]["value"], by["rejects"]["level"]) == (1, "breach")
     assert by["rejects"]["message"] == "1 rejected input lines (and 1 torn) > 0"
     assert by["torn_final_lines"]["value"] == 1
+
+
+def test_a_gate_on_an_output_nothing_was_built_into_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    res = cli("gate", "--output", out, "--ds", "2026-11-27")
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"reassembler: error: {out / 'warehouse.duckdb'}: no warehouse here; run `reassembler build` first"
+    )
+    assert list(out.iterdir()) == []  # no warehouse, no per-call folders, no lock

@@ -290,8 +290,18 @@ def test_a_plan_of_another_version_is_refused(tmp_path):
     synth_night(tmp_path / "in", DS, SynthConfig(rollouts=4, max_calls=6))
     data = json.loads(plan_parts(find_night(tmp_path / "in", DS), 2).to_json())
     data["version"] = PLAN_VERSION + 1
-    with pytest.raises(RuntimeError, match=rf"plan.json: load plan of version {PLAN_VERSION + 1}, expected"):
+    from reassembler.errors import InputError
+    from reassembler.table_file import sealed
+
+    with pytest.raises(InputError, match=rf"plan.json: load plan of version {PLAN_VERSION + 1}, expected"):
         LoadPlan.from_json(json.dumps(data).encode(), "plan.json")
+    # a plan the planner wrote, changed since (its version put back, its buckets edited): refused
+    data["version"] = PLAN_VERSION
+    written = json.loads(sealed(data))
+    written["buckets"] += 1
+    with pytest.raises(InputError, match=r"plan.json: the load plan was changed since it was planned"):
+        LoadPlan.from_json(json.dumps(written).encode(), "plan.json")
+    assert LoadPlan.from_json(sealed(data), "plan.json").buckets == data["buckets"]
 
 
 @pytest.mark.parametrize("parts", [1, 3])
@@ -406,6 +416,11 @@ PART_DAMAGE = {
     "gone": ("ledger_keys.parquet", lambda p: p.unlink(), "written by load part 1, now missing"),
     "marker not JSON": ("part.json", lambda p: p.write_text("{not json"), "marker of load part 1 of 2 is unreadable"),
     "marker of another shape": ("part.json", lambda p: p.write_text("[1, 2]"), "is not a JSON object"),
+    "marker counts edited": (
+        "part.json",
+        lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "rollout_lines": 11})),
+        "the marker of load part 1 of 2 was changed since load part 1 of 2 wrote it",
+    ),
 }
 
 
@@ -430,8 +445,7 @@ def test_a_part_file_changed_since_its_part_wrote_it_stops_the_merge_naming_it(t
     with pytest.raises(InputError) as raised:
         merge_night(plan, str(run), (str(tmp_path / "wh"), "r1"), settings_)
     message = str(raised.value)
-    named = target.with_suffix(".parquet") if "no such file" in said else target  # the file the marker lacks
-    assert message.startswith(f"{named}: ") and "\n" not in message and message.endswith("run the load again")
+    assert message.startswith(f"{target}: ") and "\n" not in message and message.endswith("run the load again")
     assert said in message
 
 
@@ -524,11 +538,14 @@ def test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit(t
     assert keys == sorted(keys) and sum(k[1] for k in keys) == 101  # nulls last within a file
 
 
-def _marker_edit(change):
+def _marker_edit(change, reseal: bool = False):
+    """A marker edited by hand (`reseal`: and sealed again, as a step with a bug would write it)."""
+    from reassembler.table_file import sealed
+
     def edit(path: Path) -> None:
         marker = json.loads(path.read_text())
         change(marker)
-        path.write_text(json.dumps(marker))
+        path.write_bytes(sealed(marker)) if reseal else path.write_text(json.dumps(marker))
 
     return edit
 
@@ -561,10 +578,13 @@ MERGE_DAMAGE = {
         "decisions.parquet", lambda p: p.unlink(), "bucket", "written by the merge's global step, now missing"),
     "a bucket marker with a count written as text": (
         "bucket-00000.json", _marker_edit(lambda m: m.update(ledger_lines=str(m["ledger_lines"]))), "load",
-        "records ledger_lines '"),
+        "the marker of merge bucket 0 was changed since merge bucket 0 wrote it"),
     "a key marker without its files": (
         "keys-00000.json", _marker_edit(lambda m: m.pop("files")), "bucket",
-        "the marker of key bucket 0 records no such file"),
+        "the marker of key bucket 0 was changed since key bucket 0 wrote it"),
+    "a bucket marker resealed with a count as text": (
+        "bucket-00000.json", _marker_edit(lambda m: m.update(ledger_lines=str(m["ledger_lines"])), reseal=True),
+        "load", "the marker of merge bucket 0 records ledger_lines '"),
 }  # fmt: skip
 
 
@@ -611,7 +631,6 @@ def test_a_merge_file_changed_since_its_step_wrote_it_stops_the_night_naming_it(
             for k in range(2):
                 shard(out, DS, k, run_id, settings_)
     message = str(raised.value)
-    named = target.with_suffix(".parquet") if "no such file" in said else target  # the file the marker lacks
-    assert message.startswith(f"{named}: ") and "\n" not in message and message.endswith("run the load again")
+    assert message.startswith(f"{target}: ") and "\n" not in message and message.endswith("run the load again")
     assert said in message, message
     assert not (out / "rows").exists()

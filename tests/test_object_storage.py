@@ -467,15 +467,16 @@ def test_a_shard_needs_nothing_but_the_store(s3, nights, tmp_path, monkeypatch):
         "ledger/ds={ds}/ledger.jsonl/",  # a marker named as a file is
     ],
 )
-def test_any_object_key_under_a_location_is_handled(s3, nights, tmp_path, odd):
+@pytest.mark.parametrize("body", [b"", b'{"not": "empty"}\n'])
+def test_any_object_key_under_a_location_is_handled(s3, nights, tmp_path, odd, body):
     """Object keys a console or another tool leaves under the input locations: folder
-    markers (a key ending in `/`), an empty name between two slashes. Each builds the night
-    as without it (markers hold no data), or stops naming the key (exit 2): never an
-    internal error."""
+    markers (a key ending in `/`, empty or not), an empty name between two slashes. Each
+    builds the night as without it (markers hold no data), or stops naming the key (exit 2):
+    never an internal error."""
     inp, out = f"s3://{s3.bucket('capture')}/odd", f"s3://{s3.bucket('rows')}/odd"
     s3.upload(nights / "small", inp)
     bucket, _, prefix = inp[len("s3://") :].partition("/")
-    s3.client().put_object(Bucket=bucket, Key=f"{prefix}/{odd.format(ds=DS)}", Body=b"")
+    s3.client().put_object(Bucket=bucket, Key=f"{prefix}/{odd.format(ds=DS)}", Body=body)
     res = build(inp, out, tmp_path / "warehouse.duckdb")
     assert res.returncode in (0, 2), res.stderr
     if res.returncode == 2:

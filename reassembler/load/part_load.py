@@ -17,7 +17,6 @@ each rollout is read from, given-up samples, and every sequence number across pa
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pyarrow as pa
@@ -27,7 +26,7 @@ from .. import storage
 from ..errors import StoreError
 from ..formats.night import NightFiles
 from ..settings import DEFAULTS, Settings
-from ..table_file import digest
+from ..table_file import digest, sealed
 from . import capture_children, rollout_lines
 from .child_process import worker_start
 from .derived_tokens import derived_keys
@@ -168,7 +167,7 @@ def load_part(
     marker.update(part=k, plan=plan.plan_id)
     # what the merge checks before it reads a file of the part (merge/staging.py)
     marker["files"] = {rel: digest(storage.join(out, rel)) for rel in storage.list_files(out, ".parquet")}
-    storage.write_bytes(storage.join(out, MARKER), json.dumps(marker, indent=1).encode())  # last: the part is done
+    storage.write_bytes(storage.join(out, MARKER), sealed(marker))  # last: the part is done
     return marker
 
 

@@ -26,6 +26,7 @@ from .. import storage
 from ..errors import InputError
 from ..formats.gym_local import capture_file
 from ..formats.night import NightFiles
+from ..table_file import SEAL, seal_holds, sealed
 
 PART_BYTES = 256 << 20  # the default: one part per this much input
 BUCKET_BYTES = 256 << 10  # never more merge buckets than one per this much input (a few rollouts each)
@@ -66,6 +67,7 @@ class LoadPlan:
                 "buckets": self.buckets,
             },
             indent=1,
+            sort_keys=True,  # canonical: the plan read back (sealed, its keys sorted) has the same plan_id
         ).encode()
 
     @classmethod
@@ -77,7 +79,12 @@ class LoadPlan:
         if not isinstance(plan, dict):
             raise InputError(f"{where}: the load plan is not a JSON object; plan the load again")
         if plan.get("version") != PLAN_VERSION:
-            raise RuntimeError(f"{where}: load plan of version {plan.get('version')}, expected {PLAN_VERSION}")
+            raise InputError(
+                f"{where}: load plan of version {plan.get('version')}, expected {PLAN_VERSION}; plan the load again"
+            )
+        if SEAL in plan and not seal_holds(plan):  # write_plan seals it: changed since, by hand or a damaged store
+            raise InputError(f"{where}: the load plan was changed since it was planned; plan the load again")
+        plan.pop(SEAL, None)
         try:
             return cls(
                 NightFiles(**plan["night"]),
@@ -168,7 +175,8 @@ def part_folder(folder: str, k: int) -> str:
 
 
 def write_plan(folder: str, plan: LoadPlan) -> None:
-    storage.write_bytes(plan_location(folder), plan.to_json())
+    """The plan into the run's folder, sealed (its SHA-256 in it: read_plan refuses it changed)."""
+    storage.write_bytes(plan_location(folder), sealed(json.loads(plan.to_json())))
 
 
 def read_plan(folder: str) -> LoadPlan:

@@ -39,7 +39,7 @@ from ..buckets import read_bucket
 from ..errors import InputError
 from ..load.parts import LoadPlan, part_folder
 from ..settings import DuckDBSettings
-from ..table_file import digest, write_table
+from ..table_file import digest, seal_holds, sealed, write_table
 from ..warehouse import scratch_config
 from ..wide_sort import ordered
 
@@ -55,7 +55,7 @@ def marker_path(folder: str, name: str) -> str:
 
 
 def write_marker(folder: str, name: str, marker: dict) -> None:
-    storage.write_bytes(marker_path(folder, name), json.dumps(marker, indent=1, sort_keys=True).encode())
+    storage.write_bytes(marker_path(folder, name), sealed(marker))
 
 
 def read_marker(folder: str, name: str, what: str, plan: LoadPlan) -> dict:
@@ -192,6 +192,8 @@ def _marker_at(where: str, what: str, plan: LoadPlan) -> dict:
         raise InputError(f"{where}: the marker of {what} is unreadable ({e}); run the load again") from None
     if not isinstance(marker, dict):
         raise InputError(f"{where}: the marker of {what} is not a JSON object; run the load again")
+    if not seal_holds(marker):
+        raise InputError(f"{where}: the marker of {what} was changed since {what} wrote it; run the load again")
     if marker.get("plan") != plan.plan_id:
         raise RuntimeError(f"{where}: {what} ran for another load plan; run it again")
     return marker

@@ -318,6 +318,14 @@ class Warehouse:
         self.path = warehouse_path(self.output_dir, path)
         self._held: duckdb.DuckDBPyConnection | None = None
 
+    def must_exist(self) -> None:
+        """InputError unless the warehouse is there (restored from the output store if need
+        be): for a step that writes into an existing warehouse only (the gate), which must not
+        create an empty one, and its per-call folders, in an output nothing was built into."""
+        copies.restore_missing(self.output_dir, self.path)
+        if not self.path.exists():
+            raise InputError(f"{self.path}: no warehouse here; run `reassembler build` first")
+
     def save_copy(self, con, ds: str | None, run_id: str | None) -> dict:
         """Copy the file into the output store (copies.py), from the writer's connection `con`
         under the output lock: after each step that commits a night's state (load, publish,
