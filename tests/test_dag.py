@@ -602,3 +602,47 @@ def test_check_input_takes_several_rollouts_locations_and_refuses_an_unknown_con
         AirflowFailException, match=r"conf key 'layot' is no param of capture_rows_nightly; did you mean 'layout'\?"
     ):
         check(params={"ds": ds}, logical_date=None, dag_run=SimpleNamespace(conf={"layot": "gym"}, run_type="manual"))
+
+
+def test_every_file_of_a_location_chosen_in_the_trigger_form_stays_under_the_allowed_roots(tmp_path, monkeypatch):
+    """check_input confines a chosen location's folder; plan_load, the first task that lists
+    the night, confines every file in it with its links followed: a rollouts file that is a
+    link to a file outside, or a link to a secret inside a chosen ledger folder, fails the run
+    naming it, before any part reads a line."""
+    import shutil as sh
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from nights import Night, worked_example
+
+    dag = DagBag(dag_folder=str(REPO / "dags")).dags["capture_rows_nightly"]
+    check, plan = (dag.get_task(t).python_callable for t in ("check_input", "plan_load"))
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    n = Night(root / "input")
+    worked_example(n, "a_g0")
+    inp = n.write()
+    outside.mkdir()
+    (outside / "creds.jsonl").write_text('{"secret": "hunter2"}\n')
+    sh.copy(inp / "rollouts" / f"ds={DS}" / "rollouts.jsonl", outside / "results.jsonl")
+    runs = root / "runs" / DS
+    runs.mkdir(parents=True)
+    (runs / "results.jsonl").symlink_to(outside / "results.jsonl")
+    (inp / "ledger" / f"ds={DS}" / "a.jsonl").symlink_to(outside / "creds.jsonl")
+    monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_INPUT", str(inp))
+    monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_OUTPUT", str(tmp_path / "out"))
+    monkeypatch.setenv("AIRFLOW_VAR_REASSEMBLER_ALLOWED_INPUT_ROOTS", str(root))
+    cases = [
+        ({"rollouts": str(root / "runs" / "{ds}" / "results.jsonl")}, runs / "results.jsonl", "rollouts"),
+        ({"ledger": str(inp / "ledger" / "ds={ds}")}, inp / "ledger" / f"ds={DS}" / "a.jsonl", "ledger"),
+    ]
+    for chosen, link, kind in cases:
+        params = {"ds": DS, **chosen}
+        night = check(params=params, logical_date=None, dag_run=None)  # the folders are inside: passes
+        with pytest.raises(AirflowFailException) as raised:
+            plan(night["input_dir"], night["output_dir"], DS, params=params, run_id=f"run-{kind}")
+        assert str(raised.value) == (
+            f"{link}: a file of the {kind} location given for this run resolves to {link.resolve()}, outside the "
+            f"allowed input roots ({root})"
+        )
+    assert not (tmp_path / "out" / "tables").exists()

@@ -223,10 +223,9 @@ def capture_rows_nightly():
             where = inputs.wheres(ds)
             # locations chosen in the trigger form are confined to the deployment's input roots:
             # whoever may trigger the DAG must not make a worker read any file it can
-            chosen = [kind for kind in ("rollouts", "ledger", "tokens") if params.get(kind)]
+            chosen, roots = _chosen(params, inputs)
             if chosen:
-                roots = _setting("allowed_input_roots", os.environ.get("REASSEMBLER_ALLOWED_INPUT_ROOTS"))
-                confine(inputs, ds, chosen, (roots or "").split(",") if roots else [inputs.input or ""])
+                confine(inputs, ds, chosen, roots)
             marker = params.get("input_marker")
             if marker and ("/" in marker or marker in (".", "..")):
                 raise InputError(f"input_marker {marker!r}: a file name in the night's rollouts folder, not a path")
@@ -273,7 +272,8 @@ def capture_rows_nightly():
     def plan_load(input_dir: str, output_dir: str, night_ds: str, params=None, run_id=None) -> list[int]:
         """Cut the night's input into load parts, written into the run's folder. Returns the
         part numbers, which load_part is mapped over."""
-        from reassembler.formats.night import check_output_apart, find_night
+        from reassembler.formats.locations import Inputs
+        from reassembler.formats.night import check_output_apart, confine_files, find_night
         from reassembler.load.parts import plan_parts, write_plan
         from reassembler.publish.protocol import staging_dir
         from reassembler.warehouse import warehouse_path
@@ -281,6 +281,9 @@ def capture_rows_nightly():
         settings = task_settings(params, POOL)
         with task_errors():
             night = find_night(input_dir, night_ds)
+            chosen, roots = _chosen(params, Inputs.of(input_dir))
+            if chosen:  # every file in a location the trigger form chose, links followed (check_input: its folder)
+                confine_files(night, chosen, roots)
             check_output_apart(
                 night,
                 output_dir,
@@ -533,6 +536,14 @@ def _merge_step(run, label: str, output_dir: str, night_ds: str, bucket: int, pa
     staging = staging_dir(output_dir, night_ds, run_id)
     with task_errors(), step_memory():
         return run(read_plan(staging), staging, bucket, (output_dir, path_safe(run_id)), settings)
+
+
+def _chosen(params, inputs) -> tuple[list[str], list[str]]:
+    """The input kinds whose location the trigger form chose, and the roots they must stay
+    under (REASSEMBLER_ALLOWED_INPUT_ROOTS or the Variable; default: the input root)."""
+    chosen = [kind for kind in ("rollouts", "ledger", "tokens") if params.get(kind)]
+    roots = _setting("allowed_input_roots", os.environ.get("REASSEMBLER_ALLOWED_INPUT_ROOTS"))
+    return chosen, (roots.split(",") if roots else [inputs.input or ""])
 
 
 def unknown_conf(conf) -> str | None:

@@ -213,18 +213,30 @@ def fill(template: str, ds: str, root: str | None) -> str:
     return PLACEHOLDER.sub(one, template)
 
 
+def real(loc: str) -> str:
+    """A location with its links resolved (locally; object storage has none)."""
+    import os
+
+    loc = storage.location(loc)
+    return loc if storage.is_remote(loc) else os.path.realpath(loc)
+
+
+def allowed_roots(ds: str, roots: list[str]) -> list[str]:
+    """The deployment's allowed input roots for night `ds` ({ds} filled), links resolved."""
+    return [real(fill(r.strip(), ds, None)).rstrip("/") for r in roots if r.strip()]
+
+
+def inside(where: str, allowed: list[str]) -> bool:
+    """Whether a resolved location is one of `allowed` or lies under one."""
+    return any(where == root or where.startswith(root + "/") for root in allowed)
+
+
 def confine(inputs: Inputs, ds: str, kinds: list[str], roots: list[str]) -> None:
     """InputError unless each of `kinds` (the locations someone else chose, e.g. in a DAG's
     trigger form) resolves, for night `ds`, to a folder at or under one of `roots` (the
     deployment's allowed input roots). Local folders are compared with their links resolved,
     so neither `..` nor a link leads out; object storage by its bucket and prefix."""
-    import os
-
-    def real(loc: str) -> str:
-        loc = storage.location(loc)
-        return loc if storage.is_remote(loc) else os.path.realpath(loc)
-
-    allowed = [real(fill(r.strip(), ds, None)).rstrip("/") for r in roots if r.strip()]  # {ds} filled
+    allowed = allowed_roots(ds, roots)
     resolved = inputs.resolve(ds)
     chosen = [
         (kind, loc)
@@ -232,8 +244,7 @@ def confine(inputs: Inputs, ds: str, kinds: list[str], roots: list[str]) -> None
         for loc in (inputs.rollout_locations(ds) if kind == "rollouts" else [resolved[kind]])
     ]
     for kind, loc in chosen:
-        folder = real(loc.folder)
-        if not any(folder == root or folder.startswith(root + "/") for root in allowed):
+        if not inside(real(loc.folder), allowed):
             raise InputError(
                 f"{loc.where}: the {kind} location given for this run lies outside the allowed input "
                 f"roots ({', '.join(allowed) or 'none'}); a deployment allows more with "

@@ -13,7 +13,7 @@ from .. import storage
 from ..errors import InputError
 from .gym_envelope import CONTRACT_KEYS
 from .gym_local import CAPTURE_SUFFIXES, capture_file
-from .locations import Inputs, Location
+from .locations import Inputs, Location, allowed_roots, inside, real
 from .verifiers import is_traces_file
 
 # NeMo Gym's local capture mode writes TokenEntry records as <rollout_id>.tokens.jsonl beside
@@ -219,6 +219,28 @@ def check_output_apart(night: NightFiles, output, **local) -> None:
                             f"{where}: the {what} {relation} the {kind} location {folder}; "
                             f"choose {choose} outside the night's input"
                         )
+
+
+def confine_files(night: NightFiles, kinds: list[str], roots: list[str]) -> None:
+    """InputError unless every file the night reads of `kinds` (the locations someone else
+    chose, e.g. in a DAG's trigger form) resolves, links followed, inside the allowed
+    `roots` (formats/locations.py's confine checks the locations' folders; this, each file
+    in them: a link to a file outside is refused, naming it)."""
+    allowed = allowed_roots(night.ds, roots)
+    of_kind = {
+        "rollouts": [*night.rollouts, *night.failures, *night.sidecars],
+        "ledger": [*night.ledger, *night.captures],
+        "tokens": night.tokens,
+    }
+    for kind in kinds:
+        for rel in of_kind[kind]:
+            where = night.path(kind, rel)
+            resolved = real(where)
+            if not inside(resolved, allowed):
+                raise InputError(
+                    f"{where}: a file of the {kind} location given for this run resolves to {resolved}, outside the "
+                    f"allowed input roots ({', '.join(allowed) or 'none'})"
+                )
 
 
 class _Listings:
