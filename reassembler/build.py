@@ -104,7 +104,8 @@ def load_step(
         drop_call_files(output, kept)
         if call_tables.is_temporary(con):
             call_tables.define_views(con, output, temporary=True)  # the files as they are now
-        warehouse.save_copy(con, ds, run_id)  # the load survives this worker (warehouse/copies.py)
+        if not warehouse.is_held():  # a task of its own: the load survives this worker (warehouse/copies.py);
+            warehouse.save_copy(con, ds, run_id)  # one process publishes next, and copies then
         checkpoint("loaded")
     if load.plan is not None:
         clear_parts(load.plan, staging)  # merged: the warehouse holds them now

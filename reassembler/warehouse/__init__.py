@@ -318,6 +318,10 @@ class Warehouse:
         self.path = warehouse_path(self.output_dir, path)
         self._held: duckdb.DuckDBPyConnection | None = None
 
+    def is_held(self) -> bool:
+        """Whether a one-process build holds the file open for all its steps (`held`)."""
+        return self._held is not None
+
     def must_exist(self) -> None:
         """InputError unless the warehouse is there (restored from the output store if need
         be): for a step that writes into an existing warehouse only (the gate), which must not
