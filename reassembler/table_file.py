@@ -12,7 +12,6 @@ glob never sees a torn file); an object appears once its upload completes
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -164,25 +163,3 @@ def digest(loc: str) -> dict:
             sha.update(chunk)
             size += len(chunk)
     return {"bytes": size, "sha256": sha.hexdigest()}
-
-
-SEAL = "seal"  # a marker's own SHA-256 (of the rest of it, canonical JSON)
-
-
-def sealed(marker: dict) -> bytes:
-    """A step's marker as written: its JSON with `seal`, the SHA-256 of the rest, so that a
-    marker edited since (a count changed by hand) is told from the step's own."""
-    import hashlib
-
-    body = {k: v for k, v in marker.items() if k != SEAL}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return json.dumps({**body, SEAL: hashlib.sha256(canonical).hexdigest()}, indent=1, sort_keys=True).encode()
-
-
-def seal_holds(marker: dict) -> bool:
-    """Whether a marker read back is the one `sealed` wrote."""
-    import hashlib
-
-    body = {k: v for k, v in marker.items() if k != SEAL}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return marker.get(SEAL) == hashlib.sha256(canonical).hexdigest()

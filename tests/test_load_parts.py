@@ -291,7 +291,7 @@ def test_a_plan_of_another_version_is_refused(tmp_path):
     data = json.loads(plan_parts(find_night(tmp_path / "in", DS), 2).to_json())
     data["version"] = PLAN_VERSION + 1
     from reassembler.errors import InputError
-    from reassembler.table_file import sealed
+    from reassembler.load.parts import sealed
 
     with pytest.raises(InputError, match=rf"plan.json: load plan of version {PLAN_VERSION + 1}, expected"):
         LoadPlan.from_json(json.dumps(data).encode(), "plan.json")
@@ -540,7 +540,7 @@ def test_a_buckets_per_call_files_are_written_in_order_within_the_memory_limit(t
 
 def _marker_edit(change, reseal: bool = False):
     """A marker edited by hand (`reseal`: and sealed again, as a step with a bug would write it)."""
-    from reassembler.table_file import sealed
+    from reassembler.load.parts import sealed
 
     def edit(path: Path) -> None:
         marker = json.loads(path.read_text())

@@ -26,14 +26,14 @@ from .. import storage
 from ..errors import StoreError
 from ..formats.night import NightFiles
 from ..settings import DEFAULTS, Settings
-from ..table_file import digest, sealed
+from ..table_file import digest
 from . import capture_children, rollout_lines
 from .child_process import worker_start
 from .derived_tokens import derived_keys
 from .gym_capture import GymCapture
 from .inserter import LEDGER_BATCH, PART_ITEMS, PART_ROLLOUTS, REJECT_BATCH, Inserter, RolloutTap
 from .part_tables import PartTables, write_table
-from .parts import LoadPlan, part_folder
+from .parts import LoadPlan, part_folder, sealed
 from .read import InputProgress, load_ledger_lines, load_rollout_lines, token_files, too_big_rejects
 from .token_keys import KEYS, key_batches
 

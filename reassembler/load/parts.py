@@ -26,10 +26,31 @@ from .. import storage
 from ..errors import InputError
 from ..formats.gym_local import capture_file
 from ..formats.night import NightFiles
-from ..table_file import SEAL, seal_holds, sealed
+
+SEAL = "seal"  # a marker's (or the plan's) own SHA-256, of the rest of it as canonical JSON
+
+
+def sealed(marker: dict) -> bytes:
+    """A step's marker as written: its JSON with `seal`, the SHA-256 of the rest, so that a
+    marker edited since (a count changed by hand) is told from the step's own."""
+    import hashlib
+
+    body = {k: v for k, v in marker.items() if k != SEAL}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return json.dumps({**body, SEAL: hashlib.sha256(canonical).hexdigest()}, indent=1, sort_keys=True).encode()
+
+
+def seal_holds(marker: dict) -> bool:
+    """Whether a marker read back is the one `sealed` wrote."""
+    import hashlib
+
+    body = {k: v for k, v in marker.items() if k != SEAL}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return marker.get(SEAL) == hashlib.sha256(canonical).hexdigest()
+
 
 PART_BYTES = 256 << 20  # the default: one part per this much input
-BUCKET_BYTES = 256 << 10  # never more merge buckets than one per this much input (a few rollouts each)
+BUCKET_BYTES = 16 << 10  # never more merge buckets than one per this much input (a rollout or a few each)
 log = logging.getLogger(__name__)
 
 

@@ -37,9 +37,9 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..buckets import read_bucket
 from ..errors import InputError
-from ..load.parts import LoadPlan, part_folder
+from ..load.parts import LoadPlan, part_folder, seal_holds, sealed
 from ..settings import DuckDBSettings
-from ..table_file import digest, seal_holds, sealed, write_table
+from ..table_file import digest, write_table
 from ..warehouse import scratch_config
 from ..wide_sort import ordered
 
