@@ -214,7 +214,7 @@ def test_a_fan_out_past_what_the_night_or_the_machine_can_use_is_lowered_saying_
     assert plain.returncode == 0, plain.stderr
     cores = os.cpu_count() or 1
     parts = "load parts 1024 lowered to 4 (the night's input is 4 files of one kind at most)"
-    buckets = "merge buckets 1024 lowered to 1 (one per 256 KiB of the night's 35 KiB of input)"
+    buckets = "merge buckets 1024 lowered to 3 (one per 16 KiB of the night's 35 KiB of input)"
     cases = [
         (["--load-parts", "1000000"], ["load parts 1000000 lowered to 1024 (the most one night is parsed in)", parts]),
         (["--threads", "100000"], [f"threads 100000 lowered to {4 * cores} (4 a core, {cores} cores here)"]),

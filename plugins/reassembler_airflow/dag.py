@@ -276,7 +276,6 @@ def capture_rows_nightly():
         from reassembler.formats.night import check_output_apart, confine_files, find_night
         from reassembler.load.parts import plan_parts, write_plan
         from reassembler.publish.protocol import staging_dir
-        from reassembler.warehouse import warehouse_path
 
         settings = task_settings(params, POOL)
         with task_errors():
@@ -284,12 +283,9 @@ def capture_rows_nightly():
             chosen, roots = _chosen(params, Inputs.of(input_dir))
             if chosen:  # every file in a location the trigger form chose, links followed (check_input: its folder)
                 confine_files(night, chosen, roots)
-            check_output_apart(
-                night,
-                output_dir,
-                warehouse=warehouse_path(output_dir),
-                temp_directory=settings.duckdb.temp_directory,
-            )
+            # this worker's spill folder; the warehouse where this worker knows it (an S3 output's
+            # is the warehouse worker's own setting: load_ledger checks it there)
+            check_output_apart(night, output_dir, temp_directory=settings.duckdb.temp_directory)
             plan = plan_parts(night, settings.load_parts, settings.buckets, settings.merge_buckets is not None)
             write_plan(staging_dir(output_dir, night_ds, run_id), plan)
         print(
@@ -358,6 +354,7 @@ def capture_rows_nightly():
         """Commit the merged night into the warehouse; write each shard's rollouts. Returns
         the shard numbers, which the reassemble task is mapped over."""
         from reassembler.build import load_step
+        from reassembler.formats.night import check_output_apart
         from reassembler.merge.night_load import PartsLoaded
         from reassembler.publish.protocol import staging_dir
         from reassembler.warehouse import Warehouse
@@ -366,6 +363,7 @@ def capture_rows_nightly():
         with task_errors():
             load = PartsLoaded(staging_dir(output_dir, night_ds, run_id), settings)
             warehouse = Warehouse(output_dir, settings.duckdb)
+            check_output_apart(load.night, output_dir, warehouse=warehouse.path)  # the file on this worker
             summary = load_step(load, warehouse, run_id, lock_wait=settings.duckdb.lock_wait_seconds)
         print(f"loaded ds={night_ds} from {len(buckets)} merge buckets:\n  " + "\n  ".join(summary.lines()))
         return list(range(settings.shards))
