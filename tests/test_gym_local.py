@@ -769,3 +769,23 @@ def test_the_reports_show_each_captures_rollouts_and_mask_rate(night, build):
     page = Path(report_step(Warehouse(built.output), DS)).read_text()
     table = page[page.index("Rollouts by capture") :].split("</table>")[0]
     assert '<td>NeMo Gym local mode</td><td class="n">1</td><td class="n">1</td><td class="n">100.0%</td>' in table
+
+
+def test_a_chain_whose_digests_would_hash_past_the_budget_is_masked_unhashed(night, build):
+    """Each entry's digest covers its whole sequence: 500 one-token deltas on a 600,000-token
+    root would hash 300M ids. A rollout's digests hash at most MAX_HASHED_TOKENS (2**28) ids in
+    all; the entry past it is not hashed and masks the chain as invalid_record, saying so."""
+    from reassembler.load.local_calls import MAX_HASHED_TOKENS
+
+    root, k = 600_000, 500
+    calls = [call("c0", None, list(range(1, root)), [7], [answer("a0")])]
+    calls += [call(f"c{i}", f"c{i - 1}", [5], [7], [answer(f"a{i}")]) for i in range(1, k)]
+    night.add_local("big_g0", calls, [answer(f"a{i}") for i in range(k)], delta=True)
+    worked_example_local(night, "grp_g0", delta=True)  # beside it: a rollout that trains
+    built = build(night)
+    a = built.audit["big_g0"]
+    first_past = MAX_HASHED_TOKENS // root  # entry i covers root + 2i tokens; c0 .. c446 fit
+    assert (a["status"], a["reason"]) == ("masked", "invalid_record")
+    assert a["failed_call_id"] == f"c{first_past}", a
+    assert f"past the {MAX_HASHED_TOKENS:,} a rollout's entry digests may hash in all" in a["detail"]
+    assert built.audit["grp_g0"]["status"] == "ok"

@@ -18,6 +18,12 @@ only on a chain, and counts as an off-chain fault elsewhere. In this order:
     digest_mismatch                  the tokens digest of F differs from the entry's
 
 (the per-token checks before the digest, as CONTRACT.md 3.3 orders them for staged calls).
+
+Each entry's digest covers its whole sequence F, its length first: it cannot be extended
+from the parent's, so a long chain of entries hashes its shared prefix again and again (a
+3M-id root and 5,000 one-id deltas: 120 GB). A rollout's digests hash at most
+MAX_HASHED_TOKENS ids in all (2 GiB of SHA-256, about a second); an entry past that is not
+hashed and carries invalid_record saying so (a choice the contract leaves open: README).
 """
 
 from __future__ import annotations
@@ -33,12 +39,14 @@ from .derived_calls import TokenRow
 from .local_tokens import TOKEN_LIMIT, Masked, Parsed, Sequences, full_ids
 
 UNRESOLVED = "unresolved_parent"  # the poison rows' failure_reason (CONTRACT.md 9.6)
+MAX_HASHED_TOKENS = 1 << 28  # the ids a rollout's entry digests may hash in all (the module docstring)
 
 
 def calls_of(key: str, rel: str, parsed: list[Parsed], walk: list[str]) -> tuple[list[dict], list[TokenRow]]:
     by_id = {p.entry.model_call_id: p for p in parsed}
     seqs = Sequences(by_id)
     calls, tokens = [], []
+    hashed = 0  # the ids the rollout's digests have hashed so far
     for p in parsed:
         e = p.entry
         poison = e.resolution == "unresolved"
@@ -75,7 +83,16 @@ def calls_of(key: str, rel: str, parsed: list[Parsed], walk: list[str]) -> tuple
         if poison:  # never a chain's call: no token row (a poison row, CONTRACT.md 3.6)
             walk.append(_describe(p, row))
             continue
+        n_full = e.cum_len if isinstance(e.cum_len, int) and e.cum_len > 0 else 0
         try:
+            if hashed + n_full > MAX_HASHED_TOKENS:
+                raise Masked(
+                    Reason.INVALID_RECORD,
+                    f"its digest covers {n_full:,} tokens, past the {MAX_HASHED_TOKENS:,} a rollout's entry digests "
+                    f"may hash in all ({hashed:,} before it); not hashed",
+                    e.model_call_id,
+                )
+            hashed += n_full
             prev, token_row = _check(p, by_id, seqs, row["staging_key"])
             row["prev_len"] = prev
             tokens.append(token_row)
