@@ -10,7 +10,6 @@ markers' counts.
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .. import storage
 from ..load.gym_capture import GymSummary
@@ -53,7 +52,7 @@ def commit_merge(con, plan: LoadPlan, folder: str, calls: tuple[str, str]) -> Lo
     con.execute("BEGIN TRANSACTION")
     try:
         run_script(con, "clear_night", {"ds": ds, "run": run})
-        batches = _checked_batches(storage.join(where, "rollouts.parquet"), night)
+        batches = read_checked(storage.join(where, "rollouts.parquet"), night.iter_batches(WIDE_ROWS))
         con.register("night_rollouts", pa.RecordBatchReader.from_batches(night.schema_arrow, batches))
         con.register("night_groups", groups)
         run_script(con, "insert_night", {"ds": ds, "run": run})
@@ -121,9 +120,3 @@ def write_shard_rollouts(con, plan: LoadPlan, folder: str, run: str, shards: int
     finally:
         con.unregister("rollout_rejects")
         con.unregister("night_sort")
-
-
-def _checked_batches(loc: str, file: pq.ParquetFile):
-    """The batches of a handed-over file, a page that fails its CRC an InputError naming it."""
-    for table in read_checked(loc, (pa.Table.from_batches([b]) for b in file.iter_batches(WIDE_ROWS))):
-        yield from table.to_batches()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -44,6 +45,7 @@ from ..warehouse import scratch_config
 from ..wide_sort import ordered
 
 PART_MARKER = "part.json"
+T = TypeVar("T")
 
 
 def merge_dir(folder: str) -> str:
@@ -163,10 +165,10 @@ def damaged_file(loc: str, e: Exception) -> InputError:
 
 
 def read_checked(
-    loc: str, pieces: Iterator[pa.Table], damaged: Callable[[str, Exception], InputError] | None = None
-) -> Iterator[pa.Table]:
-    """`pieces` read from the file at `loc`, a page that fails its CRC (or does not decode)
-    the InputError `damaged` makes of it (`damaged_file`: one naming the file)."""
+    loc: str, pieces: Iterator[T], damaged: Callable[[str, Exception], InputError] | None = None
+) -> Iterator[T]:
+    """`pieces` (tables or batches) read from the file at `loc`, a page that fails its CRC (or
+    does not decode) the InputError `damaged` makes of it (`damaged_file`: one naming the file)."""
     try:
         yield from pieces
     except (pa.ArrowException, OSError) as e:
