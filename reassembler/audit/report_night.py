@@ -71,7 +71,9 @@ def night_page(q: dict, masked: list[dict] | None = None) -> str:
                     ],
                     {1, 2, 3},
                 )
-                + '<div class="sub">warn: at 80% of its limit or above, up to the limit itself</div></div>'
+                + '<div class="sub">warn: at 80% of its limit or above, up to the limit itself; a rate past its '
+                "limit on a night under the gate's minimum of rollouts; a torn final line (no limit). Each "
+                "check's message: the task log and <code>reassembler gate --json</code></div></div>"
             )
 
     trend, nights = q["trend"], [r["ds"] for r in q["trend"]]
