@@ -218,43 +218,90 @@ def _struct(buf: bytes, pos: int, wanted: tuple[int, ...], depth: int = 0) -> tu
             pos = _skip(buf, pos, kind, depth)
 
 
-def pages(data: bytes) -> Pages:
-    """What the pages of a column chunk's bytes declare."""
-    values = uncompressed = entries = dictionary = 0
-    pos = 0
-    while pos < len(data):
-        header, pos = _struct(data, pos, (_DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2))
+class _Tally:
+    """What the page headers read so far declare."""
+
+    def __init__(self):
+        self.values = self.uncompressed = self.entries = self.dictionary = 0
+
+    def add(self, header: dict) -> int:
+        """Count one page's header; the bytes its page takes after the header."""
         size, stored = header.get(_UNCOMPRESSED), header.get(_COMPRESSED)
         if not isinstance(size, int) or not isinstance(stored, int) or size < 0 or stored < 0:
             raise Malformed("a page header without its sizes")
         page_type = header.get(_TYPE)
         kind = _PAGE_KIND.get(page_type) if isinstance(page_type, int) else None
-        if kind in (_DATA_PAGE, _DATA_PAGE_V2):
+        if kind in (_DATA_PAGE, _DATA_PAGE_V2, _DICTIONARY_PAGE):
             nested = header.get(kind)
             n = nested.get(1) if isinstance(nested, dict) else None
             if not isinstance(n, int) or n < 0:
-                raise Malformed("a data page header without its number of values")
-            values += n
-        elif kind == _DICTIONARY_PAGE:
-            nested = header.get(kind)
-            n = nested.get(1) if isinstance(nested, dict) else None
-            if not isinstance(n, int) or n < 0:
-                raise Malformed("a dictionary page header without its number of entries")
-            entries += n
-            dictionary += size
-        uncompressed += size
-        pos += stored
+                page, what = ("dictionary", "entries") if kind == _DICTIONARY_PAGE else ("data", "values")
+                raise Malformed(f"a {page} page header without its number of {what}")
+            if kind == _DICTIONARY_PAGE:
+                self.entries += n
+                self.dictionary += size
+            else:
+                self.values += n
+        self.uncompressed += size
+        return stored
+
+    def pages(self) -> Pages:
+        return Pages(self.values, self.uncompressed, self.entries, self.dictionary)
+
+
+_WANTED = (_DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2)
+
+
+def pages(data: bytes) -> Pages:
+    """What the pages of a column chunk's bytes declare."""
+    tally, pos = _Tally(), 0
+    while pos < len(data):
+        header, pos = _struct(data, pos, _WANTED)
+        pos += tally.add(header)
     if pos != len(data):
         raise Malformed("the last page runs past its column chunk")
-    return Pages(values, uncompressed, entries, dictionary)
+    return tally.pages()
 
 
-def checked(chunk: Chunk, data: bytes) -> Pages:
-    """The pages of `chunk` (its bytes `data`), which keep the invariant: else Refused."""
-    if len(data) != chunk.length:
+WINDOW = 8 << 20  # bytes of a column chunk read at once when its headers are read in windows
+MAX_HEADER = 16 << 20  # the longest page header read (statistics included)
+
+
+def pages_in_windows(chunk: Chunk, read_at, window: int = WINDOW) -> Pages:
+    """What the pages of `chunk` declare, its bytes read `window` at a time
+    (`read_at(offset, n)`): a column chunk of any size is checked in bounded memory (a
+    large row group read in pieces, formats/token_pieces.py). Headers are parsed where they
+    lie; a page's body is skipped, read only where it shares a window with headers. A header
+    longer than a window is read again in a window twice as long, up to MAX_HEADER."""
+    tally, pos, end = _Tally(), chunk.start, chunk.start + chunk.length
+    buf, at, size = b"", chunk.start, window
+    while pos < end:
+        try:
+            header, after = _struct(buf, pos - at, _WANTED) if at <= pos < at + len(buf) else ({}, -1)
+        except Malformed:
+            if at == pos and (len(buf) >= end - pos or size >= MAX_HEADER):
+                raise  # every byte left, or a window as long as a header may be: not a header
+            size = size * 2 if at == pos else window
+            after = -1
+        if after < 0:  # the header starts (or runs) past the window: read from it on
+            buf, at = read_at(pos, min(size, end - pos)), pos
+            if not buf:
+                raise Malformed("a header ends before its end")
+            continue
+        pos, size = at + after, window
+        pos += tally.add(header)
+    if pos != end:
+        raise Malformed("the last page runs past its column chunk")
+    return tally.pages()
+
+
+def checked(chunk: Chunk, data: bytes | None = None, read_at=None) -> Pages:
+    """The pages of `chunk` (its bytes `data`, or read in windows by `read_at`), which keep
+    the invariant: else Refused."""
+    if data is not None and len(data) != chunk.length:
         raise Refused(f"column {chunk.path}'s chunk lies past the end of the file")
     try:
-        found = pages(data)
+        found = pages(data) if data is not None else pages_in_windows(chunk, read_at)
     except Malformed as e:
         raise Refused(f"column {chunk.path}: unreadable page headers ({e})") from None
     if found.values != chunk.values:

@@ -13,13 +13,17 @@ names it accepts, what a row group takes once decoded, and its rows in canonical
 | generation_logprobs_delta (Gym: generation_log_probs_delta) | list<float32> or list<float64> | list<float32> |
 
 Extra columns are ignored. A row group whose columns would decode past a bound (the job's
-max_row_group_bytes) is not decoded (`too_big`): a file of a few KB can hold millions of
-identical tokens, or a key gigabytes long. The footer that says so is held to the pages it
+max_row_group_bytes) is never decoded at once: it is read in pieces of rows
+(formats/token_pieces.py), and what cannot be cut so is not decoded (`too_big`, reject
+rows): a file of a few KB can hold millions of identical tokens, or a key gigabytes
+long. The footer that says so is held to the pages it
 describes before any of them is decoded (`read_row_group`, parquet_pages.py), and a column
 of strings read through a dictionary is measured as a dictionary before it is laid out.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +33,7 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..errors import InputError
 from ..settings import DEFAULTS
-from . import parquet_pages
+from . import parquet_pages, token_pieces
 from .fields import LEDGER_DIGESTS, LEDGER_INTS, LINEAGE_FIELDS, VERSION_DEFAULTS
 
 LOGPROB_NAMES = ("generation_logprobs_delta", "generation_log_probs_delta")  # the contract's, then Gym's
@@ -176,51 +180,85 @@ def _laid_out(table: pa.Table, measured: list[str], total: int, bound: int, wher
     return table
 
 
-def too_big(path: str, metadata: pq.FileMetaData, group: int, bound: int) -> str | None:
-    """Why row group `group` is not decoded (it would take more than `bound` bytes), or None."""
-    size = decoded_bytes(metadata, group)
-    if size <= bound:
-        return None
-    return (
-        f"row group {group} ({metadata.row_group(group).num_rows} rows) decodes to {size:,} bytes, over the "
-        f"{bound:,} the job decodes at once; not read: write token files in smaller row groups"
-    )
-
-
 class TokenFile:
-    """One token file: its metadata, where each row group starts, and a row group read in the
-    canonical types."""
+    """One token file: its metadata, its pieces (formats/token_pieces.py: a row group, or a
+    run of rows of one too large to decode at once), where each piece starts (`starts`, row
+    numbers in the file), and a piece read in the canonical types."""
 
-    def __init__(self, path: str, bound: int = DEFAULTS.max_row_group_bytes):
+    def __init__(self, path: str, bound: int = DEFAULTS.max_row_group_bytes, footer=None):
         self.path = path
         self.bound = bound
-        source = storage.open_parquet(path)
         self.remote = storage.is_remote(path)
-        self.size = source.size() if self.remote else None
-        try:
-            self.metadata = pq.read_metadata(source)
-        finally:
-            if not isinstance(source, str):
-                source.close()
+        if footer is None:
+            source = storage.open_parquet(path)
+            self.size = source.size() if self.remote else None
+            try:
+                self.metadata = pq.read_metadata(source)
+            finally:
+                if not isinstance(source, str):
+                    source.close()
+        else:
+            self.size, self.metadata = footer
         names = self.metadata.schema.to_arrow_schema().names
         lp = next(n for n in LOGPROB_NAMES if n in names)  # the contract's name wins
         self.sources = {n: n for n in STRINGS + INTS + DIGESTS if n in names}
         self.sources.update({name: column for name, column, _ in LISTS}, logprobs=lp)
-        sizes = [self.metadata.row_group(i).num_rows for i in range(self.metadata.num_row_groups)]
-        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.pieces = token_pieces.file_pieces(path, self.metadata, self.size, bound)
+        group_firsts = np.concatenate(
+            [[0], np.cumsum([self.metadata.row_group(i).num_rows for i in range(self.metadata.num_row_groups)])]
+        ).astype(np.int64)
+        self.starts = np.array(
+            [group_firsts[p.group] + p.first for p in self.pieces] + [group_firsts[-1]], dtype=np.int64
+        )
+        self._cursors: list[token_pieces.Cursor] = []  # of one row group, the last used last
+        self._cursors_lock = threading.Lock()
 
-    def too_big(self, group: int) -> str | None:
-        return too_big(self.path, self.metadata, group, self.bound)
+    def too_big(self, piece: int) -> str | None:
+        return self.pieces[piece].why
 
-    def read(self, group: int) -> pa.Table:
-        refused = self.too_big(group)
-        if refused is not None:  # the load made its rows reject rows: no call asks for them
-            raise InputError(f"{self.path}: {refused}")
-        try:
-            columns = list(dict.fromkeys(self.sources.values()))
-            t = read_row_group(self.path, self.metadata, group, columns, self.size, self.bound)
-        except (pa.ArrowException, OSError) as e:
-            raise InputError(f"{self.path}: unreadable row group {group} ({str(e).splitlines()[0]})") from e
+    def whole(self, piece: int) -> bool:
+        """Whether the piece is a whole row group (read on its own; else through the row group's cursor)."""
+        found = self.pieces[piece]
+        return found.first == 0 and found.rows == self.metadata.row_group(found.group).num_rows
+
+    def read(self, piece: int) -> pa.Table:
+        found = self.pieces[piece]
+        if found.why is not None:  # the load made its rows reject rows: no call asks for them
+            raise InputError(f"{self.path}: {found.why}")
+        columns = list(dict.fromkeys(self.sources.values()))
+        if self.whole(piece):
+            try:
+                t = read_row_group(self.path, self.metadata, found.group, columns, self.size, self.bound)
+            except (pa.ArrowException, OSError) as e:
+                raise InputError(f"{self.path}: unreadable row group {found.group} ({str(e).splitlines()[0]})") from e
+        else:
+            t = self._cursor(found.group, found.first, columns).read(found.first, found.rows)
+        return self._canonical(t)
+
+    def _cursor(self, group: int, first: int, columns: list[str]) -> token_pieces.Cursor:
+        """A streaming reader of row group `group` to read from row `first` on: the one
+        nearest before it, else a new one (up to CURSORS of them: a shard reading several
+        runs of the row group in turn restarts none), else the one used longest ago. The
+        readers are of one row group at a time."""
+        with self._cursors_lock:
+            if self._cursors and self._cursors[0].group != group:
+                self._cursors = []
+            before = [c for c in self._cursors if c.at <= first]
+            if before:
+                cursor = max(before, key=lambda c: c.at)
+            else:
+                rows = max(1, min(p.rows for p in self.pieces if p.group == group and p.why is None) // 4)
+                cursor = token_pieces.Cursor(self.path, self.metadata, group, columns, self.size, rows, self.bound)
+                if self._cursors:  # the row group's pages are checked once
+                    cursor.checked, cursor.measured = self._cursors[0].checked, list(self._cursors[0].measured)
+                if len(self._cursors) >= token_pieces.CURSORS:
+                    self._cursors.pop(0)
+            if cursor in self._cursors:
+                self._cursors.remove(cursor)
+            self._cursors.append(cursor)
+            return cursor
+
+    def _canonical(self, t: pa.Table) -> pa.Table:
         columns = []
         for field in CANONICAL:
             if field.name not in self.sources:  # a version column the file leaves out

@@ -3,7 +3,7 @@
 A derived token row holds one call's new tokens, with the mask and log probabilities the
 load derived for them (load/local_capture.py, formats/gym_rebuilt.py). `DerivedTokens`
 writes them to a Parquet file in the token file's canonical columns (formats/token_file.py,
-CONTRACT.md 2.3), custody columns null, 256 rows a row group, uncompressed, ids as int32
+CONTRACT.md 2.3), custody columns null, 256 rows or 1M tokens a row group, uncompressed, ids as int32
 and the mask as int8 (the file's reader widens them: formats/token_file.py): scratch in the
 run's folder, written and read once, so half the bytes of the canonical types is half the
 time; the shards treat its rows as any token row.
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import storage
@@ -25,6 +26,7 @@ from ..table_file import HeldRows
 from .derived_calls import TokenRow
 
 ROW_GROUP_ROWS = 256
+GROUP_TOKENS = 1 << 20  # a row group holds at most this many tokens (16 MiB decoded), but a row past it alone
 KEYS_HELD = 64 << 20  # bytes of staging keys a DerivedTokens keeps for `keys`; past that they are read back
 
 # a token file (CONTRACT.md 2.3) holding only keys and token lists; the custody columns are
@@ -59,27 +61,34 @@ class DerivedTokens:
         self._held = HeldRows(token_table)  # rows not yet written
         self._keys: list[pa.ChunkedArray] | None = []  # the staging keys written, in file order
         self._key_bytes = 0
+        self._tokens = 0  # held
         self.count = 0
 
     def add(self, row: TokenRow) -> None:
         self._held.add(row)
-        if self._held.count >= ROW_GROUP_ROWS:
+        self._tokens += len(row.ids)
+        if self._held.count >= ROW_GROUP_ROWS or self._tokens >= GROUP_TOKENS:
             self._flush()
 
     def add_table(self, table: pa.Table) -> None:
         self._held.add_table(table)
-        if self._held.count >= ROW_GROUP_ROWS:
+        self._tokens += pc.sum(pc.list_value_length(table.column(LISTS[0][1]))).as_py() or 0
+        if self._held.count >= ROW_GROUP_ROWS or self._tokens >= GROUP_TOKENS:
             self._flush()
 
     def _flush(self, last: bool = False) -> None:
         """Whole row groups of what is held (`last`: every row held)."""
-        n = self._held.count if last else self._held.count - self._held.count % ROW_GROUP_ROWS
+        table = self._held.take()
+        if table is None:
+            return
+        cuts = row_groups(pc.list_value_length(table.column(LISTS[0][1])).fill_null(0).to_numpy())
+        full = cuts[-1] - cuts[-2] == ROW_GROUP_ROWS
+        n = table.num_rows if last or full else cuts[-2]  # the last row group waits for more rows, unless full
+        held = table.slice(n)
+        self._held.add_table(held)
+        self._tokens = pc.sum(pc.list_value_length(held.column(LISTS[0][1]))).as_py() or 0
         if not n:
             return
-        table = self._held.take()
-        assert table is not None
-        if table.num_rows > n:
-            self._held.add_table(table.slice(n))  # the next row group's first rows
         if self._writer is None:
             self._sink = storage.open_output(self.path)
             # scratch, read once by the shards: no compression, dictionary or statistics to make
@@ -87,7 +96,9 @@ class DerivedTokens:
                 self._sink, FILE_SCHEMA, compression="none", use_dictionary=False, write_statistics=False
             )
         written = table.slice(0, n)
-        self._writer.write_table(written, row_group_size=ROW_GROUP_ROWS)
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if b <= n:
+                self._writer.write_table(written.slice(a, b - a), row_group_size=b - a)
         if self._keys is not None:
             self._keys.append(written.column("staging_key"))
             self._key_bytes += written.column("staging_key").nbytes
@@ -119,6 +130,23 @@ class DerivedTokens:
         self._sink.close()
         self._writer = self._sink = None
         return self.path
+
+
+def row_groups(lengths: np.ndarray) -> list[int]:
+    """Where rows holding `lengths` tokens are cut into row groups: at most ROW_GROUP_ROWS
+    rows and GROUP_TOKENS tokens each (a row past that alone); the first cut 0, the last the
+    number of rows."""
+    n = len(lengths)
+    if not n:
+        return [0]
+    lengths = lengths.astype(np.int64)
+    bucket = (np.cumsum(lengths) - lengths) // GROUP_TOKENS
+    big = lengths >= GROUP_TOKENS
+    new = np.ones(n, dtype=bool)
+    new[1:] = (bucket[1:] != bucket[:-1]) | big[1:] | big[:-1]
+    run = np.cumsum(new) - 1
+    position = np.arange(n) - np.flatnonzero(new)[run]  # within its run: a run split every ROW_GROUP_ROWS rows
+    return [*np.flatnonzero(position % ROW_GROUP_ROWS == 0).tolist(), n]
 
 
 def derived_tokens(table: pa.Table, rows: dict[str, TokenRow]) -> tuple[pa.Table, pa.Table]:

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..errors import InputError, StoreError
-from ..formats import token_file
+from ..formats import token_file, token_pieces
 from ..formats.night import NightFiles
 from ..formats.records import parse_ledger_row
 from ..progress import Progress
@@ -33,7 +33,7 @@ from .gym_capture import GymSummary
 from .inserter import LEDGER_BATCH, REJECT_BATCH, ROLLOUT_BATCH, Inserter, Sink
 from .json_lines import decode, one_line, read_file_lines
 from .ledger_columns import Chunk, ledger_chunks
-from .token_keys import group_keys
+from .token_keys import group_key_batches
 
 # ---------------------------------------------------------------- JSON lines -> warehouse
 
@@ -211,31 +211,32 @@ def _columns(night: NightFiles, chunk: Chunk, bases: list[int], add, rejects: In
 
 
 def too_big_rejects(night: NightFiles, files: TokenFiles) -> pa.Table:
-    """The rows of row groups too big to decode, as reject rows that say why (their calls
-    then find no token row: missing_tokens): their keys are read, never their token lists."""
-    why = {(loc, group): reason for loc, group, _, _, reason in files.too_big}
+    """The rows too big to decode, as reject rows that say why (their calls then find no
+    token row: missing_tokens): their keys are read, never their token lists."""
     batches = []
-    for loc in sorted({loc for loc, *_ in files.too_big}):
+    for loc, group, first, last, reason in sorted(files.too_big):
         size, metadata = files.footers[loc]
-        for (at, group), reason in why.items():
-            if at == loc:
-                first = int(sum(metadata.row_group(g).num_rows for g in range(group)))
-                keys = group_keys(metadata, loc, group, first, size)
-                n = keys.num_rows
-                batches.append(
-                    pa.RecordBatch.from_arrays(
-                        [
-                            pa.repeat(pa.scalar("tokens"), n),
-                            pc.replace_substring(keys.column("t_file"), token_dir(night), ""),
-                            keys.column("t_row"),
-                            pa.repeat(pa.scalar(reason), n),
-                            keys.column("t_staging_key"),
-                            keys.column("t_rollout_id"),
-                            keys.column("t_model_call_id"),
-                        ],
-                        schema=REJECT_BATCH,
-                    )
+        at = int(sum(metadata.row_group(g).num_rows for g in range(group)))
+        for keys in group_key_batches(metadata, loc, group, at, size):
+            rows = keys.column("t_row").to_numpy()
+            keys = keys.filter(pa.array((rows >= first) & (rows <= last)))
+            n = keys.num_rows
+            if not n:
+                continue
+            batches.append(
+                pa.RecordBatch.from_arrays(
+                    [
+                        pa.repeat(pa.scalar("tokens"), n),
+                        pc.replace_substring(keys.column("t_file"), token_dir(night), ""),
+                        keys.column("t_row"),
+                        pa.repeat(pa.scalar(reason), n),
+                        keys.column("t_staging_key"),
+                        keys.column("t_rollout_id"),
+                        keys.column("t_model_call_id"),
+                    ],
+                    schema=REJECT_BATCH,
                 )
+            )
     return pa.Table.from_batches(batches, schema=REJECT_BATCH)
 
 
@@ -261,8 +262,12 @@ class TokenFiles:
         return sum(last - first + 1 for _, _, first, last, _ in self.too_big)
 
     @property
-    def skip(self) -> set[tuple[str, int]]:
-        return {(loc, group) for loc, group, *_ in self.too_big}
+    def skip(self) -> dict[str, list[tuple[int, int]]]:
+        """The rows too big to decode, by file: (first, last) row numbers."""
+        out: dict[str, list[tuple[int, int]]] = {}
+        for loc, _, first, last, _ in self.too_big:
+            out.setdefault(loc, []).append((first, last))
+        return out
 
 
 def _footer(night: NightFiles, rel: str):
@@ -291,11 +296,9 @@ def token_files(night: NightFiles, bound: int = DEFAULTS.max_row_group_bytes) ->
         schema = metadata.schema.to_arrow_schema()
         token_file.check_schema(schema, rel)
         locations.append(loc)
-        first = 0
-        for group in range(metadata.num_row_groups):
-            n = metadata.row_group(group).num_rows
-            why = token_file.too_big(loc, metadata, group, bound)
-            if why is not None and n:
-                too_big.append((loc, group, first, first + n - 1, why))
-            first += n
+        firsts = np.cumsum([0] + [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)])
+        for piece in token_pieces.file_pieces(loc, metadata, size, bound):
+            if piece.why is not None and piece.rows:
+                first = int(firsts[piece.group]) + piece.first
+                too_big.append((loc, piece.group, first, first + piece.rows - 1, f"{piece.why}"))
     return TokenFiles(locations, too_big, footers)

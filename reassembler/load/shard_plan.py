@@ -40,6 +40,7 @@ from .. import storage
 from ..errors import InputError
 from ..formats.fields import ROLLOUT_ITEMS, arrow_schema
 from ..formats.token_file import TokenFile
+from ..settings import DEFAULTS
 from ..warehouse import sql
 from ..wide_sort import SortBuckets, empty_of, sort_rows, spill_of
 
@@ -91,8 +92,9 @@ class TokenGroups:
     """The token row groups a shard reads, in the order it first needs them, with how many
     of each one's rows it takes (the plan's token_groups.parquet)."""
 
-    def __init__(self, starts: dict[str, np.ndarray]):
+    def __init__(self, starts: dict[str, np.ndarray], bound: int = DEFAULTS.max_row_group_bytes):
         self.starts = starts
+        self.bound = bound  # the pieces the shard's TokenStore reads (formats/token_pieces.py)
         self.files: list[pa.Array] = []
         self.rows: list[pa.Array] = []
         self.tokens = 0  # the calls' new tokens (delta_len), the shard's progress total
@@ -117,7 +119,7 @@ class TokenGroups:
         names = files.dictionary.to_pylist()
         new = [n for n in names if n not in self.starts]
         remote = any(storage.is_remote(n) for n in new)
-        self.starts.update(zip(new, storage.map_ahead(lambda n: TokenFile(n).starts, new, remote)))
+        self.starts.update(zip(new, storage.map_ahead(lambda n: TokenFile(n, self.bound).starts, new, remote)))
         for code, name in enumerate(names):
             idx = np.flatnonzero(present & (codes == code))
             groups[idx] = np.searchsorted(self.starts[name], rows[idx], side="right") - 1

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import storage
-from ..formats.token_file import CANONICAL, TokenFile, decoded_bytes
+from ..formats.token_file import CANONICAL, TokenFile
 from ..settings import DEFAULTS
 
 PREFETCH_THREADS = 4  # a batch's missing row groups fetched at once from object storage
@@ -78,9 +78,9 @@ class TokenStore:
             if key in self._ahead or key in self._taken or key in self._cache:
                 continue
             file = self._files[key[0]]
-            if file.too_big(key[1]) is not None:
-                continue  # the load made its rows reject rows: no call asks for them
-            size = decoded_bytes(file.metadata, key[1])
+            if key[1] >= len(file.pieces) or file.too_big(key[1]) is not None or not file.whole(key[1]):
+                continue  # reject rows (no call asks for them), or a piece read in order by the shard
+            size = file.pieces[key[1]].size
             self._ahead[key] = (self._pool.submit(file.read, key[1]), size)
             held += size
 
@@ -115,7 +115,9 @@ class TokenStore:
         on PREFETCH_THREADS threads (each one a round trip otherwise); locally nothing."""
         if self._pool is not None:
             return  # read ahead already
-        missing = list(dict.fromkeys((f, g) for f, g in wanted if f.remote and (f.path, g) not in self._cache))
+        missing = list(
+            dict.fromkeys((f, g) for f, g in wanted if f.remote and f.whole(g) and (f.path, g) not in self._cache)
+        )
         if len(missing) < 2:
             return
         with ThreadPoolExecutor(max_workers=PREFETCH_THREADS, thread_name_prefix="token-prefetch") as pool:

@@ -44,7 +44,7 @@ def build_calls(folder: str, shard: int, plans: str | None = None, settings: Set
         return [(loc, open_checked(loc)) for loc in at]
 
     out = plan_dir(plans or folder, shard)
-    token_groups = TokenGroups({})
+    token_groups = TokenGroups({}, settings.max_row_group_bytes)
     calls = (token_groups.add(table) for table in _sorted_out(pieces("calls.parquet"), shard, CALL_ORDER, spill))
     write_sorted(storage.join(out, "calls.parquet"), None, calls)
     table = token_groups.table()
