@@ -4,6 +4,7 @@ failed night. The producers' own sample nights pass the default gate."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -119,3 +120,34 @@ def test_a_gate_on_an_output_nothing_was_built_into_writes_nothing(tmp_path):
         f"reassembler: error: {out / 'warehouse.duckdb'}: no warehouse here; run `reassembler build` first"
     )
     assert list(out.iterdir()) == []  # no warehouse, no per-call folders, no lock
+
+
+def test_a_check_warns_from_80_percent_of_its_limit_and_breaches_only_past_it():
+    """The rejects check against a limit of 10: 7 ok, exactly 8 (80%) warn, 10 (the limit)
+    warn, 11 breach; a limit of 0 never warns (0 is ok, 1 breaches)."""
+    from reassembler.audit.quality import gate, gate_checks
+    from reassembler.settings import Thresholds
+
+    only_rejects = Thresholds(max_mask_rate=None, max_reason_rate=None, max_mask_rate_rise=None, max_rejects=10)
+    levels = {}
+    for n in (7, 8, 10, 11):
+        quality = {"night": {"rollouts": 100, "mask_rate": 0.0, "masked": 0, "rejects": n}, "reasons": []}
+        [c] = gate_checks(quality, only_rejects)
+        levels[n] = (c["status"], c["margin"])
+    assert levels == {7: ("ok", 3), 8: ("warn", 2), 10: ("warn", 0), 11: ("breach", -1)}
+    zero = dataclasses.replace(only_rejects, max_rejects=0)
+    for n, status in ((0, "ok"), (1, "breach")):
+        quality = {"night": {"rollouts": 100, "mask_rate": 0.0, "masked": 0, "rejects": n}, "reasons": []}
+        assert [c["status"] for c in gate_checks(quality, zero)] == [status]
+        assert len(gate(quality, zero)) == (status == "breach")
+
+
+def test_a_verdict_recorded_without_statuses_lists_its_checks_as_breaches():
+    """A verdict an older release recorded lists only its breaches, without a status: each is
+    a breach, never a pass; a recorded ok or warn is not."""
+    from reassembler.audit.quality import breaches_of
+
+    old = [{"check": "mask_rate", "value": 0.3, "threshold": 0.2}]
+    assert breaches_of(old) == old
+    new = [{"check": "a", "status": "ok"}, {"check": "b", "status": "warn"}, {"check": "c", "status": "breach"}]
+    assert [c["check"] for c in breaches_of(new)] == ["c"]

@@ -286,3 +286,44 @@ def test_several_rollouts_locations_build_one_night_as_each_builds_alone(tmp_pat
     )
     assert missing.returncode == 2
     assert f"{tmp_path / 'nowhere' / ds}: the rollouts location of night {ds} is missing" in missing.stderr
+
+
+def test_a_folder_whose_name_only_begins_with_an_allowed_roots_name_is_not_under_it(tmp_path):
+    """`/x/input-evil` is not under the allowed root `/x/input`: a location there is refused,
+    as is a tokens location chosen there; `/x/input/sub` is under it."""
+    from reassembler.formats.locations import confine, inside
+
+    root = str(tmp_path / "input")
+    assert inside(root + "/sub", [root]) and inside(root, [root])
+    assert not inside(root + "-evil", [root]) and not inside(root + "-evil/x", [root])
+    (tmp_path / "input" / "tokens").mkdir(parents=True)
+    (tmp_path / "input-evil" / "tokens").mkdir(parents=True)
+    for kind in ("rollouts", "ledger", "tokens"):
+        evil = Inputs(root, "contract", **{kind: str(tmp_path / "input-evil" / kind)})
+        with pytest.raises(InputError, match=r"lies outside the allowed input roots"):
+            confine(evil, "2026-11-28", [kind], [root])
+    confine(Inputs(root, "contract", tokens=f"{root}/tokens"), "2026-11-28", ["tokens"], [root])
+
+
+def test_a_token_file_chosen_in_the_trigger_form_is_confined_with_its_links_followed(tmp_path):
+    """A token file in a chosen tokens folder that is a link to a file outside the allowed
+    roots is refused naming it (confine_files checks the tokens location like the others)."""
+    from nights import DS, Night, worked_example
+    from reassembler.formats.night import confine_files
+
+    n = Night(tmp_path / "root" / "input")
+    worked_example(n, "a_g0")
+    inp = n.write()
+    folder = inp / "tokens" / f"ds={DS}"
+    [real_file] = list(folder.glob("*.parquet"))
+    outside = tmp_path / "outside.parquet"
+    real_file.rename(outside)
+    real_file.symlink_to(outside)
+    night = find_night(Inputs(str(inp), "contract"), DS)
+    confine_files(night, ["rollouts", "ledger"], [str(tmp_path / "root")])  # the tokens not chosen: not checked
+    with pytest.raises(InputError) as e:
+        confine_files(night, ["tokens"], [str(tmp_path / "root")])
+    assert str(e.value) == (
+        f"{real_file}: a file of the tokens location given for this run resolves to {outside}, outside the "
+        f"allowed input roots ({tmp_path / 'root'})"
+    )

@@ -68,7 +68,9 @@ def test_a_row_group_past_the_bound_is_read_in_pieces_of_whole_rows(tmp_path):
     assert all(p.size <= 8 << 10 for p in file.pieces if p.rows > 1)
     assert _read_all(file) == table.column("token_ids_delta").to_pylist()
     piece = file.read(3)
-    assert piece.column("mask").to_pylist()[0] == [float(i % 2) for i in table.column("token_ids_delta")[file.pieces[3].first].as_py()]
+    assert piece.column("mask").to_pylist()[0] == [
+        float(i % 2) for i in table.column("token_ids_delta")[file.pieces[3].first].as_py()
+    ]
 
 
 def test_pieces_read_out_of_order_start_the_row_group_over_and_read_the_same(tmp_path):
@@ -106,7 +108,10 @@ def test_a_row_alone_is_read_up_to_twice_the_bound_and_refused_past_it(tmp_path)
     file = TokenFile(str(tmp_path / "t.parquet"), 16 << 10)
     refused = [p for p in file.pieces if p.why is not None]
     assert [(p.first, p.rows) for p in refused] == [(21, 1)]
-    assert refused[0].why.startswith("row 21 of row group 0 decodes to 48,") and "over the 32,768 a row may take" in refused[0].why
+    assert (
+        refused[0].why.startswith("row 21 of row group 0 decodes to 48,")
+        and "over the 32,768 a row may take" in refused[0].why
+    )
     rows = table.column("token_ids_delta").to_pylist()
     for k, p in enumerate(file.pieces):
         if p.why is None:
