@@ -211,3 +211,17 @@ def test_on_s3_a_night_in_default_row_groups_builds_like_the_local_one(night, s3
     build_night(inp, out, DS, Settings(max_row_group_bytes=SMALL), warehouse_file=tmp_path / "w.duckdb")
     s3.download(out, tmp_path / "mirror")
     _same(root / "out-small", tmp_path / "mirror")
+
+
+def test_the_keys_of_rows_too_big_to_decode_are_left_out_and_the_rows_beside_them_kept(tmp_path):
+    """key_batches skips exactly the rows read.TokenFiles lists as too big (here row 21 of
+    one row group of 32), reading the keys of the rows before and after it."""
+    from reassembler.load.token_keys import key_batches
+
+    path = tmp_path / "t.parquet"
+    _token_file(path, [5] * 10 + [1_500] + [5] * 10 + [3_000] + [5] * 10)
+    batches = list(key_batches([str(path)], {str(path): [(21, 21)]}))
+    rows = [r for b in batches for r in b.column("t_row").to_pylist()]
+    assert rows == [k for k in range(32) if k != 21]
+    calls = [c for b in batches for c in b.column("t_model_call_id").to_pylist()]
+    assert calls == [f"c{k}" for k in range(32) if k != 21]
