@@ -86,17 +86,32 @@ def test_pieces_read_out_of_order_start_the_row_group_over_and_read_the_same(tmp
         assert got == table.column("token_ids_delta").to_pylist()[p.first : p.first + p.rows]
 
 
+def test_a_cursor_asked_for_rows_before_where_it_stands_starts_the_row_group_over(tmp_path):
+    lengths = [7] * 50
+    table = _token_file(tmp_path / "t.parquet", lengths)
+    path = str(tmp_path / "t.parquet")
+    cursor = token_pieces.Cursor(path, pq.read_metadata(path), 0, ["token_ids_delta"], None, 4, 16 << 10)
+    ids = table.column("token_ids_delta").to_pylist()
+    assert cursor.read(20, 5).column("token_ids_delta").to_pylist() == ids[20:25]
+    assert cursor.read(3, 6).column("token_ids_delta").to_pylist() == ids[3:9]
+    assert cursor.read(9, 1).column("token_ids_delta").to_pylist() == ids[9:10]
+
+
 @pytest.mark.parametrize("delta_len", ["null", "lying"])
 def test_without_a_delta_len_that_counts_the_lists_the_pieces_follow_the_lists_themselves(tmp_path, delta_len):
     """delta_len all null (as the job's own derived tokens), or adding up wrong: the rows'
     token counts come from their mask lists, decoded first; a row of 1,500 tokens among rows
     of 5 is a piece of its own either way."""
-    lengths = [5] * 30 + [1_500] + [5] * 30
-    declared = [None] * 61 if delta_len == "null" else [1] * 61
+    lengths = [5] * 30 + [1_500] + [5] * 30 + [400] + [5] * 30
+    declared = [None] * 92 if delta_len == "null" else [1] * 92
     table = _token_file(tmp_path / "t.parquet", lengths, declared)
     file = TokenFile(str(tmp_path / "t.parquet"), 16 << 10)
     [alone] = [p for p in file.pieces if p.first == 30]
     assert alone.rows == 1 and alone.size >= 1_500 * 16 and alone.why is None
+    # a row past a quarter of the bound (400 tokens, 6.4 KB) is alone too: a piece of several
+    # rows never passes half the bound
+    assert [p.rows for p in file.pieces if p.first == 61] == [1]
+    assert all(p.size <= 8 << 10 for p in file.pieces if p.rows > 1)
     assert _read_all(file) == table.column("token_ids_delta").to_pylist()
 
 
