@@ -20,7 +20,7 @@ imports nothing heavy: the DAG file reads it when it is parsed.
 | max_rollout_tokens | 16,777,216 | tokens a verifiers rollout's rows may hold, shared context each branch |
 | batch_rows / batch_tokens | 16,384 calls / 1,000,000 tokens | one batch of a shard |
 | token_cache_bytes | 64 MiB | decoded token row groups kept |
-| max_row_group_bytes | 64 MiB | largest token row group decoded at once; one past it is read in pieces of rows (half of it each; a row alone up to twice it, a reject row beyond) |
+| max_row_group_bytes | 64 MiB | token bytes decoded at once; a larger row group is read in pieces of rows |
 | retention_nights | 30 | nights of per-call tables kept in the warehouse |
 | Thresholds | mask rate 0.2, one reason 0.1, rise 0.05, rejects 0 | the quality gate's alerts |
 | REPORT_NIGHTS | 30 | nights in the report's trends |
