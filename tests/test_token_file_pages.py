@@ -14,7 +14,7 @@ import pytest
 from test_hostile_input import understate, varint
 
 from reassembler.errors import InputError
-from reassembler.formats.token_file import read_row_group
+from reassembler.formats.row_groups import read_row_group
 
 COLUMNS = ["staging_key", "token_ids_delta", "token_mask_delta"]
 

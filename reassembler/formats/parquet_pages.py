@@ -1,7 +1,7 @@
 """What a Parquet row group's pages declare, from their headers, before any of it is decoded.
 
 A token file's footer says how many values each column chunk holds, and the job bounds what
-it decodes by that (token_file.too_big). Parquet's reader, though, allocates what each
+it decodes by that (row_groups.decoded_bytes). Parquet's reader, though, allocates what each
 page's own header says. A footer that declares fewer values than the pages hold (a damaged
 or crafted file: 8 KB can hold one run-length-encoded page of 30M tokens under a footer that
 declares one) would slip past that bound. So before a row group's columns are decoded, the
@@ -14,7 +14,7 @@ is parsed (`PageHeader` of parquet.thrift, Thrift's compact protocol):
                dictionary pages' `num_values` to no more than the data pages' (a dictionary
                holds distinct values); the chunk lies inside the file (`outside`)
 
-What a chunk takes decoded then follows from its footer (token_file.decoded_bytes), but for
+What a chunk takes decoded then follows from its footer (row_groups.decoded_bytes), but for
 a column of strings read through a dictionary: each value may repeat the longest entry, so
 `inflated` bounds it from the pages (the dictionary's bytes), and a chunk that could pass the
 job's bound is decoded as a dictionary and measured before its strings are laid out.

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..errors import InputError
 from . import parquet_pages
+from .row_groups import DECODED_WIDTH, decoded_bytes, laid_out, read_row_group
 
 PIECE_SHARE = 0.5  # of the bound: a piece of several rows decodes to at most this
 ROW_ALONE = 2  # times the bound: the most one row decodes to and is read (alone)
@@ -90,8 +91,6 @@ def cut(lengths: np.ndarray, per_row: float, width: int, bound: int) -> list[tup
 def file_pieces(loc: str, metadata: pq.FileMetaData, size: int | None, bound: int) -> list[Piece]:
     """The pieces of every row group of a token file, in order: a row group within `bound`
     is one piece."""
-    from .token_file import decoded_bytes
-
     out = []
     for group in range(metadata.num_row_groups):
         total = decoded_bytes(metadata, group)
@@ -104,8 +103,6 @@ def file_pieces(loc: str, metadata: pq.FileMetaData, size: int | None, bound: in
 
 def plan(loc: str, metadata: pq.FileMetaData, group: int, size: int | None, bound: int, total: int) -> list[Piece]:
     """The pieces of row group `group`, which decodes to `total` bytes (more than `bound`)."""
-    from .token_file import DECODED_WIDTH
-
     n = metadata.row_group(group).num_rows
     too_big = f"row group {group} ({n} rows) decodes to {total:,} bytes, over the {bound:,} the job decodes at once"
     names = metadata.schema.to_arrow_schema().names
@@ -137,8 +134,6 @@ def plan(loc: str, metadata: pq.FileMetaData, group: int, size: int | None, boun
 def _declared(loc, metadata, group, size, bound, values: int, names: list[str]) -> np.ndarray | None:
     """The rows' token counts by their delta_len column, when it counts the token lists'
     values (each empty or null list one); else None."""
-    from .token_file import read_row_group
-
     if LENGTH_COLUMN not in names:
         return None
     lengths = read_row_group(loc, metadata, group, [LENGTH_COLUMN], size, bound).column(LENGTH_COLUMN)
@@ -246,15 +241,13 @@ class Cursor:
                 raise InputError(
                     f"{self.loc}: row group {self.group}: its pages do not decode ({said}); not read"
                 ) from None
-            table = pa.Table.from_batches(self._held).slice(first - self._at, rows)
-            # keep the rows after the piece: the next piece starts there
-            rest = pa.Table.from_batches(self._held).slice(first - self._at + rows)
+            held = pa.Table.from_batches(self._held)
+            table = held.slice(first - self._at, rows)
+            rest = held.slice(first - self._at + rows)  # kept: the next piece starts there
             self._held = rest.to_batches() if rest.num_rows else []
             self._at = first + rows
         if self.measured:  # strings a dictionary could repeat: measured before they are laid out
-            from .token_file import _laid_out
-
-            table = _laid_out(
+            table = laid_out(
                 table,
                 self.measured,
                 0,

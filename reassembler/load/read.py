@@ -212,32 +212,39 @@ def _columns(night: NightFiles, chunk: Chunk, bases: list[int], add, rejects: In
 
 def too_big_rejects(night: NightFiles, files: TokenFiles) -> pa.Table:
     """The rows too big to decode, as reject rows that say why (their calls then find no
-    token row: missing_tokens): their keys are read, never their token lists."""
-    batches = []
+    token row: missing_tokens): their keys are read (once a row group), never their token lists."""
+    ranges: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
     for loc, group, first, last, reason in sorted(files.too_big):
+        ranges.setdefault((loc, group), []).append((first, last, reason))
+    batches = []
+    for (loc, group), found in ranges.items():
         size, metadata = files.footers[loc]
         at = int(sum(metadata.row_group(g).num_rows for g in range(group)))
+        of_range: list[list[pa.RecordBatch]] = [[] for _ in found]  # each range's rows, in the ranges' order
         for keys in group_key_batches(metadata, loc, group, at, size):
             rows = keys.column("t_row").to_numpy()
-            keys = keys.filter(pa.array((rows >= first) & (rows <= last)))
-            n = keys.num_rows
-            if not n:
-                continue
-            batches.append(
-                pa.RecordBatch.from_arrays(
-                    [
-                        pa.repeat(pa.scalar("tokens"), n),
-                        pc.replace_substring(keys.column("t_file"), token_dir(night), ""),
-                        keys.column("t_row"),
-                        pa.repeat(pa.scalar(reason), n),
-                        keys.column("t_staging_key"),
-                        keys.column("t_rollout_id"),
-                        keys.column("t_model_call_id"),
-                    ],
-                    schema=REJECT_BATCH,
-                )
-            )
+            for k, (first, last, reason) in enumerate(found):
+                taken = keys.filter(pa.array((rows >= first) & (rows <= last)))
+                if taken.num_rows:
+                    of_range[k].append(_reject_batch(night, taken, reason))
+        batches += [b for taken in of_range for b in taken]
     return pa.Table.from_batches(batches, schema=REJECT_BATCH)
+
+
+def _reject_batch(night: NightFiles, keys: pa.RecordBatch, reason: str) -> pa.RecordBatch:
+    n = keys.num_rows
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar("tokens"), n),
+            pc.replace_substring(keys.column("t_file"), token_dir(night), ""),
+            keys.column("t_row"),
+            pa.repeat(pa.scalar(reason), n),
+            keys.column("t_staging_key"),
+            keys.column("t_rollout_id"),
+            keys.column("t_model_call_id"),
+        ],
+        schema=REJECT_BATCH,
+    )
 
 
 def token_dir(night: NightFiles) -> str:

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..formats import token_pieces
-from ..formats.token_file import decoded_bytes, read_row_group
+from ..formats.row_groups import decoded_bytes, read_row_group
 from ..settings import DEFAULTS
 
 KEY_COLUMNS = ("staging_key", "rollout_id", "model_call_id")
