@@ -26,6 +26,7 @@ size is checked in bounded memory. A row group of one row is one piece.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,7 +176,7 @@ class Cursor:
         self.lock = threading.Lock()
         self.checked = False
         self.measured: list[str] = []  # columns of strings read as dictionaries, measured before laid out
-        self._batches = None
+        self._batches: Iterator[pa.RecordBatch] | None = None  # None: not started (or failed)
         self._held: list[pa.RecordBatch] = []
         self._at = 0  # the row (in the row group) of the first row held
 
@@ -225,9 +226,11 @@ class Cursor:
         with self.lock:
             if self._batches is None or first < self._at:
                 self._restart()
+            batches = self._batches
+            assert batches is not None
             try:
                 while self._at + sum(b.num_rows for b in self._held) < first + rows:
-                    batch = next(self._batches, None)
+                    batch = next(batches, None)
                     if batch is None:
                         raise InputError(f"{self.loc}: row group {self.group} ends before row {first + rows - 1}")
                     self._held.append(batch)
