@@ -240,3 +240,27 @@ def test_the_keys_of_rows_too_big_to_decode_are_left_out_and_the_rows_beside_the
     assert rows == [k for k in range(32) if k != 21]
     calls = [c for b in batches for c in b.column("t_model_call_id").to_pylist()]
     assert calls == [f"c{k}" for k in range(32) if k != 21]
+
+
+def test_a_string_longer_than_a_quarter_of_the_bound_refuses_the_row_group_before_it_is_decoded(tmp_path):
+    """30 rows, one model_call_id of 2 million characters (a gzip bomb, in small): with a 16
+    KiB bound, no piece reads it (its page holds more than the 1 MiB a string may take). The
+    token file's row group becomes reject rows, the whole of it, saying so; its keys, read on
+    their own, stop the night naming the file, the row group and the column."""
+    from reassembler.load.token_keys import group_key_batches
+
+    path = tmp_path / "t.parquet"
+    table = _token_file(path, [40] * 30)
+    calls = table.column("model_call_id").to_pylist()
+    calls[5] = "c" * 2_000_000
+    table = table.set_column(table.schema.get_field_index("model_call_id"), "model_call_id", pa.array(calls))
+    pq.write_table(table, path, compression="gzip")
+    file = TokenFile(str(path), 16 << 10)
+    [piece] = file.pieces
+    assert (piece.first, piece.rows) == (0, 30)
+    assert path.stat().st_size < 64 << 10
+    assert (
+        "column model_call_id holds a page of 2,0" in piece.why and "past the 1,048,576 a string may take" in piece.why
+    )
+    with pytest.raises(InputError, match=r"row group 0: column model_call_id holds a page of 2,0\d\d,\d{3} bytes"):
+        list(group_key_batches(pq.read_metadata(path), str(path), 0, 0, None, 16 << 10))

@@ -67,6 +67,7 @@ class Pages(NamedTuple):
     uncompressed: int  # bytes of every page
     entries: int  # of the dictionary pages
     dictionary: int  # uncompressed bytes of the dictionary pages
+    largest: int = 0  # uncompressed bytes of the largest page: no value of the chunk is longer
 
 
 class Refused(ValueError):
@@ -222,7 +223,7 @@ class _Tally:
     """What the page headers read so far declare."""
 
     def __init__(self):
-        self.values = self.uncompressed = self.entries = self.dictionary = 0
+        self.values = self.uncompressed = self.entries = self.dictionary = self.largest = 0
 
     def add(self, header: dict) -> int:
         """Count one page's header; the bytes its page takes after the header."""
@@ -243,10 +244,11 @@ class _Tally:
             else:
                 self.values += n
         self.uncompressed += size
+        self.largest = max(self.largest, size)
         return stored
 
     def pages(self) -> Pages:
-        return Pages(self.values, self.uncompressed, self.entries, self.dictionary)
+        return Pages(self.values, self.uncompressed, self.entries, self.dictionary, self.largest)
 
 
 _WANTED = (_DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2)

@@ -37,11 +37,12 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..errors import InputError
 from . import parquet_pages
-from .row_groups import DECODED_WIDTH, decoded_bytes, laid_out, read_row_group
+from .row_groups import DECODED_WIDTH, READ, decoded_bytes, laid_out, read_row_group
 
 PIECE_SHARE = 0.5  # of the bound: a piece of several rows decodes to at most this
 ROW_ALONE = 2  # times the bound: the most one row decodes to and is read (alone)
 OTHER_SHARE = 0.25  # of the bound: the most a row's other columns (keys, digests) take, read alone
+STRING_PAGE = 1 << 20  # a page of strings may decode to this however small the bound (pyarrow's page size)
 CURSORS = 2  # streaming readers of one row group at once: runs of it read in turn restart none
 STREAM_BUFFER = 1 << 20  # bytes pyarrow reads ahead of what it decodes in a piece's column chunk
 IDS_COLUMN, MASK_COLUMN, LENGTH_COLUMN = "token_ids_delta", "token_mask_delta", "delta_len"
@@ -116,6 +117,9 @@ def plan(loc: str, metadata: pq.FileMetaData, group: int, size: int | None, boun
         return [Piece(group, 0, 1, total)]
     if values is None:
         return [Piece(group, 0, n, total, f"{too_big}; not read: write token files in smaller row groups")]
+    long = _long_strings(loc, metadata, group, size, bound)
+    if long is not None:
+        return [Piece(group, 0, n, total, f"{too_big}, and {long}; not read")]
     lengths = _declared(loc, metadata, group, size, bound, values, names)
     if lengths is None:  # no delta_len that counts the lists (the job's own derived tokens have none)
         lengths = _decoded(loc, metadata, group, size, bound, total)
@@ -130,6 +134,36 @@ def plan(loc: str, metadata: pq.FileMetaData, group: int, size: int | None, boun
             )
         pieces.append(Piece(group, first, rows, nbytes, why))
     return pieces
+
+
+def _read_at(loc: str, size: int | None):
+    return lambda offset, n: storage.read_ranges(loc, [(offset, n)], size)[0]
+
+
+def _long_page(chunk: parquet_pages.Chunk, found: parquet_pages.Pages, bound: int) -> str | None:
+    """Why a column of strings may hold a value too long to read in a piece: a page of it
+    decodes past OTHER_SHARE of the bound, or past STRING_PAGE with a smaller bound (no value
+    is longer than its page; keys and digests are short); else None."""
+    most = max(int(bound * OTHER_SHARE), STRING_PAGE)
+    if chunk.strings and found.largest > most:
+        return f"column {chunk.path} holds a page of {found.largest:,} bytes, past the {most:,} a string may take"
+    return None
+
+
+def _long_strings(loc: str, metadata: pq.FileMetaData, group: int, size: int | None, bound: int) -> str | None:
+    """_long_page of the row group's columns of strings, their pages read in windows (a
+    chunk refused for its pages or its place is refused where it is read, naming why)."""
+    end = size if size is not None else storage.size(loc)
+    for chunk in parquet_pages.chunks(metadata, group, list(READ)):
+        if not chunk.strings or parquet_pages.outside(chunk, end):
+            continue
+        try:
+            why = _long_page(chunk, parquet_pages.checked(chunk, read_at=_read_at(loc, size)), bound)
+        except parquet_pages.Refused:
+            continue
+        if why is not None:
+            return why
+    return None
 
 
 def _declared(loc, metadata, group, size, bound, values: int, names: list[str]) -> np.ndarray | None:
@@ -193,13 +227,12 @@ class Cursor:
             why = parquet_pages.outside(chunk, end)
             if why is None:
                 try:
-                    found = parquet_pages.checked(
-                        chunk, read_at=lambda offset, n: storage.read_ranges(self.loc, [(offset, n)], self.size)[0]
-                    )
+                    found = parquet_pages.checked(chunk, read_at=_read_at(self.loc, self.size))
                 except parquet_pages.Refused as e:
                     why = str(e)
                 else:
-                    if parquet_pages.inflated(chunk, found) > chunk.uncompressed + 8 * chunk.values:
+                    why = _long_page(chunk, found, self.bound)
+                    if why is None and parquet_pages.inflated(chunk, found) > chunk.uncompressed + 8 * chunk.values:
                         self.measured.append(chunk.column)
             if why is not None:
                 raise InputError(f"{where}: {why}; not read (a damaged or crafted token file)")
