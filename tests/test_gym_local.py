@@ -789,3 +789,55 @@ def test_a_chain_whose_digests_would_hash_past_the_budget_is_masked_unhashed(nig
     assert a["failed_call_id"] == f"c{first_past}", a
     assert f"past the {MAX_HASHED_TOKENS:,} a rollout's entry digests may hash in all" in a["detail"]
     assert built.audit["grp_g0"]["status"] == "ok"
+
+
+def test_a_capture_file_or_an_entry_line_past_its_limit_masks_its_rollout_unparsed(night, build, monkeypatch):
+    """The load holds a rollout's capture files whole: an entries file past MAX_FILE_BYTES is
+    read no further than the limit and its rollout is invalid_record; an entry line past
+    MAX_LINE_BYTES (the file under the limit; a line past DuckDB's MAX_OBJECT_BYTES goes to the
+    line reader, which checks it) is invalid_record, not parsed. The rollout beside them trains.
+    (The limits lowered here; at their defaults 48 MiB, 32 MiB and 16 MiB.)"""
+    from reassembler.load import entry_reader, local_capture
+
+    monkeypatch.setattr(local_capture, "MAX_FILE_BYTES", 6_000)
+    monkeypatch.setattr(local_capture, "MAX_LINE_BYTES", 2_000)
+    monkeypatch.setattr(entry_reader, "MAX_OBJECT_BYTES", 1_000)
+    long_prompt = list(range(1, 800))  # one entry line of ~3 KB (and a file of ~3 KB)
+    night.add_local("line_g0", [call("c0", None, long_prompt, [7], [answer("a0")])], [answer("a0")])
+    many = [call("c0", None, list(range(1, 300)), [7], [answer("a0")])]
+    many += [call(f"c{i}", f"c{i - 1}", [5], [7], [answer(f"a{i}")]) for i in range(1, 4)]
+    night.add_local("file_g0", many, [answer(f"a{i}") for i in range(4)])  # full prompts: lines of 1-2 KB
+    worked_example_local(night, "grp_g0")
+    inp = night.write()
+    sizes = {p.name: p.stat().st_size for p in inp.rglob("*_g0.tokens.*")}
+    assert sizes["file_g0.tokens.jsonl"] > 6_000 and 2_000 < sizes["line_g0.tokens.jsonl"] <= 6_000, sizes
+    assert max(s for name, s in sizes.items() if not name.endswith(".jsonl")) < 6_000, sizes
+    built = Built(tmp_path := inp.parent / "out", build_night(inp, tmp_path, night.ds))
+    line, file = built.audit["line_g0"], built.audit["file_g0"]
+    assert (line["status"], line["reason"]) == ("masked", "invalid_record")
+    assert (
+        line["detail"].startswith("line 1 of line_g0.tokens.jsonl: ")
+        and "over the 2,000 an entry line" in line["detail"]
+    )
+    assert (file["status"], file["reason"]) == ("masked", "invalid_record")
+    assert file["detail"] == "file_g0.tokens.jsonl: more than the 6,000 bytes a capture file may hold; not read"
+    assert built.audit["grp_g0"]["status"] == "ok"
+
+
+def test_an_entry_adding_more_tokens_than_one_token_row_may_hold_masks_its_rollout(night, build, monkeypatch):
+    """A derived token row is read alone up to twice the row-group bound (formats/token_pieces.py):
+    an entry whose new tokens pass MAX_ROW_TOKENS is invalid_record after its digest is checked,
+    naming it, and no token row is written for it (lowered to 500 here; 2^23 by default)."""
+    from reassembler.load import local_calls
+
+    monkeypatch.setattr(local_calls, "MAX_ROW_TOKENS", 500)
+    calls = [call("c0", None, list(range(1, 300)), [7], [answer("a0")])]
+    calls += [call("c1", "c0", list(range(1, 400)), [7], [answer("a1")])]  # a delta: adds 400 tokens, fits
+    calls += [call("c2", "c1", list(range(1, 600)), [7], [answer("a2")])]  # adds 600: past 500
+    night.add_local("big_g0", calls, [answer(f"a{i}") for i in range(3)], delta=True)
+    worked_example_local(night, "grp_g0")
+    built = build(night)
+    a = built.audit["big_g0"]
+    assert (a["status"], a["reason"], a["failed_call_id"]) == ("masked", "invalid_record", "c2")
+    assert a["detail"] == "it adds 600 tokens, over the 500 one token row may hold; not read"
+    assert built.audit["grp_g0"]["status"] == "ok"

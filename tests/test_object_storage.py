@@ -487,3 +487,19 @@ def test_any_object_key_under_a_location_is_handled(s3, nights, tmp_path, odd, b
         a = _table(nights / "local" / "audit" / f"ds={DS}")
         b = _table(tmp_path / "mirror" / "audit" / f"ds={DS}")
         assert _sorted(a, "rollout_id") == _sorted(b, "rollout_id")
+
+
+def test_a_read_with_a_limit_never_holds_more_than_it_on_s3_as_locally(s3, tmp_path):
+    """read_bytes(loc, limit): the file whole when it is no longer than the limit, else its
+    first limit + 1 bytes (the rest of the object's body never read); an empty file empty."""
+    bucket = s3.bucket("limits")
+    for name, data in (("big", bytes(range(256)) * 40), ("small", b"abc"), ("empty", b"")):
+        (tmp_path / name).write_bytes(data)
+        storage.write_bytes(f"s3://{bucket}/{name}", data)
+    for where in (str(tmp_path), f"s3://{bucket}"):
+        assert storage.read_bytes(f"{where}/big", 100) == (bytes(range(256)) * 40)[:101]
+        assert storage.read_bytes(f"{where}/small", 100) == b"abc"
+        assert storage.read_bytes(f"{where}/empty", 100) == b""
+        assert len(storage.read_bytes(f"{where}/big")) == 10_240
+        got = dict(storage.read_many([f"{where}/big", f"{where}/small"], limit=10))
+        assert got == {f"{where}/big": (bytes(range(256)) * 40)[:11], f"{where}/small": b"abc"}

@@ -27,6 +27,9 @@ if TYPE_CHECKING:  # the rollout parse's children import this module before nump
 
     from ..formats.gym_rebuilt import RebuiltRow
 
+# the most tokens a derived token row holds: decoded at 16 bytes a token, within what one row
+# read alone may take at the default bound (formats/token_pieces.py ROW_ALONE: 128 MiB)
+MAX_ROW_TOKENS = 1 << 23
 REBUILT = "rebuilt"  # the capture kind of a Gym-rebuilt line
 REBUILT_CALL = "gym-rebuilt-item-{}"  # the calls of a rebuilt line, one per token item (never shown)
 

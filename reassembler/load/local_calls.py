@@ -24,6 +24,8 @@ from the parent's, so a long chain of entries hashes its shared prefix again and
 3M-id root and 5,000 one-id deltas: 120 GB). A rollout's digests hash at most
 MAX_HASHED_TOKENS ids in all (2 GiB of SHA-256, about a second); an entry past that is not
 hashed and carries invalid_record saying so (a choice the contract leaves open: README).
+An entry adding more than MAX_ROW_TOKENS tokens (its token row would decode past what one
+row may take, formats/token_pieces.py) is invalid_record too, after its digest checked.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import numpy as np
 from ..formats.gym_local import tokens_digest
 from ..formats.items import generated_items
 from ..reasons import Reason
-from .derived_calls import TokenRow
+from .derived_calls import MAX_ROW_TOKENS, TokenRow
 from .local_tokens import TOKEN_LIMIT, Masked, Parsed, Sequences, full_ids
 
 UNRESOLVED = "unresolved_parent"  # the poison rows' failure_reason (CONTRACT.md 9.6)
@@ -185,6 +187,12 @@ def _check(p: Parsed, by_id: dict[str, Parsed], seqs: Sequences, staging_key: st
     recomputed = tokens_digest(full.pieces, n)
     if recomputed != e.digest:
         raise Masked(Reason.DIGEST_MISMATCH, f"recomputed {recomputed[:16]}.. != entry {e.digest[:16]}..", cid)
+    if n - prev > MAX_ROW_TOKENS:
+        raise Masked(
+            Reason.INVALID_RECORD,
+            f"it adds {n - prev:,} tokens, over the {MAX_ROW_TOKENS:,} one token row may hold; not read",
+            cid,
+        )
     # the new tokens, from `start` in its own prompt, or F's after prev
     if not e.prompt_is_delta:
         start: int | None = prev  # F is its own prompt, then its generation

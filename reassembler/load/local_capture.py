@@ -58,6 +58,12 @@ class LocalRollout:
 
 Fetched = dict[str, "bytes | OSError"]  # a capture's files read ahead (read_captures)
 
+# A rollout's capture files are read whole, each line's token lists converted at once: what
+# bounds the load's memory (README, choices). Past these the rollout is invalid_record, the
+# file (or line) not parsed: 48 MiB of entries is ~6M ids (a 64 MiB file peaked at 0.93 GB); a line of 32 MiB ~4M.
+MAX_FILE_BYTES = 48 << 20  # a capture file (entries, state, intents, incomplete); at most this is read
+MAX_LINE_BYTES = 32 << 20  # an entries line
+
 
 def _read(folder: str, rel: str | None, fetched: Fetched | None) -> bytes | None:
     if rel is None:
@@ -65,12 +71,16 @@ def _read(folder: str, rel: str | None, fetched: Fetched | None) -> bytes | None
     got = None if fetched is None else fetched.get(rel)
     try:
         if got is None:
-            return storage.read_bytes(storage.join(folder, rel))
+            got = storage.read_bytes(storage.join(folder, rel), MAX_FILE_BYTES)
         if isinstance(got, OSError):
             raise got
-        return got
     except OSError as e:
         raise InputError(f"{rel}: cannot read ({e.strerror})") from e
+    if len(got) > MAX_FILE_BYTES:
+        raise Masked(
+            Reason.INVALID_RECORD, f"{rel}: more than the {MAX_FILE_BYTES:,} bytes a capture file may hold; not read"
+        )
+    return got
 
 
 def _id_lines(raw: bytes | None) -> list[str]:
@@ -96,7 +106,7 @@ def read_captures(
     otherwise wait one round trip each."""
     if storage.is_remote(folder):
         names = [[rel for rel in (f.state, f.entries, f.incomplete, f.intents) if rel is not None] for f in captures]
-        stream = storage.read_many([storage.join(folder, rel) for rels in names for rel in rels])
+        stream = storage.read_many([storage.join(folder, rel) for rels in names for rel in rels], limit=MAX_FILE_BYTES)
         fetches: Iterator[Fetched] = ({rel: next(stream)[1] for rel in rels} for rels in names)
     else:
         fetches = ({} if f.entries is None else {f.entries: _fetch(folder, f.entries)} for f in captures)
@@ -123,7 +133,7 @@ def read_captures(
 
 def _fetch(folder: str, rel: str) -> bytes | OSError:
     try:
-        return storage.read_bytes(storage.join(folder, rel))
+        return storage.read_bytes(storage.join(folder, rel), MAX_FILE_BYTES)
     except OSError as e:
         return e
 
@@ -132,8 +142,9 @@ def _read_batch(
     folder: str, batch: list[tuple[CaptureFiles, Fetched]], reader: EntryReader | None
 ) -> Iterator[LocalRollout | InputError]:
     contents = [fetched.get(files.entries or "") for files, fetched in batch]
-    readable = [k for k, got in enumerate(contents) if isinstance(got, bytes) and got]
-    texts = [got for got in contents if isinstance(got, bytes) and got]
+    # a file past the limit is read by nobody: its rollout is masked (read_capture)
+    usable = [(k, got) for k, got in enumerate(contents) if isinstance(got, bytes) and 0 < len(got) <= MAX_FILE_BYTES]
+    readable, texts = [k for k, _ in usable], [got for _, got in usable]
     # a local file DuckDB reads itself (a complete night's files do not change under the load)
     paths: list[str | None] | None = None
     if not storage.is_remote(folder):
@@ -186,6 +197,12 @@ def _rollout_checks(
         for k, raw in enumerate(raw_lines):
             if not raw.strip():
                 continue
+            if len(raw) > MAX_LINE_BYTES:
+                raise Masked(
+                    Reason.INVALID_RECORD,
+                    f"line {k + 1} of {files.entries}: {len(raw):,} bytes, over the {MAX_LINE_BYTES:,} an entry line "
+                    "may hold; not parsed",
+                )
             try:
                 value: object = orjson.loads(raw)
             except orjson.JSONDecodeError as e:

@@ -123,23 +123,25 @@ def read_parquet(loc: str, columns: list[str] | None = None):
     return pa.concat_tables(list(map_ahead(group, groups, True, threads=8)))
 
 
-def read_bytes(loc: str) -> bytes:
-    """The whole file (an object in one GET)."""
+def read_bytes(loc: str, limit: int | None = None) -> bytes:
+    """The whole file (an object in one GET); with `limit`, at most its first `limit` + 1
+    bytes (a file longer than `limit` is never held whole)."""
     if not is_remote(loc):
         with open(loc, "rb") as fh:
-            return fh.read()
-    return s3.get(loc)
+            return fh.read() if limit is None else fh.read(limit + 1)
+    return s3.get(loc, limit)
 
 
-def read_many(locations: list[str], window_bytes: int = 64 << 20, threads: int = 32):
+def read_many(locations: list[str], window_bytes: int = 64 << 20, threads: int = 32, limit: int | None = None):
     """(location, bytes or the OSError) of each file, in order. On object storage the next
     files are fetched on `threads` threads while the caller works, at most `window_bytes`
     (or `threads` files) ahead: a night of thousands of small capture files would otherwise
-    wait one round trip per file. Locally they are read one after the other."""
+    wait one round trip per file. Locally they are read one after the other. `limit`: as
+    read_bytes'."""
     if not any(is_remote(loc) for loc in locations):
         for loc in locations:
             try:
-                yield loc, read_bytes(loc)
+                yield loc, read_bytes(loc, limit)
             except OSError as e:
                 yield loc, e
         return
@@ -148,7 +150,7 @@ def read_many(locations: list[str], window_bytes: int = 64 << 20, threads: int =
 
     def fetch(loc: str):
         try:
-            return read_bytes(loc)
+            return read_bytes(loc, limit)
         except OSError as e:
             return e
 

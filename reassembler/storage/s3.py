@@ -175,10 +175,21 @@ def _is_missing(exc: BaseException) -> bool:
 # ---------------------------------------------------------------- requests
 
 
-def get(loc: str) -> bytes:
-    """The whole object in one GET (pyarrow's streams would send a HEAD first)."""
+def get(loc: str, limit: int | None = None) -> bytes:
+    """The whole object in one GET (pyarrow's streams would send a HEAD first); with
+    `limit`, at most its first `limit` + 1 bytes (the rest of the body is never read)."""
     bucket, key = split(loc)
-    return request(loc, "GET", lambda: client().get_object(Bucket=bucket, Key=key)["Body"].read())
+
+    def fetch() -> bytes:
+        body = client().get_object(Bucket=bucket, Key=key)["Body"]
+        if limit is None:
+            return body.read()
+        try:
+            return body.read(limit + 1)
+        finally:
+            body.close()
+
+    return request(loc, "GET", fetch)
 
 
 def get_versioned(loc: str) -> tuple[bytes | None, str | None]:
