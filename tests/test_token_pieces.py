@@ -28,7 +28,13 @@ DS = "2026-11-28"
 SMALL = 64 << 10  # a bound the synthetic night's row groups pass many times over
 
 
-def _token_file(path: Path, lengths: list[int], delta_len: list[int | None] | None = None, **write) -> pa.Table:
+def _token_file(
+    path: Path,
+    lengths: list[int],
+    delta_len: list[int | None] | None = None,
+    logprobs="generation_logprobs_delta",
+    **write,
+) -> pa.Table:
     """A token file of one row group: row k holds `lengths[k]` tokens, ids k*1000 + 0, 1, ...,
     mask 1 where the id is odd, log probabilities -id/1e6."""
     ids = [[k * 1000 + i for i in range(n)] for k, n in enumerate(lengths)]
@@ -44,7 +50,7 @@ def _token_file(path: Path, lengths: list[int], delta_len: list[int | None] | No
             "delta_len": pa.array(lengths if delta_len is None else delta_len, pa.int64()),
             "token_ids_delta": pa.array(ids, pa.list_(pa.int64())),
             "token_mask_delta": pa.array([[float(i % 2) for i in row] for row in ids], pa.list_(pa.float32())),
-            "generation_logprobs_delta": pa.array([[-i / 1e6 for i in row] for row in ids], pa.list_(pa.float32())),
+            logprobs: pa.array([[-i / 1e6 for i in row] for row in ids], pa.list_(pa.float32())),
         }
     )
     pq.write_table(table, path, **write)
@@ -55,17 +61,20 @@ def _read_all(file: TokenFile) -> list[list[int]]:
     return [ids for piece in range(len(file.pieces)) for ids in file.read(piece).column("ids").to_pylist()]
 
 
-def test_a_row_group_past_the_bound_is_read_in_pieces_of_whole_rows(tmp_path):
+@pytest.mark.parametrize("logprobs", ["generation_logprobs_delta", "generation_log_probs_delta"])
+def test_a_row_group_past_the_bound_is_read_in_pieces_of_whole_rows(tmp_path, logprobs):
     """40 rows of 0..390 tokens in one row group, 16 bytes a token decoded: with a 16 KiB
     bound, pieces of consecutive rows at most 8 KiB each (by delta_len), covering every row
     once in order; reading them gives the file's rows exactly."""
     lengths = [10 * k for k in range(40)]
-    table = _token_file(tmp_path / "t.parquet", lengths)
+    table = _token_file(tmp_path / "t.parquet", lengths, logprobs=logprobs)  # the contract's name, or Gym's
     file = TokenFile(str(tmp_path / "t.parquet"), 16 << 10)
     assert len(file.pieces) > 5 and all(p.group == 0 and p.why is None for p in file.pieces)
     assert [p.first for p in file.pieces] == list(np.cumsum([0] + [p.rows for p in file.pieces[:-1]]))
     assert sum(p.rows for p in file.pieces) == 40 and file.starts[-1] == 40
     assert all(p.size <= 8 << 10 for p in file.pieces if p.rows > 1)
+    # what a piece takes counts each token's id, mask and log probability (16 bytes), whichever name
+    assert all(p.size >= 16 * sum(lengths[p.first : p.first + p.rows]) for p in file.pieces)
     assert _read_all(file) == table.column("token_ids_delta").to_pylist()
     piece = file.read(3)
     assert piece.column("mask").to_pylist()[0] == [

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..errors import InputError
 from . import parquet_pages
-from .row_groups import DECODED_WIDTH, READ, decoded_bytes, laid_out, read_row_group
+from .row_groups import DECODED_WIDTH, LOGPROB_NAMES, READ, decoded_bytes, laid_out, read_row_group
 
 PIECE_SHARE = 0.5  # of the bound: a piece of several rows decodes to at most this
 ROW_ALONE = 2  # times the bound: the most one row decodes to and is read (alone)
@@ -109,7 +109,10 @@ def plan(loc: str, metadata: pq.FileMetaData, group: int, size: int | None, boun
     too_big = f"row group {group} ({n} rows) decodes to {total:,} bytes, over the {bound:,} the job decodes at once"
     names = metadata.schema.to_arrow_schema().names
     values = _leaf_values(metadata, group, IDS_COLUMN)
-    width = sum(w for name, w in DECODED_WIDTH.items() if name in names and name != "generation_log_probs_delta") or 16
+    # a token's bytes decoded: its id, its mask, its log probability (one column of the two names read)
+    width = sum(DECODED_WIDTH[c] for c in (IDS_COLUMN, MASK_COLUMN)) + DECODED_WIDTH[LOGPROB_NAMES[0]] * any(
+        n in names for n in LOGPROB_NAMES
+    )
     if n == 1:
         other = total - (values or 0) * width  # what the row's keys, digests and counts take
         if total > ROW_ALONE * bound or other > bound * OTHER_SHARE:
