@@ -18,7 +18,8 @@ import pytest
 from commands import cli
 from conftest import read_partition
 from reassembler.build import build_night
-from reassembler.formats.gym_envelope import canonical_digest, read_envelope
+from reassembler.formats.gym_envelope import canonical_digest, describe, read_envelope
+from reassembler.load.envelope_lines import envelope_calls
 from reassembler.producer.gym_envelope import Envelope, EnvelopeCall, envelope_line, envelope_record
 from reassembler.settings import Options, Settings
 
@@ -473,6 +474,71 @@ def test_the_renamed_rollout_trace_contract_is_read_like_version_3():
     assert (got.reason, got.evidence, got.kind, got.rows) == (None, "digest", "rollout_trace_contract", [[0, 1], [2]])
     _set(_item(1), "generation_token_ids", [8])(record)
     assert read_envelope(record).reason.value == "digest_mismatch"
+
+
+def test_a_log_probability_of_minus_infinity_masks_and_one_of_exactly_zero_trains():
+    record = line()
+    _item(0)(record)["generation_log_probs"] = [-0.5, float("-inf")]  # JSON's -Infinity, as Python reads it
+    got = read_envelope(record)
+    assert (got.reason.value, got.call_id, got.detail) == (
+        "invalid_logprob",
+        C0,
+        "call 0 (output item 1): a log probability is not finite",
+    )
+    record = line()
+    _both(_set(_item(0), "generation_log_probs", [-0.5, 0.0]), _redigest(0))(record)
+    got = read_envelope(record)
+    assert got.reason is None and got.calls[0].logprobs.tolist() == [0.0, 0.0, -0.5, 0.0]
+
+
+def test_a_generation_contract_without_training_eligible_is_not_eligible():
+    record = line()
+    _generation(record).pop("training_eligible")
+    assert read_envelope(record).reason is None  # the three identity gaps alone still admit it
+    _generation(record)["incomplete_reasons"] = []
+    got = read_envelope(record)
+    assert (got.reason.value, got.detail) == ("producer_masked", "training_eligible false: no reason given")
+
+
+def test_a_prompt_equal_to_the_previous_calls_tokens_extends_it():
+    calls = [EnvelopeCall([1, 2], [3, 4], [-0.5, -0.25]), EnvelopeCall([1, 2, 3, 4], [6], [-1.0])]
+    got = read_envelope(envelope_record(Envelope(3, 0, calls)))
+    assert got.reason is None and got.rows == [[0, 1]]
+    assert (got.calls[1].ids.tolist(), got.calls[1].mask.tolist()) == ([6], [1])
+
+
+def test_each_derived_call_s_parent_is_the_call_before_it_in_its_segment():
+    calls = [
+        EnvelopeCall([1, 2], [3], [-0.5]),
+        EnvelopeCall([1, 2, 3, 4], [5], [-1.0]),
+        EnvelopeCall([1, 2, 3, 4, 5, 6], [7], [-1.0]),
+        EnvelopeCall([9], [8], [-2.0], starts_segment=True),
+    ]
+    got = read_envelope(envelope_record(Envelope(3, 0, calls)))
+    assert got.rows == [[0, 1, 2], [3]]
+    derived = [(c.call_id, c.parent, c.mode, c.ids.tolist()) for c in envelope_calls(got)]
+    assert derived == [
+        ("0", None, "text", [1, 2, 3]),
+        ("1", "0", "token_in", [4, 5]),
+        ("2", "1", "token_in", [6, 7]),
+        ("3", None, "text", [9, 8]),
+    ]
+
+
+def test_explain_walks_every_call_a_record_or_an_item_short_included():
+    record = line()
+    record["response"]["model_call_metadata"].pop()  # 3 token items, 2 records
+    walked = [s for s in describe(record, read_envelope(record)) if s.startswith("  call ")]
+    assert [s.split(":")[0] for s in walked] == [
+        "  call 0 (output item 1)",
+        "  call 1 (output item 4)",
+        "  call 2 (output item 7)",
+    ]
+    assert walked[2].startswith("  call 2 (output item 7): None, step None")
+    record = line()
+    record["response"]["output"][7].pop("generation_token_ids")  # 2 token items, 3 records
+    walked = [s for s in describe(record, read_envelope(record)) if s.startswith("  call ")]
+    assert len(walked) == 3 and walked[2].startswith(f"  call 2 (no output item): {C2}, step 3, segment 1")
 
 
 # ---------------------------------------------------------------- the digest
