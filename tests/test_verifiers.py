@@ -961,6 +961,33 @@ def test_a_link_type_that_is_no_string_and_a_logprob_past_float64_mask():
     assert first(lambda e, t, n: n[2]["logprobs"].__setitem__(0, -9999.5)) == ("invalid_logprob", "2")
 
 
+def test_a_semantic_link_to_node_0_is_valid_and_a_mask_without_token_ids_is_no_tokenless_node():
+    from reassembler.formats.verifiers import parse_episode
+
+    def first(change) -> tuple:
+        [r] = parse_episode(_with(change))
+        return (r.reason.value, r.call_id, r.detail) if r.reason else (None, None, None)
+
+    assert first(lambda e, t, n: _set(n[4], "semantic_parents", [{"node": 0, "type": "system"}])) == (None,) * 3
+    assert first(lambda e, t, n: n.append(dict(prompt_node([], 4), mask=[False]))) == (
+        "length_mismatch",
+        "5",
+        "node 5: 1 mask values for 0 token ids",
+    )
+
+
+def test_env_is_the_episodes_env_id_else_its_name():
+    from reassembler.formats.verifiers import parse_episode
+
+    def env_of(env) -> str | None:
+        ep = _with(lambda e, t, n: _set(e, "env", env))
+        return parse_episode(ep)[0].env
+
+    assert env_of({"id": "swe-lite@2", "name": "swe-lite"}) == "swe-lite@2"
+    assert env_of({"id": "", "name": "swe-lite"}) == env_of({"name": "swe-lite"}) == "swe-lite"
+    assert env_of({"id": 7}) is None and env_of("swe-lite") is None
+
+
 def test_a_policy_version_past_int64_gives_null_versions(tmp_path):
     nodes = [prompt_node([1], None), sampled_node([], [2], [-1.0], 0)]
     ep = episode("ep-big", [trace(nodes)])
