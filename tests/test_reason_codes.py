@@ -312,6 +312,33 @@ def test_a_diagnosis_beside_a_measured_reward_trains_and_counts_in_its_group(nig
     assert [r["advantage"] for r in built.rows_of("grp_g1")] == [degraded["advantage"]] * 2
 
 
+def test_a_diagnosis_never_overwrites_the_lines_own_metadata_keys(night, build):
+    worked_example(night, "grp_g0", reward=1.0)
+    _rollout(
+        night,
+        reward=0.0,
+        failure_reason="tool timed out",
+        failure_kind="degraded_tool",
+        metadata={"failure_kind": "the harness's own", "seed": 7},
+    )
+    got = build(night).audit["grp_g1"]
+    assert got["status"] == "ok"
+    assert json.loads(got["metadata"]) == {
+        "failure_kind": "the harness's own",
+        "seed": 7,
+        "failure_reason": "tool timed out",
+    }
+
+
+def test_a_rollout_with_no_capture_says_so_and_one_with_ledger_rows_is_staged(night, build):
+    worked_example(night, "grp_g0", reward=1.0)
+    f_empty_ledger(night)
+    built = build(night)
+    assert (built.audit["grp_g1"]["reason"], built.audit["grp_g1"]["capture"]) == ("empty_ledger", None)
+    assert built.audit["grp_g0"]["capture"] == "staged"
+    assert {r["capture"] for r in built.rows_of("grp_g0")} == {"staged"}
+
+
 def test_poison_row_off_chain_is_counted_not_masked_under_the_default_policy(night, build):
     f_capture_poisoned(night)
     built = build(night)
