@@ -62,3 +62,19 @@ def test_a_part_that_fails_leaves_none_of_its_tables(tmp_path):
         tables["a"].write(_rows(0, 2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet", "b.parquet"]
     assert pq.read_table(tmp_path / "a.parquet").num_rows == 2 and pq.read_table(tmp_path / "b.parquet").num_rows == 0
+
+
+def test_held_rows_come_out_in_order_and_their_count_starts_again_once_taken():
+    from reassembler.table_file import HeldRows
+
+    held = HeldRows(lambda rows: pa.table({"n": rows}))
+    assert held.take() is None and held.count == 0
+    held.add(1)
+    held.add(2)
+    held.add_table(pa.table({"n": [3, 4]}))
+    held.add(5)
+    assert held.count == 5
+    assert held.take().column("n").to_pylist() == [1, 2, 3, 4, 5]
+    assert held.count == 0 and held.take() is None
+    held.add(6)
+    assert held.count == 1 and held.take().column("n").to_pylist() == [6]
