@@ -522,3 +522,16 @@ def test_a_socket_in_the_ledger_folder_stops_the_night(tmp_path):
         os.rename(short / "capture.sock", sub / "capture.sock")
         res = build(inp, tmp_path / "out")
     assert res.returncode == 2 and "capture.sock: not a regular file (a socket)" in res.stderr
+
+
+@pytest.mark.parametrize("fan_out", [(), ("--load-parts", "2", "--merge-buckets", "2")], ids=["one", "two"])
+def test_a_rollouts_first_rejected_ledger_line_is_the_first_by_file_then_line(tmp_path, fan_out):
+    _, inp = two_rollouts(tmp_path / "n")
+    folder = partition(inp, "ledger")
+    nameless = '{{"rollout_id": "{}", "parent_call_id": null}}'  # no model_call_id: a reject row of its rollout
+    (folder / "a.jsonl").write_text(nameless.format("a_g1") + "\n" + nameless.format("a_g0") + "\n")
+    (folder / "b.jsonl").write_text(nameless.format("a_g0") + "\n")
+    built(build(inp, tmp_path / "out", *fan_out))
+    a = audit(tmp_path / "out")
+    assert a["a_g0"]["detail"].startswith("2 ledger rows rejected; first: a.jsonl:2: "), a["a_g0"]["detail"]
+    assert a["a_g1"]["detail"].startswith("1 ledger rows rejected; first: a.jsonl:1: "), a["a_g1"]["detail"]

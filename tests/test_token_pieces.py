@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -273,3 +274,28 @@ def test_a_string_longer_than_a_quarter_of_the_bound_refuses_the_row_group_befor
     )
     with pytest.raises(InputError, match=r"row group 0: column model_call_id holds a page of 2,0\d\d,\d{3} bytes"):
         list(group_key_batches(pq.read_metadata(path), str(path), 0, 0, None, 16 << 10))
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_token_rows_too_big_to_read_count_as_read_and_rejected(night, parts):
+    """With a 16 KiB bound the night's rows past 32 KiB (2,048 tokens) are reject rows: the
+    load's token counts still hold every row of the files, whether one part reads them or
+    three parts and a merge."""
+    root, _ = night
+    files = sorted((root / "small" / "tokens").rglob("*.parquet"))
+    decoded = []  # a row's lists decoded (8 bytes an id, 4 a mask value or a log probability), not its delta_len
+    for f in files:
+        t = pq.read_table(f)
+        logprobs = next(c for c in t.column_names if "logprob" in c or "log_prob" in c)
+        widths = {"token_ids_delta": 8, "token_mask_delta": 4, logprobs: 4}
+        decoded += np.sum([pc.list_value_length(t.column(c)).to_numpy() * w for c, w in widths.items()], 0).tolist()
+    decoded = np.array(decoded)  # and its keys, digests and list offsets: some hundred bytes a row
+    too_big, maybe = int(np.count_nonzero(decoded > 32768)), int(np.count_nonzero(decoded > 32768 - 1024))
+    assert too_big > 0
+    built = build_night(
+        root / "small", root / f"out-16k-{parts}", DS, Settings(max_row_group_bytes=16 << 10, load_parts=parts)
+    )
+    tokens = built.load.tokens
+    assert tokens.read == len(decoded) and tokens.loaded == tokens.read - tokens.rejected
+    rejects = pq.read_table(root / f"out-16k-{parts}" / "tables" / "rejects.parquet").to_pylist()
+    assert too_big <= sum("a row may take" in r["error"] for r in rejects if r["source"] == "tokens") <= maybe

@@ -69,7 +69,7 @@ class _Child:
             "folder": folder,
             "files": [dataclasses.astuple(f) for f in files],  # CaptureFiles(*fields) again in the child
             "scratch": scratch,
-            "name": f"derived-tokens-local-{self.number}.parquet",
+            "name": f"derived-tokens-local-{self.number}.parquet",  # derived_tokens.NAME, then its own
         }
         self._proc.give(json.dumps(work).encode())
 

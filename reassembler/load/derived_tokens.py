@@ -23,11 +23,16 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..formats.token_file import CANONICAL, LISTS
 from ..table_file import HeldRows
-from .derived_calls import TokenRow
+from ..formats.token_pieces import ROW_ALONE
+from .derived_calls import MAX_ROW_TOKENS, TokenRow
 
 ROW_GROUP_ROWS = 256
 GROUP_TOKENS = 1 << 20  # a row group holds at most this many tokens (16 MiB decoded), but a row past it alone
 KEYS_HELD = 64 << 20  # bytes of staging keys a DerivedTokens keeps for `keys`; past that they are read back
+NAME = "derived-tokens"  # how the load names its derived token files (a capture child's: derived-tokens-local-<n>)
+# the bound the job reads its own derived files with, at least: a derived row of MAX_ROW_TOKENS
+# (16 bytes a token decoded) is read alone at ROW_ALONE times it (formats/token_pieces.py)
+OWN_BOUND = MAX_ROW_TOKENS * 16 // ROW_ALONE
 
 # a token file (CONTRACT.md 2.3) holding only keys and token lists; the custody columns are
 # null: a derived call's checks ran where it was derived. Every derived id is in [0, 2**31)
@@ -39,6 +44,14 @@ FILE_SCHEMA = pa.schema(
     + [(column, pa.list_(pa.from_numpy_dtype(COMPACT[name]))) for name, column, _ in LISTS]
 )
 CANONICAL_TYPES = {"ids": np.int64, "mask": np.float32, "logprobs": np.float32}
+
+
+def read_bound(path: str, bound: int) -> int:
+    """The bound a token file at `path` is read with: the setting's (`bound`), and for the
+    load's own derived files at least OWN_BOUND. Their rows were checked and held whole when
+    they were derived (local mode caps an entry at MAX_ROW_TOKENS), so reading one back costs
+    no more than deriving it did, and a smaller setting never refuses the job's own file."""
+    return max(bound, OWN_BOUND) if storage.name(path).startswith(NAME) else bound
 
 
 def token_table(rows: list[TokenRow]) -> pa.Table:
@@ -54,7 +67,7 @@ class DerivedTokens:
     (formats/token_file.py), a row group at a time: given one by one (`add`) or as tables
     of the file's columns (`add_table`, load/derived_calls.py), in the order given."""
 
-    def __init__(self, folder: str, name: str = "derived-tokens.parquet"):
+    def __init__(self, folder: str, name: str = f"{NAME}.parquet"):
         self.path = storage.join(folder, name)
         self._writer: pq.ParquetWriter | None = None
         self._sink: Any = None

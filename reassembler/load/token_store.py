@@ -20,6 +20,7 @@ import pyarrow as pa
 from .. import storage
 from ..formats.token_file import CANONICAL, TokenFile
 from ..settings import DEFAULTS
+from .derived_tokens import read_bound
 
 PREFETCH_THREADS = 4  # a batch's missing row groups fetched at once from object storage
 AHEAD_THREADS = 8  # row groups read ahead of the shard at once (bounded in bytes as well)
@@ -88,7 +89,8 @@ class TokenStore:
         """The files, those not open yet opened at once (on object storage a footer read each)."""
         new = [p for p in dict.fromkeys(paths) if p not in self._files]
         remote = any(storage.is_remote(p) for p in new)
-        for path, file in zip(new, storage.map_ahead(lambda p: TokenFile(p, self.max_row_group_bytes), new, remote)):
+        bound = self.max_row_group_bytes
+        for path, file in zip(new, storage.map_ahead(lambda p: TokenFile(p, read_bound(p, bound)), new, remote)):
             self._files[path] = file
         return [self._files[p] for p in paths]
 
