@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..formats.token_file import CANONICAL, LISTS
-from ..table_file import HeldRows
 from ..formats.token_pieces import ROW_ALONE
+from ..table_file import HeldRows
 from .derived_calls import MAX_ROW_TOKENS, TokenRow
 
 ROW_GROUP_ROWS = 256
