@@ -403,6 +403,7 @@ PART_DAMAGE = {
         "damaged since it was written (Parquet magic bytes not found",
     ),
     "a byte of page data inverted": ("ledger.parquet", _flip(2), "CRC checksum verification failed"),
+    "a byte of the rollouts, read whole, inverted": ("rollouts.parquet", _flip(2), "not the file load part 1 wrote"),
     "rewards edited": (
         "rollouts.parquet",
         lambda p: _rewrite(p, _edited_rewards),
