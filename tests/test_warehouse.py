@@ -162,6 +162,10 @@ def test_retention_keeps_the_per_call_tables_of_the_newest_nights_only(tmp_path)
     from reassembler.call_tables import nights_on_disk
 
     assert nights_on_disk(out, "rollout_items") == nights[1:]  # the files go, not only the view's rows
+    from reassembler.call_tables import PER_CALL, SCHEMA_DS, SCHEMA_RUN, night_folder
+
+    for table in PER_CALL:  # each table's zero-row schema file is no night: retention leaves it
+        assert Path(night_folder(str(out), table, SCHEMA_DS, SCHEMA_RUN), "schema.parquet").is_file(), table
 
 
 def _wal(out: Path) -> int:
