@@ -35,8 +35,10 @@ def _child() -> None:
 
         table = pa.table({"ids": pa.array([1, 2, 3])})
         records.put("lines", {"rows": table.num_rows, "pandas": "pandas" in sys.modules})
-    elif work["script"] == "dies":  # every record written, then a failed exit
+    elif work["script"] == "dies":  # every record written, two lines on stderr, then a failed exit
         records.put("rows", [1])
         records.put("lines", 1)
         records.out.flush()
+        sys.stderr.write("warming up\nMemoryError: the last thing it said\n\n")
+        sys.stderr.flush()
         os._exit(3)
