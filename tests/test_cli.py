@@ -105,6 +105,22 @@ def test_an_output_inside_or_equal_to_an_input_location_is_refused(tmp_path, nig
     assert "lies inside the input location" in capsys.readouterr().err
 
 
+def test_an_output_beside_the_input_whose_name_starts_with_the_inputs_is_allowed(night, capsys):
+    worked_example(night, "group_g0")
+    inp = night.write()
+    beside = inp.parent / f"{inp.name}-rows"
+    assert main(["build", "--input", str(inp), "--output", str(beside), "--ds", DS]) == 0, capsys.readouterr().err
+    assert (beside / "rows" / f"ds={DS}").is_dir()
+
+
+def test_an_option_written_with_equals_is_the_option_and_its_value(tmp_path, night, capsys):
+    worked_example(night, "group_g0")
+    inp = night.write()
+    assert main(["build", f"--input={inp}", f"--output={tmp_path / 'out'}", f"--ds={DS}", "--shards=2"]) == 0
+    assert (tmp_path / "out" / "rows" / f"ds={DS}").is_dir()
+    assert "has no option --ouput" in _usage_error(["build", "--ouput=o", "--input=i", f"--ds={DS}"], capsys)
+
+
 def test_a_rerun_says_which_run_it_replaced(tmp_path, night, capsys):
     worked_example(night, "group_g0")
     inp, out = night.write(), tmp_path / "out"
