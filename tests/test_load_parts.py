@@ -88,8 +88,8 @@ def _outcome(out: Path, summary) -> dict:
     return {"tables": tables, "rows": rows, "audit": audit, "load": summary.load.lines()}
 
 
-def _build(inp: Path, out: Path, parts: int, workers: int = 1, buckets: int = 1) -> dict:
-    settings_ = Settings(load_parts=parts, workers=workers, merge_buckets=buckets, allow_empty=True)
+def _build(inp: Path, out: Path, parts: int, workers: int = 1, buckets: int = 1, shards: int = 1) -> dict:
+    settings_ = Settings(load_parts=parts, workers=workers, merge_buckets=buckets, shards=shards, allow_empty=True)
     return _outcome(out, build_night(inp, out, DS, settings_))
 
 
@@ -105,12 +105,15 @@ def _merged(con, plan, run: Path, settings_: Settings, calls: tuple[str, str]) -
     parts=st.integers(2, 5),
     workers=st.sampled_from([1, 2]),
     buckets=st.integers(1, 4),
+    shards=st.integers(2, 3),
 )
-def test_any_number_of_parts_and_buckets_gives_the_same_night(tmp_path_factory, seed, shape, parts, workers, buckets):
+def test_any_number_of_parts_and_buckets_gives_the_same_night(
+    tmp_path_factory, seed, shape, parts, workers, buckets, shards
+):
     root = tmp_path_factory.mktemp("night")
     inp = _damaged(root / "in", seed, shape)
     one = _build(inp, root / "one", 1)
-    many = _build(inp, root / "many", parts, workers, buckets)
+    many = _build(inp, root / "many", parts, workers, buckets, shards)  # each shard sorts its own calls
     assert many == one
     assert one["rows"] and any(r[0] == "rollouts" for r in one["tables"]["rejects"])  # the damage was read
     assert len(one["tables"]["rollout_items"]) <= len(one["tables"]["rollouts"])  # a row per line kept

@@ -64,16 +64,14 @@ DECISIONS = pa.schema(
 )
 
 
-def merge_rollouts(
-    plan: LoadPlan, folder: str, calls: tuple[str, str], settings: Settings = DEFAULTS, shards: int | None = None
-) -> dict:
+def merge_rollouts(plan: LoadPlan, folder: str, calls: tuple[str, str], settings: Settings = DEFAULTS) -> dict:
     """The global step of the night of `plan` (its parts in `folder`, all finished:
     RuntimeError otherwise); `calls`: the output and run the night's per-call files go to.
     Returns its marker."""
     night, ds = plan.night, plan.night.ds
     markers = read_part_markers(plan, folder)
     out = merge_dir(folder)
-    shards = shards or settings.shards
+    shards = settings.shards
     con = scratch(settings.duckdb)
     try:
         run_script(con, "schema", rollouts_columns=ddl(ROLLOUT_ROW))
