@@ -25,6 +25,7 @@ from .formats.locations import Inputs
 from .formats.night import check_output_apart
 from .load.child_process import worker_start
 from .load.part_load import clear_parts
+from .load.parts import STARTED
 from .load.read import LoadSummary
 from .memory import give_back, step_memory
 from .merge.commit import write_shard_rollouts
@@ -99,6 +100,7 @@ def load_step(
         assert load.plan is not None, "internal: a night loaded without its plan"
         with step_memory():  # what each shard reads instead of the warehouse (it sorts its calls itself)
             write_shard_rollouts(con, load.plan, staging, path_safe(run), settings.shards, plans)
+        storage.delete(storage.join(staging, STARTED))  # loaded: no longer in flight (collect_runs)
         # earlier loads of the night, but its current run's (a published night's, until this run publishes)
         call_tables.remove_other_runs(output, ds, {path_safe(run), *call_tables.current_runs(con, ds)})
         drop_call_files(output, kept)

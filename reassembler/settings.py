@@ -91,6 +91,7 @@ log = logging.getLogger(__name__)
 # The settings read from the environment alone (README, Settings): each a number of seconds.
 ENV_SECONDS = {
     "REASSEMBLER_GRACE_SECONDS": 3600.0,  # a superseded run's files stay readable (publish/protocol.py)
+    "REASSEMBLER_IN_FLIGHT_SECONDS": 43200.0,  # a run of the night not yet published, planned since, is in flight
     "REASSEMBLER_LEASE_SECONDS": 120.0,  # the output lease on object storage (publish/lock.py)
     "REASSEMBLER_S3_RETRY_SECONDS": 60.0,  # the retry budget of one request (storage/retry.py)
 }

@@ -204,7 +204,12 @@ def test_a_warehouse_or_spill_folder_inside_an_input_location_is_refused(tmp_pat
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("REASSEMBLER_GRACE_SECONDS", "abc"), ("REASSEMBLER_LEASE_SECONDS", "2m"), ("REASSEMBLER_S3_RETRY_SECONDS", "-1")],
+    [
+        ("REASSEMBLER_GRACE_SECONDS", "abc"),
+        ("REASSEMBLER_LEASE_SECONDS", "2m"),
+        ("REASSEMBLER_S3_RETRY_SECONDS", "-1"),
+        ("REASSEMBLER_IN_FLIGHT_SECONDS", "12h"),
+    ],
 )
 def test_a_setting_of_the_environment_that_is_no_number_is_one_line_naming_it(tmp_path, name, value):
     from commands import cli, one_line_error

@@ -195,8 +195,17 @@ def part_folder(folder: str, k: int) -> str:
     return storage.join(folder, "load", f"part-{k:05d}")
 
 
+STARTED = "started.json"  # in a run's folder: when its load was planned (publish/protocol.py's collect_runs)
+
+
 def write_plan(folder: str, plan: LoadPlan) -> None:
-    """The plan into the run's folder, sealed (its SHA-256 in it: read_plan refuses it changed)."""
+    """The plan into the run's folder, sealed (its SHA-256 in it: read_plan refuses it changed),
+    after the time it was planned (the run is in flight from then: another run's load leaves
+    its folder alone)."""
+    from datetime import UTC, datetime
+
+    started = {"planned_at": datetime.now(UTC).isoformat(timespec="microseconds")}
+    storage.write_bytes(storage.join(folder, STARTED), json.dumps(started).encode())
     storage.write_bytes(plan_location(folder), sealed(json.loads(plan.to_json())))
 
 
@@ -205,4 +214,7 @@ def read_plan(folder: str) -> LoadPlan:
     try:
         return LoadPlan.from_json(storage.read_bytes(where), where)
     except FileNotFoundError:
-        raise RuntimeError(f"{where}: no load plan in the run's folder (the plan task did not run)") from None
+        raise InputError(
+            f"{where}: this run's load plan is gone: its folder was removed (a load of the night by another run "
+            "removes the folders of runs not in flight), or the plan task did not run; run the night again"
+        ) from None

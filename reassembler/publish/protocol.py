@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 from .. import call_tables, storage
 from ..errors import AuditCheckFailed, OutputBusy, StoreError
+from ..load.parts import STARTED
 from ..settings import env_seconds
 from ..warehouse import run_script, sql
 from .checkpoints import checkpoint
@@ -289,22 +290,40 @@ def _age(when: str) -> float:
 
 def collect_runs(output: str, ds: str, manifest: dict | None, current: str | None = None) -> None:
     """Delete the run folders of the night no reader needs: all but the committed run's,
-    those of the runs it superseded less than GRACE_SECONDS ago, and the `current` run's
-    (its load parts are in it)."""
+    those of the runs it superseded less than GRACE_SECONDS ago, the `current` run's (its
+    load parts are in it), and those of the runs in flight (another DAG run of the night,
+    between its plan and its publish: `in_flight`)."""
     keep = set() if current is None else {path_safe(current)}
+    named = set()  # the runs the manifest names: they published
     if manifest is not None and "version" in manifest:  # (a manifest of the release before names no run folder)
         keep.add(path_safe(manifest["run_id"]))
+        named = {path_safe(r["run_id"]) for r in manifest.get("superseded", [])}
         keep |= {path_safe(r["run_id"]) for r in manifest.get("superseded", []) if _age(r["at"]) < GRACE_SECONDS}
     folder = runs_dir(output, ds)
     files = storage.list_files(folder, "", recursive=True)
+    runs = {rel.split("/", 1)[0] for rel in files}
+    if not storage.is_remote(folder) and os.path.isdir(folder):
+        runs |= set(os.listdir(folder))
+    keep |= {run for run in runs - keep - named if in_flight(storage.join(folder, run))}
     if storage.is_remote(folder):  # every object of those runs, 1,000 a request
         storage.delete_many([storage.join(folder, rel) for rel in files if rel.split("/", 1)[0] not in keep])
         return
-    runs = {rel.split("/", 1)[0] for rel in files}
-    if os.path.isdir(folder):
-        runs |= set(os.listdir(folder))
     for run in sorted(runs - keep):
         storage.delete_tree(storage.join(folder, run))
+
+
+def in_flight(run_folder: str) -> bool:
+    """Whether the run of `run_folder` planned its load less than IN_FLIGHT_SECONDS ago and has
+    not loaded it yet (its started.json, written with the plan, deleted by its load: load/parts.py,
+    build.py): a DAG run of the night still parsing or merging, whose folder another run's load
+    leaves alone. Of two such runs the later load wins: the other one's shards or audit checks
+    then stop it, saying so. A folder without it, or planned longer ago, is a run loaded (the
+    manifest's rules keep it or not) or one that failed."""
+    try:
+        started = json.loads(storage.read_bytes(storage.join(run_folder, STARTED), 4096))
+        return _age(started["planned_at"]) < env_seconds("REASSEMBLER_IN_FLIGHT_SECONDS")
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return False
 
 
 def clear_legacy(output, ds: str) -> None:
