@@ -53,6 +53,18 @@ def _status(pid: int) -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]) * 1024 if "VmRSS" in fields else 0, int(fields["Threads"])
 
 
+def _pss(pid: int) -> int:
+    """Proportional set size: the process's own pages, and its share of those it shares (a
+    forked worker's pages inherited from the command count half in each): what it adds."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _role(pid: int, main: int) -> str:
     """What a process of the build is: the command itself, a worker it forked, a load child."""
     if pid == main:
@@ -106,7 +118,7 @@ def main() -> None:
     cmd += ["--workers", w, "--shards", w, "--load-parts", parts, "--temp-directory", str(spill)]
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak_one = peak_sum = threads_one = threads_all = spill_peak = processes = 0
+    peak_one = peak_sum = threads_one = threads_all = spill_peak = processes = pss_one = 0
     by_pid: dict[int, tuple[int, str]] = {}  # pid -> (its peak, what it is)
     while proc.poll() is None:
         pids = _tree(proc.pid)
@@ -114,6 +126,8 @@ def main() -> None:
         for pid, (rss, _) in zip(pids, seen):
             if rss > by_pid.get(pid, (0, ""))[0]:
                 by_pid[pid] = (rss, by_pid.get(pid, (0, _role(pid, proc.pid)))[1] or _role(pid, proc.pid))
+        for pid in pids:
+            pss_one = max(pss_one, _pss(pid))
         processes = max(processes, len(seen))
         peak_one = max(peak_one, *(rss for rss, _ in seen))
         peak_sum = max(peak_sum, sum(rss for rss, _ in seen))
@@ -135,6 +149,7 @@ def main() -> None:
         "wall_s": round(wall, 1),
         "peak_rss_one_process_mib": round(peak_one / mib),
         "peak_rss_all_processes_mib": round(peak_sum / mib),
+        "peak_pss_one_process_mib": round(pss_one / mib),
         "processes_at_once": processes,
         "threads_one_process": threads_one,
         "threads_all": threads_all,
