@@ -1,0 +1,256 @@
+"""OpenPipe ART trajectory Parquet, format version 2 (CONTRACT.md 13; openpipe-art 0.5.23).
+
+One row of an ART file is one trajectory: `trajectory_json` (the authoritative data, ART's
+JSON dialect: a NaN or infinite float is the bare literal) with its `group_index`,
+`trajectory_index` and `reward`. `read_trajectory` checks one as 13.4 says, in order, and
+builds its rows from the training model's branches (formats/art_branches.py):
+
+    invariant: an ok rollout's rows are the training model's branches holding a token it
+               trains, in ART's order, each its branch's tokens with loss_mask 1 exactly
+               where ART's first-occurrence mask is 1 and that token's log probability
+               there (0.0 elsewhere); a masked rollout has no row and names the first
+               check it failed (and the call, `c{k}` or `c{k}.{i}`, for the per-call ones).
+
+Read here: the exchanges path. Not read yet: legacy `messages_and_choices` trajectories
+(masked `unsupported_version`, saying so), and nothing is wired into the load yet (issue 62).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from ..reasons import Reason
+from .art_branches import Call, Choice, branch_tokens, build_branches, first_occurrence, normalize, without_nulls
+
+VERSION_KEY = b"art.trajectory_parquet.version"
+VERSION = "2"
+TOKEN_LIMIT = 2**31
+TRAINING_MODEL = re.compile(r"^(?P<name>.+)@(?P<step>[0-9]+)$")  # `{name}@{N}`: a checkpoint ART served
+TOKEN_ID = re.compile(r"^token_id:(-?[0-9]+)$")
+
+
+def decode(text: str):
+    """ART's JSON: Python's json with its defaults (NaN, Infinity, -Infinity read as floats)."""
+    return json.loads(text)
+
+
+@dataclass
+class ArtRow:
+    ids: np.ndarray  # int64
+    mask: np.ndarray  # float32, 1.0 where it trains
+    logprobs: np.ndarray  # float32, 0.0 off the mask
+    prompt_len: int
+    call_ids: list[str]
+
+
+@dataclass
+class ArtRollout:
+    """One trajectory read: why it is masked (`reason`, `detail`, `call_id`) or its rows."""
+
+    reason: Reason | None = None
+    detail: str | None = None
+    call_id: str | None = None
+    rows: list[ArtRow] = field(default_factory=list)
+    n_sampled: int = 0  # sampled choices of the training model (the audit's n_ledger_calls)
+    n_selected: int = 0  # those with a trained token on the rows
+    n_roots: int = 0  # branches started without a parent
+    agent: str | None = None
+    temperature: float | None = None
+    policy: tuple[int, int] | None = None
+
+
+class Masked(Exception):
+    def __init__(self, reason: Reason, detail: str, call_id: str | None = None):
+        super().__init__(detail)
+        self.reason, self.detail, self.call_id = reason, detail, call_id
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def read_trajectory(trajectory, reward) -> ArtRollout:
+    """One trajectory (`trajectory_json`, decoded) with its row's `reward` column."""
+    out = ArtRollout()
+    try:
+        _read(trajectory, reward, out)
+    except Masked as m:
+        out.reason, out.detail, out.call_id, out.rows = m.reason, m.detail, m.call_id, []
+    return out
+
+
+def _read(t, reward, out: ArtRollout) -> None:
+    if not isinstance(t, dict):
+        raise Masked(Reason.INVALID_RECORD, "trajectory_json is not a JSON object")
+    exchanges = t.get("exchanges") or {}
+    legacy = t.get("messages_and_choices") or []
+    if not isinstance(exchanges, dict):
+        raise Masked(Reason.INVALID_RECORD, "exchanges is not an object")
+    chats = exchanges.get("chat_completions") or []
+    if chats and (legacy or t.get("additional_histories")):
+        raise Masked(Reason.INVALID_RECORD, "the trajectory holds both exchanges and messages_and_choices")
+    if not chats and not legacy:
+        raise Masked(Reason.MISSING_TOKENS, "the trajectory made no call (neither exchanges nor messages_and_choices)")
+    if not chats:
+        raise Masked(Reason.UNSUPPORTED_VERSION, "legacy messages_and_choices trajectories are not read yet")
+    calls = _calls(chats)
+    models = {c.model for c in calls}
+    named = sorted({m for m in models if TRAINING_MODEL.match(m)})
+    if len(named) > 1:
+        raise Masked(
+            Reason.FIELD_MISMATCH, f"its calls use two training-model names ({', '.join(named[:2])}): ART trains none"
+        )
+    model = named[0] if named else calls[0].model
+    mine = [c for c in calls if c.model == model]
+    for k, c in enumerate(mine):
+        c.k = k
+    # 2: the reward
+    if not (isinstance(reward, (int, float)) and not isinstance(reward, bool) and math.isfinite(reward)):
+        raise Masked(Reason.INVALID_REWARD, f"reward {reward!r} is not a finite number")
+    written = t.get("reward", 0.0)  # ART leaves out a field at its default (reward 0.0)
+    if written != reward:
+        raise Masked(Reason.FIELD_MISMATCH, f"reward {reward!r} != trajectory_json's {written!r}")
+    # 3: per call of the training model, then per choice (3.6 waits for the rows)
+    for c in mine:
+        _check_call(c)
+    branches = build_branches(mine)
+    tokens = [branch_tokens(b) for b in branches]
+    masks = first_occurrence(tokens)
+    trained_calls: set[str] = set()
+    for b, m in zip(tokens, masks):
+        if not m.any():
+            continue
+        lp = b.logprobs[m]
+        bad = ~np.isfinite(lp) | (lp > 0)
+        if bad.any():
+            at = int(np.flatnonzero(m)[int(np.flatnonzero(bad)[0])])
+            call = next(cid for cid, (start, end) in zip(b.call_ids, b.spans) if start <= at < end)
+            what = "missing or not finite" if not np.isfinite(lp[bad][0]) else f"{lp[bad][0]:g} > 0"
+            raise Masked(Reason.INVALID_LOGPROB, f"{call}: a trained token's log probability is {what}", call)
+        first = int(np.flatnonzero(m)[0])
+        out.rows.append(
+            ArtRow(
+                b.ids,
+                m.astype(np.float32),
+                np.where(m, b.logprobs, 0.0).astype(np.float32),
+                first,
+                b.call_ids,
+            )
+        )
+        trained_calls.update(b.call_ids)
+    if not out.rows:  # 4
+        raise Masked(Reason.EMPTY_SELECTION, "no branch holds a token the training model trains")
+    out.n_sampled = sum(len(c.choices) for c in mine)
+    out.n_selected = len(trained_calls)
+    out.n_roots = len({b.order[0] for b in branches})
+    out.agent = model
+    temperatures = {c.temperature for c in mine}
+    out.temperature = temperatures.pop() if len(temperatures) == 1 else None
+    first_v, final_v = t.get("initial_policy_version"), t.get("final_policy_version")
+    if isinstance(first_v, int) and isinstance(final_v, int) and _int(first_v) and _int(final_v):
+        out.policy = (first_v, final_v)
+
+
+def _calls(chats) -> list[Call]:
+    """The exchanges as Calls in (start_time, end_time) order; invalid_record for a wrong shape."""
+    raw = []
+    for i, e in enumerate(chats):
+        if not isinstance(e, dict) or not isinstance(e.get("request"), dict) or not isinstance(e.get("response"), dict):
+            raise Masked(Reason.INVALID_RECORD, f"exchange {i} is not an object with a request and a response")
+        model = e["request"].get("model")
+        if not isinstance(model, str) or not model:
+            raise Masked(Reason.INVALID_RECORD, f"exchange {i} names no model")
+        try:
+            start, end = datetime.fromisoformat(e["start_time"]), datetime.fromisoformat(e["end_time"])
+        except (KeyError, TypeError, ValueError):
+            raise Masked(Reason.INVALID_RECORD, f"exchange {i}: start_time or end_time is not a time") from None
+        raw.append((start, end, i, e))
+    raw.sort(key=lambda r: (r[0], r[1]))
+    return [_call(k, start, end, e) for k, (start, end, _, e) in enumerate(raw)]
+
+
+def _call(k: int, start: datetime, end: datetime, e: dict) -> Call:
+    req, resp = e["request"], e["response"]
+    messages = req.get("messages", [])
+    choices = resp.get("choices")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise Masked(Reason.INVALID_RECORD, f"c{k}: the request's messages are not a list of objects")
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+        raise Masked(Reason.INVALID_RECORD, f"c{k}: the response holds no list of choices")
+    indices = [c.get("index") for c in choices]
+    if not all(_int(i) and i >= 0 for i in indices) or len(set(indices)) != len(indices):
+        raise Masked(Reason.INVALID_RECORD, f"c{k}: choice indices are not distinct integers >= 0")
+    context = tuple(
+        json.dumps(req.get(key), sort_keys=True) for key in ("tools", "chat_template", "chat_template_kwargs")
+    )
+    prompt = resp.get("prompt_token_ids")
+    limit = req.get("max_completion_tokens", req.get("max_tokens"))
+    call = Call(
+        k,
+        req["model"],
+        start,
+        end,
+        [normalize(m) for m in messages],
+        context,
+        np.zeros(0, np.int64),
+        [_choice(k, c, len(choices)) for c in sorted(choices, key=lambda c: c["index"])],
+        limit if _int(limit) and limit > 0 else None,
+    )
+    call.prompt_raw = prompt
+    temperature = req.get("temperature")
+    call.temperature = float(temperature) if isinstance(temperature, (int, float)) else None
+    return call
+
+
+def _choice(k: int, c: dict, n: int) -> Choice:
+    content = (c.get("logprobs") or {}).get("content") if isinstance(c.get("logprobs"), dict) else None
+    content = content if isinstance(content, list) else []
+    named = [TOKEN_ID.match(x.get("token", "")) if isinstance(x, dict) else None for x in content]
+    from_tokens = [int(m.group(1)) for m in named if m] if content and all(named) else None
+    ids = c.get("token_ids")
+    message = c.get("message") if isinstance(c.get("message"), dict) else {}
+    choice = Choice(
+        c["index"],
+        np.zeros(0, np.int64),
+        np.zeros(0),
+        normalize(without_nulls(message)),
+        c.get("finish_reason"),
+    )
+    choice.raw = (ids, from_tokens, [x.get("logprob") if isinstance(x, dict) else None for x in content])
+    return choice
+
+
+def _check_call(c: Call) -> None:
+    """Check 3 for one call of the training model, each choice in index order; fills its ids."""
+    prompt = c.prompt_raw
+    if not isinstance(prompt, list):
+        raise Masked(Reason.MISSING_TOKENS, f"c{c.k}: the response carries no prompt_token_ids", f"c{c.k}")
+    for choice in c.choices:
+        where = c.call_id(choice.index)
+        assert choice.raw is not None
+        ids, from_tokens, logprobs = choice.raw
+        if ids is None and from_tokens is None:  # 3.1
+            raise Masked(Reason.MISSING_TOKENS, f"{where}: the choice carries no token ids", where)
+        if ids is not None and from_tokens is not None and ids != from_tokens:  # 3.2
+            raise Masked(Reason.FIELD_MISMATCH, f"{where}: token_ids and the token_id:N tokens disagree", where)
+        ids = ids if ids is not None else from_tokens
+        for what, values in (("prompt_token_ids", prompt), ("token_ids", ids)):  # 3.3
+            if not isinstance(values, list) or not all(_int(v) and 0 <= v < TOKEN_LIMIT for v in values):
+                raise Masked(Reason.INVALID_TOKEN, f"{where}: {what} holds a value not an integer in [0, 2**31)", where)
+        if not ids:  # 3.4
+            raise Masked(Reason.EMPTY_GENERATION, f"{where}: the choice has no output token", where)
+        lp: Any = logprobs if logprobs else [None] * len(ids)
+        if len(lp) != len(ids):  # 3.5
+            raise Masked(Reason.LENGTH_MISMATCH, f"{where}: {len(lp)} log probabilities for {len(ids)} tokens", where)
+        choice.ids = np.asarray(ids, np.int64)
+        choice.logprobs = np.array(
+            [v if isinstance(v, (int, float)) and not isinstance(v, bool) else np.nan for v in lp], np.float64
+        )
+    c.prompt_ids = np.asarray(prompt, np.int64)

@@ -1,0 +1,203 @@
+"""OpenPipe ART trajectory Parquet (CONTRACT.md 13), as far as it is read today: the night
+ART's own code wrote (tests/data/art-0.5.23/), each exchange trajectory's rows equal to the
+branches and first-occurrence masks ART's own training code derives (art_reference.json) and
+to the rows section 13 asks for (expected.json); the checks of 13.4 with tokens written out.
+Not read yet (issue 62): legacy messages_and_choices trajectories, the load, --layout art."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from reassembler.formats.art import VERSION, VERSION_KEY, decode, read_trajectory
+
+DATA = Path(__file__).parent / "data" / "art-0.5.23"
+MODEL = DATA / "night" / ".art" / "reassembler-fixture" / "models" / "agent-001-run"
+EXPECTED = {r["rollout_id"]: r for r in json.loads((DATA / "expected.json").read_text())["rollouts"]}
+REFERENCE = json.loads((DATA / "art_reference.json").read_text())
+
+
+def _trajectories() -> dict[str, tuple[dict, float]]:
+    """Every trajectory of the night by rollout id (13.3 under --layout art), with its reward column."""
+    out = {}
+    for step in ("0001", "0002"):
+        table = pq.read_table(MODEL / "trajectories" / "train" / f"{step}.parquet")
+        assert table.schema.metadata[VERSION_KEY].decode() == VERSION
+        for row in table.to_pylist():
+            if row["trajectory_index"] is None:
+                continue  # an empty group's sentinel row
+            rid = f"agent-001-run/train/{step}/g{row['group_index']}/t{row['trajectory_index']}"
+            out[rid] = (decode(row["trajectory_json"]), row["reward"])
+    return out
+
+
+TRAJECTORIES = _trajectories()
+EXCHANGES = [rid for rid, e in EXPECTED.items() if e["kind"] == "exchanges"]
+
+
+@pytest.mark.parametrize("rid", EXCHANGES)
+def test_each_exchange_trajectory_reads_as_section_13_expects(rid):
+    want = EXPECTED[rid]
+    got = read_trajectory(*TRAJECTORIES[rid])
+    if want["status"] == "masked":
+        assert (got.reason.value, got.call_id) == (want["reason"], want["failed_call_id"]), got.detail
+        assert got.rows == []
+        return
+    assert got.reason is None, got.detail
+    assert len(got.rows) == len(want["rows"])
+    for row, w in zip(got.rows, want["rows"]):
+        assert row.ids.tolist() == w["input_ids"]
+        assert row.mask.tolist() == w["loss_mask"]
+        assert np.array_equal(row.logprobs, np.asarray(w["logprobs"], np.float32))
+        assert (row.prompt_len, row.call_ids) == (w["prompt_len"], w["model_call_ids"])
+    assert got.policy == (want["weight_version_min"], want["weight_version_max"])
+
+
+def _reference_trajectories():
+    for f in REFERENCE["files"]:
+        for g in f["groups"]:
+            for t in g["trajectories"]:
+                rid = f"agent-001-run/train/{f['step']:04d}/g{g['group_index']}/t{t['trajectory_index']}"
+                yield rid, t
+
+
+@pytest.mark.parametrize("rid", [rid for rid, t in _reference_trajectories() if t["kind"] == "exchanges"])
+def test_the_rows_are_the_branches_arts_own_code_trains_with_its_mask(rid):
+    """Every branch ART builds that holds a token it trains is a row, in ART's order: its
+    tokens, its first-occurrence mask, its log probabilities on that mask."""
+    t = dict(_reference_trajectories())[rid]
+    got = read_trajectory(*TRAJECTORIES[rid])
+    if got.reason is not None:  # ART raises for the whole batch here; this rollout alone is masked
+        assert EXPECTED[rid]["status"] == "masked"
+        return
+    trained = [b for b in t["art_branches"]["branches"] if any(b["sampled_first_occurrence_mask"])]
+    assert [r.ids.tolist() for r in got.rows] == [b["tokens"] for b in trained]
+    assert [r.mask.astype(int).tolist() for r in got.rows] == [b["sampled_first_occurrence_mask"] for b in trained]
+    for r, b in zip(got.rows, trained):
+        on = np.asarray(b["sampled_first_occurrence_mask"], bool)
+        assert np.allclose(r.logprobs[on], np.asarray(b["logprobs"], float)[on], atol=1e-6)
+
+
+# ---------------------------------------------------------------- 13.4, tokens written out
+
+
+def _exchange(k: int, prompt: list[int], out: list[int], messages: list[dict], logprobs=None, model="agent@1", n=1):
+    lp = logprobs if logprobs is not None else [-0.5] * len(out)
+    choice = {
+        "index": 0,
+        "finish_reason": "stop",
+        "token_ids": out,
+        "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": v} for i, v in zip(out, lp)]},
+        "message": {"role": "assistant", "content": f"answer {k}"},
+    }
+    choices = [dict(copy.deepcopy(choice), index=i) for i in range(n)]
+    return {
+        "start_time": f"2026-01-01T00:00:0{k}Z",
+        "end_time": f"2026-01-01T00:00:0{k}.5Z",
+        "request": {"model": model, "messages": messages, "temperature": 0.7},
+        "response": {"choices": choices, "prompt_token_ids": prompt},
+    }
+
+
+SYSTEM, USER = {"role": "system", "content": "s"}, {"role": "user", "content": "u"}
+
+
+def _two_calls() -> dict:
+    """c0: [1 2] -> [3 4]; c1 extends it: [1 2 3 4 5] -> [6 7]."""
+    first = _exchange(0, [1, 2], [3, 4], [SYSTEM, USER])
+    second = _exchange(
+        1,
+        [1, 2, 3, 4, 5],
+        [6, 7],
+        [SYSTEM, USER, {"role": "assistant", "content": "answer 0"}, {"role": "user", "content": "more"}],
+    )
+    return {
+        "exchanges": {"chat_completions": [first, second]},
+        "reward": 1.0,
+        "initial_policy_version": 3,
+        "final_policy_version": 4,
+    }
+
+
+def test_two_calls_of_one_branch_are_one_row_training_both_outputs():
+    got = read_trajectory(_two_calls(), 1.0)
+    [row] = got.rows
+    assert (row.ids.tolist(), row.mask.tolist()) == ([1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 0, 1, 1])
+    assert row.logprobs.tolist() == [0, 0, -0.5, -0.5, 0, -0.5, -0.5]
+    assert (row.prompt_len, row.call_ids, got.policy, got.agent, got.temperature) == (
+        2,
+        ["c0", "c1"],
+        (3, 4),
+        "agent@1",
+        0.7,
+    )
+
+
+def _masked(t, reward=1.0):
+    got = read_trajectory(t, reward)
+    return (got.reason.value, got.call_id) if got.reason else (None, None)
+
+
+def test_each_check_of_13_4_masks_with_its_reason_and_call():
+    t = _two_calls()
+    t["exchanges"]["chat_completions"][1]["response"]["choices"][0].pop("token_ids")
+    t["exchanges"]["chat_completions"][1]["response"]["choices"][0]["logprobs"]["content"][0]["token"] = "x"
+    assert _masked(t) == ("missing_tokens", "c1")  # a call without ids
+    t = _two_calls()
+    t["exchanges"]["chat_completions"][0]["response"].pop("prompt_token_ids")
+    assert _masked(t) == ("missing_tokens", "c0")
+    t = _two_calls()
+    t["exchanges"]["chat_completions"][1]["response"]["choices"][0]["token_ids"] = [6, 8]
+    assert _masked(t) == ("field_mismatch", "c1")  # token_ids and token_id:N disagree
+    t = _two_calls()
+    t["exchanges"]["chat_completions"][1]["response"]["choices"][0]["logprobs"]["content"][1]["logprob"] = None
+    assert _masked(t) == ("invalid_logprob", "c1")  # ids without a log probability on a trained token
+    t = _two_calls()
+    t["exchanges"]["chat_completions"][1]["request"]["model"] = "agent@2"
+    assert _masked(t) == ("field_mismatch", None)  # two training-model names
+    assert _masked({"reward": 1.0}) == ("missing_tokens", None)  # no call
+    assert _masked(_two_calls(), float("nan")) == ("invalid_reward", None)
+    assert _masked(_two_calls(), 0.5) == ("field_mismatch", None)  # the column differs from the JSON
+    t = _two_calls()
+    t["exchanges"]["chat_completions"][0]["response"]["choices"][0]["token_ids"] = [3, 2**31]
+    t["exchanges"]["chat_completions"][0]["response"]["choices"][0]["logprobs"]["content"][1]["token"] = (
+        "token_id:2147483648"
+    )
+    assert _masked(t) == ("invalid_token", "c0")
+    t = _two_calls()
+    t["exchanges"]["chat_completions"][0]["response"]["choices"][0]["logprobs"]["content"] = [
+        {"token": "three", "logprob": -0.5}
+    ]  # tokens not written as token_id:N, one log probability for two ids
+    assert _masked(t) == ("length_mismatch", "c0")
+    t = _two_calls()
+    t["messages_and_choices"] = [{"role": "user", "content": "u"}]
+    assert _masked(t) == ("invalid_record", None)  # both kinds
+
+
+def test_a_judges_calls_train_nothing_and_are_not_checked():
+    t = _two_calls()
+    judge = _exchange(
+        2, [50, 51], [52], [{"role": "user", "content": "judge this"}], logprobs=[float("nan")], model="judge-model"
+    )
+    t["exchanges"]["chat_completions"].append(judge)
+    got = read_trajectory(t, 1.0)
+    assert got.reason is None and [r.ids.tolist() for r in got.rows] == [[1, 2, 3, 4, 5, 6, 7]]
+
+
+def test_a_nan_on_a_sampled_token_an_earlier_branch_trains_is_context():
+    """n=2 on the second call: both branches share c0's output; the second branch's copy of it
+    is context, so its NaN there (as ART keeps it) is no failure."""
+    t = _two_calls()
+    second = t["exchanges"]["chat_completions"][1]
+    second["response"]["choices"].append(dict(copy.deepcopy(second["response"]["choices"][0]), index=1))
+    second["response"]["choices"][1]["token_ids"] = [6, 9]
+    second["response"]["choices"][1]["logprobs"]["content"][1]["token"] = "token_id:9"
+    got = read_trajectory(t, 1.0)
+    assert got.reason is None, got.detail
+    assert [r.mask.tolist() for r in got.rows] == [[0, 0, 1, 1, 0, 1, 1], [0, 0, 0, 0, 0, 0, 1]]
+    assert [r.call_ids for r in got.rows] == [["c0", "c1.0"], ["c0", "c1.1"]]
