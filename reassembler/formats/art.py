@@ -11,8 +11,7 @@ builds its rows from the training model's branches (formats/art_branches.py):
                there (0.0 elsewhere); a masked rollout has no row and names the first
                check it failed (and the call, `c{k}` or `c{k}.{i}`, for the per-call ones).
 
-Read here: the exchanges path. Not read yet: legacy `messages_and_choices` trajectories
-(masked `unsupported_version`, saying so), and nothing is wired into the load yet (issue 62).
+Not wired into the load yet (issue 62).
 """
 
 from __future__ import annotations
@@ -99,7 +98,10 @@ def _read(t, reward, out: ArtRollout) -> None:
     if not chats and not legacy:
         raise Masked(Reason.MISSING_TOKENS, "the trajectory made no call (neither exchanges nor messages_and_choices)")
     if not chats:
-        raise Masked(Reason.UNSUPPORTED_VERSION, "legacy messages_and_choices trajectories are not read yet")
+        _check_reward(t, reward)
+        _legacy(t, out)
+        _policy(t, out)
+        return
     calls = _calls(chats)
     models = {c.model for c in calls}
     named = sorted({m for m in models if TRAINING_MODEL.match(m)})
@@ -111,12 +113,7 @@ def _read(t, reward, out: ArtRollout) -> None:
     mine = [c for c in calls if c.model == model]
     for k, c in enumerate(mine):
         c.k = k
-    # 2: the reward
-    if not (isinstance(reward, (int, float)) and not isinstance(reward, bool) and math.isfinite(reward)):
-        raise Masked(Reason.INVALID_REWARD, f"reward {reward!r} is not a finite number")
-    written = t.get("reward", 0.0)  # ART leaves out a field at its default (reward 0.0)
-    if written != reward:
-        raise Masked(Reason.FIELD_MISMATCH, f"reward {reward!r} != trajectory_json's {written!r}")
+    _check_reward(t, reward)  # 2
     # 3: per call of the training model, then per choice (3.6 waits for the rows)
     for c in mine:
         _check_call(c)
@@ -153,9 +150,88 @@ def _read(t, reward, out: ArtRollout) -> None:
     out.agent = model
     temperatures = {c.temperature for c in mine}
     out.temperature = temperatures.pop() if len(temperatures) == 1 else None
+    _policy(t, out)
+
+
+def _check_reward(t: dict, reward) -> None:
+    """Check 2: the reward column, and trajectory_json's (ART leaves out a field at its
+    default: a reward of 0.0)."""
+    if not (isinstance(reward, (int, float)) and not isinstance(reward, bool) and math.isfinite(reward)):
+        raise Masked(Reason.INVALID_REWARD, f"reward {reward!r} is not a finite number")
+    written = t.get("reward", 0.0)
+    if written != reward:
+        raise Masked(Reason.FIELD_MISMATCH, f"reward {reward!r} != trajectory_json's {written!r}")
+
+
+def _policy(t: dict, out: ArtRollout) -> None:
     first_v, final_v = t.get("initial_policy_version"), t.get("final_policy_version")
     if isinstance(first_v, int) and isinstance(final_v, int) and _int(first_v) and _int(final_v):
         out.policy = (first_v, final_v)
+
+
+def _legacy(t: dict, out: ArtRollout) -> None:
+    """A legacy trajectory (13.5): ART's legacy sequences. Its Choices with log probabilities,
+    `messages_and_choices` then each of `additional_histories`, in item order (`c{k}`), are
+    laid end to end while each prompt extends the sequence so far (its prompt's new tokens
+    context, its output trained); one that does not starts the next sequence. A Choice
+    without log probabilities is context (ART leaves it out)."""
+    histories = [t.get("messages_and_choices") or []]
+    extra = t.get("additional_histories") or []
+    if not isinstance(extra, list) or not all(isinstance(h, dict) for h in extra):
+        raise Masked(Reason.INVALID_RECORD, "additional_histories is not a list of objects")
+    histories += [h.get("messages_and_choices") or [] for h in extra]
+    if not all(isinstance(h, list) and all(isinstance(i, dict) for i in h) for h in histories):
+        raise Masked(Reason.INVALID_RECORD, "messages_and_choices is not a list of objects")
+    sequences: list[tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[str]]] = []
+    held = 0  # tokens of the sequence being laid
+    k = -1
+    for item in (i for h in histories for i in h if "finish_reason" in i):
+        k += 1
+        where = f"c{k}"
+        content = item["logprobs"].get("content") if isinstance(item.get("logprobs"), dict) else None
+        if item.get("logprobs") is None or content is None:
+            continue  # context, as ART reads it
+        prompt, ids = item.get("prompt_token_ids"), item.get("token_ids")
+        if not isinstance(prompt, list) or not isinstance(ids, list):
+            raise Masked(Reason.MISSING_TOKENS, f"{where}: a Choice with log probabilities and no token ids", where)
+        for what, values in (("prompt_token_ids", prompt), ("token_ids", ids)):
+            if not all(_int(v) and 0 <= v < TOKEN_LIMIT for v in values):
+                raise Masked(Reason.INVALID_TOKEN, f"{where}: {what} holds a value not an integer in [0, 2**31)", where)
+        if not ids:
+            raise Masked(Reason.EMPTY_GENERATION, f"{where}: the Choice has no output token", where)
+        if len(content) != len(ids):
+            raise Masked(
+                Reason.LENGTH_MISMATCH, f"{where}: {len(content)} log probabilities for {len(ids)} tokens", where
+            )
+        lp = np.array([_number(x.get("logprob") if isinstance(x, dict) else None) for x in content], np.float64)
+        bad = ~np.isfinite(lp) | (lp > 0)
+        if bad.any():
+            raise Masked(Reason.INVALID_LOGPROB, f"{where}: a trained token's log probability is {lp[bad][0]:g}", where)
+        p = np.asarray(prompt, np.int64)
+        if sequences and len(p) >= held and np.array_equal(p[:held], np.concatenate(sequences[-1][0])):
+            new = p[held:]
+        else:
+            sequences.append(([], [], [], []))
+            held, new = 0, p
+        ids_, mask, logprobs, calls = sequences[-1]
+        out_ids = np.asarray(ids, np.int64)
+        ids_ += [new, out_ids]
+        mask += [np.zeros(len(new), np.float32), np.ones(len(out_ids), np.float32)]
+        logprobs += [np.zeros(len(new), np.float32), lp.astype(np.float32)]
+        calls.append(where)
+        held += len(new) + len(out_ids)
+        out.n_sampled += 1
+    for ids_, mask, logprobs, calls in sequences:
+        m = np.concatenate(mask)
+        out.rows.append(ArtRow(np.concatenate(ids_), m, np.concatenate(logprobs), int(np.flatnonzero(m)[0]), calls))
+    if not out.rows:  # 4
+        raise Masked(Reason.EMPTY_SELECTION, "no Choice with log probabilities: nothing trains")
+    out.n_selected = out.n_sampled
+    out.n_roots = len(out.rows)
+
+
+def _number(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
 def _calls(chats) -> list[Call]:
