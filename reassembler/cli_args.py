@@ -124,8 +124,9 @@ def parser() -> argparse.ArgumentParser:
         "--layout",
         choices=sorted(LAYOUTS),
         default=os.environ.get("REASSEMBLER_LAYOUT") or "contract",
-        help="where the three inputs sit under --input: contract (rollouts/ds=D/, ledger/ds=D/, tokens/ds=D/) or "
-        "gym (NeMo Gym's night folder: results *.jsonl, token_id_capture/, staged/) (default: REASSEMBLER_LAYOUT)",
+        help="where the three inputs sit under --input: contract (rollouts/ds=D/, ledger/ds=D/, tokens/ds=D/), "
+        "gym (NeMo Gym's night folder: results *.jsonl, token_id_capture/, staged/) or art (OpenPipe ART's model "
+        "folder: the trajectories/train/ steps history.jsonl records on the night) (default: REASSEMBLER_LAYOUT)",
     )
     for kind, what in (
         ("rollouts", "the rollout records"),

@@ -5,7 +5,7 @@
 -- of its own; and the outcome of the part that read it.
 SELECT c.rollout_id, c.entries,
        r.rollout_id IS NOT NULL AS is_rollout,
-       coalesce(r.capture IN ('rebuilt', 'verifiers', 'envelope'), false) AS from_line,
+       coalesce(r.capture IN ('rebuilt', 'verifiers', 'envelope', 'art'), false) AS from_line,
        s.rollout_id IS NOT NULL AS staged,
        o.part, o.n_lines, o.capture_reason, o.capture_detail, o.capture_call_id, o.error
 FROM capture_keys c

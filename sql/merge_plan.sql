@@ -17,7 +17,7 @@ SELECT o.part, o.rollout_id, o.kind, c.n_calls, c.delta_sum,
                                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS derived_base
 FROM derived_owners o
 JOIN p_calls c ON c.part = o.part AND c.rollout_id = o.rollout_id AND c.capture = o.kind
-LEFT JOIN rollouts r ON o.kind IN ('rebuilt', 'verifiers', 'envelope') AND r.rollout_id = o.rollout_id;
+LEFT JOIN rollouts r ON o.kind IN ('rebuilt', 'verifiers', 'envelope', 'art') AND r.rollout_id = o.rollout_id;
 CREATE OR REPLACE TEMP TABLE m_rollout_calls AS
 SELECT r.rollout_id, r.group_id, r.slot,
        coalesce(l.n_calls, 0) + coalesce(d.n_calls, 0) AS n_calls,

@@ -202,3 +202,146 @@ def test_a_nan_on_a_sampled_token_an_earlier_branch_trains_is_context():
     assert got.reason is None, got.detail
     assert [r.mask.tolist() for r in got.rows] == [[0, 0, 1, 1, 0, 1, 1], [0, 0, 0, 0, 0, 0, 1]]
     assert [r.call_ids for r in got.rows] == [["c0", "c1.0"], ["c0", "c1.1"]]
+
+
+# ---------------------------------------------------------------- the night, as a user builds it
+
+DS = "2026-12-06"
+
+
+def _built(out: Path) -> tuple[dict, list[dict]]:
+    from conftest import read_partition
+
+    return {a["rollout_id"]: a for a in read_partition(out, "audit", DS)}, read_partition(out, "rows", DS)
+
+
+def _as_expected(audit: dict, rows: list[dict], terminal: bool = False) -> None:
+    assert set(audit) == set(EXPECTED)
+    for rid, want in EXPECTED.items():
+        got = audit[rid]
+        if terminal and want["status"] == "ok" and len(want["rows"]) > 1:
+            assert (got["status"], got["reason"]) == ("masked", "history_rewritten")
+            continue
+        assert (got["capture"], got["evidence"]) == ("art", None if want["status"] == "masked" else "none")
+        assert (got["status"], got["reason"], got["failed_call_id"]) == (
+            want["status"],
+            want.get("reason"),
+            want.get("failed_call_id"),
+        ), got["detail"]
+        if want["status"] == "masked":
+            continue
+        if not terminal:
+            assert got["advantage"] == pytest.approx(want["advantage"], abs=1e-9)
+        meta = json.loads(got["metadata"])
+        assert (meta["split"], meta.get("duplicate_of")) == ("train", want.get("duplicate_of"))
+        mine = sorted((r for r in rows if r["rollout_id"] == rid), key=lambda r: r["segment_index"])
+        assert len(mine) == len(want["rows"])
+        for r, w in zip(mine, want["rows"]):
+            assert (r["input_ids"], r["loss_mask"], r["prompt_len"]) == (
+                w["input_ids"],
+                w["loss_mask"],
+                w["prompt_len"],
+            )
+            assert np.array_equal(np.float32(r["logprobs"]), np.float32(w["logprobs"]))
+            assert (r["segment_index"], r["segment_count"]) == (w["segment_index"], w["segment_count"])
+            assert r["model_call_ids"] == w.get("model_call_ids", r["model_call_ids"])
+            assert (r["weight_version_min"], r["weight_version_max"]) == (
+                want["weight_version_min"],
+                want["weight_version_max"],
+            )
+            assert (r["env"], r["capture"], r["evidence"]) == ("reassembler-fixture", "art", "none")
+
+
+@pytest.mark.parametrize("mode", ["select", "terminal"])
+def test_the_command_builds_arts_model_folder_as_expected(tmp_path, mode):
+    from commands import cli
+
+    out = tmp_path / "out"
+    res = cli("build", "--layout", "art", "--input", MODEL, "--output", out, "--ds", DS, "--mode", mode)
+    assert res.returncode == 0, res.stderr
+    _as_expected(*_built(out), terminal=mode == "terminal")
+    res = cli("explain", "--output", out, "--ds", DS, "agent-001-run/train/0001/g1/t3")
+    assert res.returncode == 0, res.stderr
+    if mode == "terminal":
+        assert "masked, history_rewritten: the trajectory has 2 trainable branches (rows)" in res.stdout
+    else:
+        assert "OpenPipe ART: row 1 is branch 1: calls c0, c1.1" in res.stdout, res.stdout
+    assert "branch 1: 41 tokens, 2 trained, calls c0, c1.1" in res.stdout  # c0 and the shared prefix: branch 0
+
+
+def _model_copy(tmp_path: Path) -> Path:
+    import shutil
+
+    copy_ = tmp_path / "models" / "m"
+    shutil.copytree(MODEL, copy_)
+    return copy_
+
+
+def test_layout_art_reads_the_train_steps_history_records_on_the_night(tmp_path):
+    """history.jsonl decides: a step whose last train/ line is another day's is another night;
+    a val/ line of the same step does not move it; a step with no line: the file's mtime."""
+    from commands import cli
+
+    model = _model_copy(tmp_path)
+    lines = [json.loads(line) for line in (model / "history.jsonl").read_text().splitlines()]
+    lines[1]["recorded_at"] = "2026-12-07T01:00:00"  # step 2 re-logged the next day
+    lines.append({"val/reward": 0.5, "step": 1, "recorded_at": "2026-12-08T00:00:00"})  # a val line of step 1
+    (model / "history.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (model / "trajectories" / "val").mkdir()
+    (model / "trajectories" / "val" / "0001.parquet").write_bytes(
+        (model / "trajectories" / "train" / "0001.parquet").read_bytes()
+    )
+    res = cli("build", "--layout", "art", "--input", model, "--output", tmp_path / "a", "--ds", DS)
+    assert res.returncode == 0, res.stderr
+    audit, _ = _built(tmp_path / "a")
+    assert {rid.split("/")[2] for rid in audit} == {"0001"} and len(audit) == 16
+    assert all(rid.startswith("m/train/") for rid in audit)
+    import os
+
+    (model / "history.jsonl").write_text("")  # no line at all: each file's modification date
+    for f in (model / "trajectories" / "train").iterdir():
+        os.utime(f, (1_765_000_000, 1_765_000_000))  # 2025-12-06 UTC
+    res = cli("build", "--layout", "art", "--input", model, "--output", tmp_path / "b", "--ds", "2025-12-06")
+    assert res.returncode == 0, res.stderr
+    assert len(cli_audit := __import__("conftest").read_partition(tmp_path / "b", "audit", "2025-12-06")) == 24
+    assert all(a["capture"] == "art" for a in cli_audit)
+
+
+def test_a_broken_file_or_row_is_a_reject_and_one_broken_trajectory_masks_itself(tmp_path):
+    import pyarrow as pa
+
+    from commands import cli
+
+    model = _model_copy(tmp_path)
+    train = model / "trajectories" / "train"
+    table = pq.read_table(train / "0001.parquet")
+    texts = table.column("trajectory_json").to_pylist()
+    texts[0] = "[1, 2]"  # g0/t0: not a JSON object
+    broken = json.loads(texts[1])
+    choice = broken["exchanges"]["chat_completions"][0]["response"]["choices"][0]  # g0/t1's first call
+    choice["token_ids"][0] = -3
+    choice["logprobs"]["content"][0]["token"] = "token_id:-3"
+    texts[1] = json.dumps(broken)
+    table = table.set_column(
+        table.schema.get_field_index("trajectory_json"), "trajectory_json", pa.array(texts, pa.large_string())
+    )
+    pq.write_table(table, train / "0001.parquet")
+    other = table.replace_schema_metadata({b"art.trajectory_parquet.version": b"3"})
+    pq.write_table(other, train / "0003.parquet")
+    res = cli("build", "--layout", "art", "--input", model, "--output", tmp_path / "out", "--ds", DS)
+    assert res.returncode == 0, res.stderr
+    audit, _ = _built(tmp_path / "out")
+    assert "m/train/0001/g0/t0" not in audit  # the copy's model folder is m
+    assert (
+        audit["m/train/0001/g0/t1"]["reason"],
+        audit["m/train/0001/g0/t1"]["failed_call_id"],
+    ) == ("invalid_token", "c0")
+    assert audit["m/train/0001/g0/t2"]["status"] == "ok"
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "out" / "warehouse.duckdb"), read_only=True) as con:
+        rejects = con.execute("SELECT file, line, error FROM rejects ORDER BY file, line").fetchall()
+    assert rejects == [
+        ("0001.parquet", 1, "trajectory_json is not a JSON object"),
+        ("0003.parquet", 0, "ART trajectory Parquet version '3', this job reads 2"),
+    ]

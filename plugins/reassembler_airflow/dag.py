@@ -133,15 +133,17 @@ PARAMS = {
     "layout": Param(
         LAYOUT_OF_DEPLOYMENT,
         type="string",
-        enum=[LAYOUT_OF_DEPLOYMENT, "contract", "gym"],
+        enum=[LAYOUT_OF_DEPLOYMENT, "contract", "gym", "art"],
         values_display={
             LAYOUT_OF_DEPLOYMENT: "the deployment's (REASSEMBLER_LAYOUT, else contract)",
             "contract": "contract: rollouts/, ledger/, tokens/ by ds=",
             "gym": "gym: NeMo Gym's night folder",
+            "art": "art: OpenPipe ART's model folder",
         },
         description="Where the inputs sit under the input root (REASSEMBLER_LAYOUT, or the Variable "
         "reassembler_layout): contract = rollouts/ds=<ds>/, ledger/ds=<ds>/, tokens/ds=<ds>/; gym = NeMo Gym's "
-        "own night folder (the root holds {ds}): results *.jsonl, token_id_capture/, staged/. deployment: the "
+        "own night folder (the root holds {ds}): results *.jsonl, token_id_capture/, staged/; art = OpenPipe ART's "
+        "model folder (.art/<project>/models/<name>): its train steps recorded on the night. deployment: the "
         "deployment's setting, else contract.",
     ),
     "rollouts": _location_param("rollouts", "the rollout records"),

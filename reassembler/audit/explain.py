@@ -28,12 +28,16 @@ from ..verify.rows import prompt_len
 from ..warehouse import connect, sql, warehouse_path
 from ..wide_sort import sort_rows
 
+# the captures a rollout's own line carries (its calls derived at the load: CONTRACT.md 9.10, 10, 11, 13)
+LINE_CAPTURES = ("rebuilt", "verifiers", "envelope", "art")
+
 CAPTURES = {
     "staged": "staged (ledger rows and token rows)",
     "local": "NeMo Gym local mode (<rollout_id>.tokens.jsonl, checked entry by entry at the load)",
     "rebuilt": "a result line NeMo Gym rebuilt itself (its token items; no digest vouches for them)",
     "verifiers": "a verifiers trace (traces.jsonl: its nodes' tokens, masks and log probabilities; no digest)",
     "envelope": "a NeMo Gym compaction-agent line (every call's token items, bound to its evidence record)",
+    "art": "an OpenPipe ART trajectory (a row of its Parquet file: its calls' token ids; no digest)",
     "none": "none (no capture of its own)",
 }
 
@@ -74,6 +78,13 @@ def ledger_trace(con, ds: str, rollout_id: str) -> list[str]:
         ]
         lines = [f"verifiers trace: {shape.get('sampled', 0)} sampled nodes, {shape.get('roots', 0)} roots"]
         lines += rows
+    elif rollout.get("capture") == "art":  # one row per trained branch (CONTRACT.md 13.5)
+        shape = json.loads(rollout["trace"] or "{}")
+        lines = [
+            f"OpenPipe ART trajectory (row {_line(rollout)}): {shape.get('calls', 0)} sampled calls of the "
+            f"training model, {len(shape.get('call_ids') or [])} branches train"
+        ]
+        lines += [f"row {k}: branch of calls {', '.join(ids)}" for k, ids in enumerate(shape.get("call_ids") or [])]
     elif rollout.get("capture") == "envelope":  # one row per declared segment (CONTRACT.md 11.5)
         shape = json.loads(rollout["trace"] or "{}")
         lines = [f"{shape.get('envelope')}: {shape.get('calls', 0)} calls, line {_line(rollout)}"]
@@ -96,7 +107,7 @@ def _evidence(night: NightFiles, rollout: dict, failed: dict | None) -> list[str
     call, and the rollout's own line (its result line, Episode line, or failures row)."""
     out = []
     if failed is not None and failed.get("source_file"):
-        kind = "rollouts" if failed.get("capture") in ("rebuilt", "verifiers", "envelope") else "ledger"
+        kind = "rollouts" if failed.get("capture") in LINE_CAPTURES else "ledger"
         what = {"ledger": "the failing call's line", "rollouts": "the line holding the failing call"}[kind]
         if failed.get("capture") == "local":
             what = "the failing call's local-mode entry"
@@ -125,7 +136,7 @@ def rerun(con, night: NightFiles, rollout_id: str, options: Options):
     rollouts = _rollouts(con, params)
     if not rollouts:
         return None, [], None
-    derived = rollouts[0].get("capture") in ("local", "rebuilt", "verifiers", "envelope")  # at the load (9-11)
+    derived = rollouts[0].get("capture") in ("local", *LINE_CAPTURES)  # at the load (9-11, 13)
     cursor = call_tables.cursor(con)
     if not derived:  # the keys of the night's token files as they are now (the token lists unread)
         files = token_files(night)
@@ -221,10 +232,10 @@ def explain(output_dir, ds: str, rollout_id: str, warehouse=None) -> Replay:
     output = (
         f"output: {len(r['generated_items'] or [])} generated items, "
         f"{len(r['model_items'] or [])} model-authored (NeMo Gym fingerprint evidence)\n"
-        if r.get("capture") != "verifiers"  # a trace has no output to select by: its branches are its rows
+        if r.get("capture") not in ("verifiers", "art")  # no output to select by: the branches are the rows
         else ""
     )
-    line = f", line {_line(r)}" if r.get("capture") in ("rebuilt", "verifiers", "envelope") else ""
+    line = f", line {_line(r)}" if r.get("capture") in LINE_CAPTURES else ""
     header = (
         f"rollout {rollout_id} (group {r['group_id']}, slot {r['slot']}), ds={ds}, mode {opts.mode}, "
         f"off-chain policy {opts.offchain}; published by run {run_id}\n"

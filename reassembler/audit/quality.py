@@ -38,6 +38,7 @@ CAPTURE_LABELS = {  # which capture a rollout was read from (CONTRACT.md 9)
     "rebuilt": "Gym-rebuilt line",
     "verifiers": "verifiers trace",
     "envelope": "Gym compaction envelope",
+    "art": "OpenPipe ART",
     "none": "none (no capture; given-up samples)",
     "unknown": "unknown (past the retention)",
 }

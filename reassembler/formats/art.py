@@ -330,3 +330,104 @@ def _check_call(c: Call) -> None:
             [v if isinstance(v, (int, float)) and not isinstance(v, bool) else np.nan for v in lp], np.float64
         )
     c.prompt_ids = np.asarray(prompt, np.int64)
+
+
+# ---------------------------------------------------------------- files and nights (13.2, 13.3)
+
+TRAIN_SPLIT = "trajectories/train"  # what --layout art reads: the split ART trains (13.2.2)
+HISTORY = "history.jsonl"
+
+
+def is_art_file(rel: str) -> bool:
+    """A rollouts file read as ART trajectory Parquet (13.2.1: by its suffix here; the
+    reader refuses one without ART's version metadata, the whole file a reject row)."""
+    return rel.endswith(".parquet")
+
+
+def file_key(rel: str, model: str | None, split: str | None) -> str:
+    """13.3: `{name}/{split}/{step}` under --layout art (`model`: the model folder's name,
+    `split`: the folder the file is in), else the file's path without `.parquet`."""
+    stem = rel[: -len(".parquet")]
+    if model is None:
+        return stem
+    return f"{model}/{split}/{stem.rsplit('/', 1)[-1]}"
+
+
+def steps_recorded_on(history: str, ds: str) -> tuple[set[int], set[int]]:
+    """From ART's history.jsonl: (the train steps whose last line with a `train/` key was
+    recorded on `ds`, every step that has such a line). Lines that are not JSON objects
+    with an integer step are skipped (ART appends; a torn last line is possible)."""
+    last: dict[int, str] = {}
+    for line in history.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(obj, dict) or not _int(obj.get("step")) or not isinstance(obj.get("recorded_at"), str):
+            continue
+        if any(isinstance(k, str) and k.startswith("train/") for k in obj):
+            last[obj["step"]] = obj["recorded_at"]
+    return {step for step, at in last.items() if at[:10] == ds}, set(last)
+
+
+def step_of(rel: str) -> int | None:
+    """The step a file `NNNN.parquet` holds."""
+    name = rel.rsplit("/", 1)[-1][: -len(".parquet")]
+    return int(name) if name.isdigit() else None
+
+
+@dataclass
+class ArtLine:
+    """One row of an ART file: its place, ids and trajectory (decoded, or why not)."""
+
+    row: int  # 1-based, as a reject row's line
+    group_index: int
+    trajectory_index: int | None
+    trajectory: Any
+    reward: Any
+    metadata: Any
+    raw: str
+
+
+class FileRefused(Exception):
+    """The whole file is a reject row (13.2.4)."""
+
+
+def read_lines(table) -> list[ArtLine]:
+    """The rows of an ART file's table (pyarrow), after the file-level checks of 13.2.4."""
+    meta = table.schema.metadata or {}
+    version = meta.get(VERSION_KEY)
+    if version is None:
+        raise FileRefused("a Parquet file without ART's art.trajectory_parquet.version: not an ART trajectory file")
+    if version.decode(errors="replace") != VERSION:
+        raise FileRefused(f"ART trajectory Parquet version {version.decode(errors='replace')!r}, this job reads 2")
+    for name in ("group_index", "trajectory_index", "trajectory_json", "reward"):
+        if name not in table.column_names:
+            raise FileRefused(f"an ART trajectory file without its column {name}")
+    if "format_version" in table.column_names:
+        versions = set(table.column("format_version").to_pylist())
+        if versions - {2}:
+            raise FileRefused(
+                f"format_version {sorted(v for v in versions - {2} if v is not None) or [None]}, this job reads 2"
+            )
+    out = []
+    columns = {n: table.column(n).to_pylist() for n in ("group_index", "trajectory_index", "trajectory_json", "reward")}
+    metadata = table.column("metadata").to_pylist() if "metadata" in table.column_names else [None] * table.num_rows
+    for k in range(table.num_rows):
+        text = columns["trajectory_json"][k]
+        try:
+            value = decode(text) if isinstance(text, str) else None
+        except ValueError as e:
+            value = e
+        out.append(
+            ArtLine(
+                k + 1,
+                columns["group_index"][k],
+                columns["trajectory_index"][k],
+                value,
+                columns["reward"][k],
+                metadata[k],
+                text if isinstance(text, str) else "",
+            )
+        )
+    return out

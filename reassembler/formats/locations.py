@@ -45,6 +45,11 @@ LAYOUTS: dict[str, dict[str, str]] = {
         "ledger": "{input}/token_id_capture",
         "tokens": "{input}/staged",
     },
+    "art": {  # OpenPipe ART's model folder: the train steps history.jsonl records on the night (CONTRACT.md 13.2)
+        "rollouts": "{input}/trajectories/train/*.parquet",
+        "ledger": "{input}/ledger",
+        "tokens": "{input}/tokens",
+    },
 }
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 GLOB = re.compile(r"[*?\[]")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import storage
 from ..errors import InputError
+from .art import HISTORY, is_art_file, step_of, steps_recorded_on
 from .gym_envelope import CONTRACT_KEYS
 from .gym_local import CAPTURE_SUFFIXES, capture_file
 from .locations import Inputs, Location, allowed_roots, inside, real
@@ -41,6 +42,8 @@ class NightFiles:
     inputs: str = ""  # the run's input settings (formats/locations.py: Inputs.text), for the run history
     # several rollouts locations: each one's folder (folders["rollouts"] is the one they share)
     rollout_folders: list[str] = field(default_factory=list)
+    art_model: str | None = None  # --layout art: ART's model folder's name and its project (CONTRACT.md 13.3, 13.5)
+    art_project: str | None = None
 
     def path(self, kind: str, rel: str) -> str:
         """The location of a file of the night (storage.py), or of a kind's folder (rel "")."""
@@ -56,7 +59,7 @@ class NightFiles:
 
 # each kind: the suffix of its files, and whether its subfolders are read
 _KINDS: dict[str, tuple[str | tuple[str, ...], bool]] = {
-    "rollouts": ((".jsonl", ".json"), False),
+    "rollouts": ((".jsonl", ".json", ".parquet"), False),  # .parquet: OpenPipe ART's trajectory files (13)
     "ledger": (".jsonl", True),
     "tokens": (".parquet", False),
 }
@@ -100,8 +103,10 @@ def find_night(where, ds: str) -> NightFiles:
             raise _missing(inputs, resolved, ds, kind)
         found[kind] = rels
     captures = listings.files(resolved["ledger"], tuple(CAPTURE_SUFFIXES), False)[0] if present["ledger"] else []
-    if resolved["rollouts"].pattern and len(several) == 1:
+    if resolved["rollouts"].pattern and len(several) == 1 and inputs.layout != "art":
         found["rollouts"] = _with_sidecars(found["rollouts"], listings.everything(resolved["rollouts"]))
+    if inputs.layout == "art":
+        found["rollouts"] = _art_steps(inputs, resolved["rollouts"], found["rollouts"], ds)
     _read_once(resolved, found, captures)
     folders = {kind: loc.folder for kind, loc in resolved.items()}
     night = _night(
@@ -116,7 +121,32 @@ def find_night(where, ds: str) -> NightFiles:
     )
     if len(several) > 1:
         return replace(night, rollout_folders=[loc.folder for loc in several])
+    if inputs.layout == "art" and inputs.input:
+        model = storage.location(inputs.input).rstrip("/")
+        project = model.rsplit("/", 3)[-3] if model.count("/") >= 3 else None
+        return replace(night, art_model=storage.name(model), art_project=project)
     return night
+
+
+def _art_steps(inputs: Inputs, rollouts: Location, rels: list[str], ds: str) -> list[str]:
+    """--layout art (13.2.2): the train files whose step history.jsonl records on `ds`; a
+    step it does not record: the file's modification time, as a UTC date."""
+    assert inputs.input is not None
+    try:
+        history = storage.read_bytes(storage.join(storage.location(inputs.input), HISTORY), 64 << 20).decode(
+            "utf-8", "replace"
+        )
+    except FileNotFoundError:
+        history = ""
+    on_ds, recorded = steps_recorded_on(history, ds)
+    out = []
+    for rel in rels:
+        step = step_of(rel)
+        if step in on_ds:
+            out.append(rel)
+        elif step not in recorded and storage.modified(storage.join(rollouts.folder, rel)).date().isoformat() == ds:
+            out.append(rel)
+    return out
 
 
 def _rollouts_of(
@@ -173,8 +203,8 @@ def _carry_tokens(rels: list[str], rollouts: Location) -> bool:
     (10.2, by its name), or a NeMo Gym compaction-envelope line (11.2.3: a contract key in
     some line; read only when the ledger location is missing, a block at a time, up to the
     first one found)."""
-    if any(map(is_traces_file, rels)):
-        return True
+    if any(map(is_traces_file, rels)) or any(map(is_art_file, rels)):
+        return True  # verifiers traces, OpenPipe ART trajectory files (13.2.1)
     keep = max(map(len, _ENVELOPE_KEYS)) - 1
     for rel in rels:
         try:
@@ -344,7 +374,11 @@ def _night(
     listed = found["rollouts"]
     sidecars = [rel for rel in listed if rel.endswith(SIDECAR_SUFFIXES)]
     failures = [rel for rel in listed if rel.endswith(FAILURES_SUFFIX)]
-    rollouts = [rel for rel in listed if rel.endswith(".jsonl") and rel not in sidecars and rel not in failures]
+    rollouts = [
+        rel
+        for rel in listed
+        if (rel.endswith(".jsonl") and rel not in sidecars and rel not in failures) or is_art_file(rel)
+    ]
     return NightFiles(
         root,
         ds,

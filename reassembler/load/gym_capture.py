@@ -148,7 +148,7 @@ class GymCapture:
         sample = row.pop("gym_sample", None)
         if sample is not None:
             self.samples.append({"rollout_id": rid, "task": sample[0], "sample": sample[1]})
-        trace = row.pop("verifiers", None)
+        trace = row.pop("verifiers", None) or row.pop("art", None)
         envelope = row.pop("gym_envelope", None)
         if trace is not None or envelope is not None:
             # a verifiers trace's rows' nodes (CONTRACT.md 10), an envelope line's calls (11)
@@ -284,6 +284,10 @@ def derive_again(night: NightFiles, rollout: dict) -> tuple[dict[str, TokenRow],
 
         raw = _line(night.path("rollouts", rollout["source_file"]), rollout["source_line"])
         return envelope_lines.derive_again(decode(raw, ROLLOUT_DECODER), rid)
+    if rollout.get("capture") == "art":
+        from . import art_trajectories
+
+        return art_trajectories.derive_again(night, rollout)
     if rollout.get("capture") == "verifiers":
         from . import verifiers_traces
 

@@ -25,10 +25,13 @@ from bisect import bisect_right
 from collections.abc import Callable
 
 from .. import storage
+from ..formats.art import is_art_file
 from ..formats.gym_envelope import CAPTURE as ENVELOPE
 from ..formats.night import NightFiles
 from ..formats.records import parse_rollout
 from ..formats.verifiers import MAX_ROLLOUT_TOKENS, is_traces_file
+from .art_trajectories import CAPTURE as ART
+from .art_trajectories import art_calls, read_art_file
 from .child_process import ChildProcess, Records
 from .derived_calls import REBUILT, CallColumns, DerivedChunk, rebuilt_calls
 from .envelope_lines import envelope_calls, envelope_columns
@@ -87,6 +90,10 @@ def parse_rollouts(
     number = 0
     runs = [(rel, None) for rel in night.rollouts] if part is None else part
     for rel, lines in runs:
+        if is_art_file(rel):  # OpenPipe ART's trajectory Parquet (CONTRACT.md 13): a file is read whole
+            if lines is None or lines.start == 0:
+                number = read_art_file(night, rel, number, seen, add_row, rejects)
+            continue
         if is_traces_file(rel):  # verifiers' traces.jsonl (CONTRACT.md 10)
             number = read_traces_file(
                 night, rel, number, seen, add_row, rejects, max_line_bytes, lines, episodes, max_rollout_tokens
@@ -105,7 +112,12 @@ def carried_calls(row: dict, calls: CallColumns | None) -> None:
     columns under `gym_envelope`, True under `verifiers`, a rebuilt line's verdict under
     `gym_rebuilt`."""
     trace, envelope, gym = row.get("verifiers"), row.get("gym_envelope"), row.get("gym_rebuilt")
-    if envelope is not None:
+    art = row.get("art")
+    if art is not None:
+        row["art"] = True
+        found = art_calls(art)
+        capture = ART
+    elif envelope is not None:
         row["gym_envelope"] = envelope_columns(envelope)
         found = envelope_calls(envelope)
         capture = ENVELOPE
@@ -136,6 +148,8 @@ def split(night: NightFiles, parts: int) -> list[Part]:
     offset = 0
     for rel, size in zip(night.rollouts, sizes):
         inside = [t - offset for t in targets if offset < t < offset + size]
+        if is_art_file(rel):  # Parquet: never cut (a part reads it whole)
+            inside = []
         for lines in line_ranges(night.path("rollouts", rel), inside):
             out[bisect_right(targets, offset + lines.start)].append((rel, lines))
         offset += size
@@ -165,6 +179,8 @@ class _Child:
             "rollouts": night.rollouts,
             "folders": night.folders,
             "ranges": ranges,
+            "art_model": night.art_model,
+            "art_project": night.art_project,
         }
         work = json.dumps(dict(what, max_line_bytes=max_line_bytes, max_rollout_tokens=max_rollout_tokens)).encode()
         self._proc = ChildProcess(__name__, "rollout parser", work)
@@ -376,7 +392,16 @@ def parse_here(
 def _child() -> None:
     """The child's work: `parse_rollouts` over its part, as records."""
     args = json.loads(sys.stdin.read())
-    night = NightFiles(args["root"], args["ds"], args["rollouts"], [], [], folders=args["folders"])
+    night = NightFiles(
+        args["root"],
+        args["ds"],
+        args["rollouts"],
+        [],
+        [],
+        folders=args["folders"],
+        art_model=args.get("art_model"),
+        art_project=args.get("art_project"),
+    )
     ranges = args.get("ranges")
     part = None if ranges is None else [(rel, LineRange(a, b, first)) for rel, a, b, first in ranges]
     records = Records()

@@ -81,7 +81,8 @@ def decide(
     con.register("local_owners", owned)
     con.execute(
         "CREATE OR REPLACE TEMP TABLE derived_owners AS SELECT part, rollout_id, kind FROM local_owners "
-        "UNION ALL SELECT part, rollout_id, capture FROM m_kept WHERE capture IN ('rebuilt', 'verifiers', 'envelope')"
+        "UNION ALL SELECT part, rollout_id, capture FROM m_kept "
+        "WHERE capture IN ('rebuilt', 'verifiers', 'envelope', 'art')"
     )
     con.unregister("local_owners")
     con.register("captures", pa.Table.from_pylist(columns, schema=CAPTURE_COLUMNS))

@@ -100,6 +100,15 @@ def _info(loc: str):
     return info
 
 
+def modified(loc: str):
+    """When a file or object was last written (a UTC datetime)."""
+    from datetime import UTC, datetime
+
+    if not is_remote(loc):
+        return datetime.fromtimestamp(os.stat(loc).st_mtime, UTC)
+    return _info(loc).mtime.astimezone(UTC)
+
+
 def exists(loc: str) -> bool:
     if not is_remote(loc):
         return os.path.exists(loc)

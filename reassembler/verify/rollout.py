@@ -136,7 +136,7 @@ def reassemble_rollout(
     batch (checks.BatchChecks)."""
     if rollout.get("capture") == "rebuilt":
         return _rebuilt(rollout, [c for c in calls if c.capture == "rebuilt"], checks, options, trace)
-    if rollout.get("capture") in ("verifiers", "envelope"):
+    if rollout.get("capture") in ("verifiers", "envelope", "art"):
         return _derived_rows(rollout, [c for c in calls if c.capture == rollout["capture"]], checks, options, trace)
     out = Outcome(rollout, n_ledger_calls=len(calls), n_roots=sum(c.is_root for c in calls))
     try:
@@ -199,15 +199,18 @@ def _derived_rows(rollout: dict, calls: list[Call], checks, options: Options, tr
     on them, each with its token row. Terminal mode keeps a rollout of one row and masks one
     of several history_rewritten."""
     shape = json.loads(rollout["trace"]) if rollout.get("trace") else {}
-    envelope = rollout.get("capture") == "envelope"
-    if envelope:
+    art = rollout.get("capture") == "art"  # OpenPipe ART (13): a row is one derived call, the branch's tokens
+    envelope = rollout.get("capture") == "envelope" or art
+    if art:
+        out = Outcome(rollout, n_ledger_calls=shape.get("calls", 0), n_roots=shape.get("roots", 0))
+    elif envelope:
         out = Outcome(rollout, n_ledger_calls=shape.get("calls", 0), n_roots=shape.get("segments", 0))
     else:
         out = Outcome(rollout, n_ledger_calls=shape.get("sampled", 0), n_roots=shape.get("roots", 0))
     try:
-        if envelope:
+        if envelope and not art:
             _line_checks(rollout)  # 11.4 checks 1 and 2 are the rollout's, then the envelope's
-        elif rollout.get("capture_reason") is not None:
+        elif rollout.get("capture_reason") is not None:  # a verifiers trace's, an ART trajectory's (13.4)
             raise Masked(
                 Reason(rollout["capture_reason"]), rollout.get("capture_detail"), rollout.get("capture_call_id")
             )
@@ -215,7 +218,9 @@ def _derived_rows(rollout: dict, calls: list[Call], checks, options: Options, tr
         if options.mode == "terminal" and len(rows) > 1:
             raise Masked(
                 Reason.HISTORY_REWRITTEN,
-                f"the envelope declares {len(rows)} segments (rows)"
+                f"the trajectory has {len(rows)} trainable branches (rows)"
+                if art
+                else f"the envelope declares {len(rows)} segments (rows)"
                 if envelope
                 else f"the trace has {len(rows)} trainable branches (rows)",
             )
@@ -225,8 +230,17 @@ def _derived_rows(rollout: dict, calls: list[Call], checks, options: Options, tr
         for k, path in enumerate(rows):
             if envelope:
                 on_row = [by_id[call] for call in path]
-                segments.append(Segment(on_row, call_ids=shape["call_ids"][k], prompt_len=shape["prompt_lens"][k]))
-                described = f"envelope: row {k} is segment {k}: calls {path} ({', '.join(shape['call_ids'][k])})"
+                versions = tuple(policy) if art and policy else None
+                segments.append(
+                    Segment(
+                        on_row, call_ids=shape["call_ids"][k], prompt_len=shape["prompt_lens"][k], versions=versions
+                    )
+                )
+                described = (
+                    f"OpenPipe ART: row {k} is branch {k}: calls {', '.join(shape['call_ids'][k])}"
+                    if art
+                    else f"envelope: row {k} is segment {k}: calls {path} ({', '.join(shape['call_ids'][k])})"
+                )
             else:  # a sampled node an earlier row trains is context here: its copy with mask 0 (10.5)
                 if "leaves" in shape:  # the row's path follows its nodes' parents from its leaf
                     path = branch(path, lambda node: _parent(by_id, node))
@@ -243,8 +257,8 @@ def _derived_rows(rollout: dict, calls: list[Call], checks, options: Options, tr
                 checks.record(call)
             if trace is not None:
                 trace.append(described)
-        out.n_selected = shape["calls"] if envelope else shape["selected"]
-        out.n_offchain = 0 if envelope else out.n_ledger_calls - out.n_selected
+        out.n_selected = shape["selected"] if art or not envelope else shape["calls"]
+        out.n_offchain = out.n_ledger_calls - out.n_selected if art or not envelope else 0
         out.n_offchain_faults = 0
         out.segments = segments
     except Masked as m:
