@@ -1,5 +1,5 @@
 -- One row per rollout of one night with what the breakdowns group by: the capture it was read
--- from (staged, local, rebuilt, verifiers, envelope; none), its agent and env, its weight version (the highest its ledger declares),
+-- from (staged, local, rebuilt, verifiers, envelope, art; none), its agent and env, its weight version (the highest its ledger declares),
 -- model server (the ledger subfolder of its first row, else the metadata key model_server),
 -- metadata, size in calls and declared tokens; audit_capture is the audit table's own (the
 -- masked-rollout downloads carry it as it is).
@@ -14,7 +14,7 @@ WITH calls AS (
 )
 SELECT a.rollout_id, a.group_id, a.slot, a.status, a.reason, a.detail, a.failed_call_id,
        a.n_ledger_calls, a.n_roots, a.n_segments, a.n_tokens,
-       a.n_offchain, a.n_offchain_faults, a.metadata, a.capture AS audit_capture,
+       a.n_offchain, a.n_offchain_faults, a.metadata, a.capture AS audit_capture, a.reward,
        c.weight_version,
        coalesce(c.folder, json_extract_string(a.metadata, '$.model_server')) AS model_server,
        coalesce(c.declared_tokens, 0) AS declared_tokens,

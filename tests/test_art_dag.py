@@ -47,3 +47,5 @@ def test_the_dag_builds_an_art_model_folder_read_from_s3(tmp_path, s3):
     assert len(audit) == len(EXPECTED)
     page = (out / "reports" / f"ds={DS}" / "index.html").read_text()
     assert "OpenPipe ART" in page
+    assert "1 groups whose rewards are all equal (4 rollouts" in page  # step 1's g2
+    assert "1 stored as a duplicate of an earlier trajectory of their group" in page  # step 2's g1/t1

@@ -130,6 +130,25 @@ def _diagnosed(rollouts: list[dict]) -> list[dict]:
     ]
 
 
+def _art(rollouts: list[dict]) -> dict:
+    """OpenPipe ART's rollouts (CONTRACT.md 13.6): the groups whose ok rollouts' rewards are
+    all equal (advantage 0 on every row: ART drops them from its batch, the rows are kept),
+    and the rollouts stored as a duplicate of an earlier one of their group."""
+    art = [r for r in rollouts if r.get("capture") == "art"]
+    groups: dict[str, set] = defaultdict(set)
+    for r in art:
+        if r["status"] == "ok":
+            groups[r["group_id"]].add(r["reward"])
+    flat = [g for g, rewards in groups.items() if len(rewards) == 1]
+    duplicates = sum("duplicate_of" in (json.loads(r["metadata"] or "{}") or {}) for r in art)
+    return {
+        "rollouts": len(art),
+        "zero_variance_groups": len(flat),
+        "zero_variance_rollouts": sum(r["group_id"] in set(flat) and r["status"] == "ok" for r in art),
+        "duplicates": duplicates,
+    }
+
+
 MASKED_COLUMNS = (
     "ds",
     "rollout_id",
@@ -240,6 +259,7 @@ def night_quality(
         "metadata_keys": keys_used,
         "compaction": _compaction(rollouts),
         "diagnosed": _diagnosed(rollouts),
+        "art": _art(rollouts),
         "reason_by_capture": {reason: dict(captures) for reason, captures in by_capture.items()},
         "rejects": rejects,
         "verdicts": verdicts,

@@ -140,6 +140,15 @@ def night_page(q: dict, masked: list[dict] | None = None) -> str:
                 {1, 2, 3},
             )
         )
+    art = q.get("art") or {}
+    if art.get("rollouts"):  # OpenPipe ART (CONTRACT.md 13.6)
+        parts.append(f"<h2>OpenPipe ART on {esc(ds)}</h2>")
+        parts.append(
+            f"<p>{art['rollouts']} trajectories; {art['zero_variance_groups']} groups whose rewards are all equal "
+            f"({art['zero_variance_rollouts']} rollouts: advantage 0 on every row; ART drops them from its batch, "
+            f"they are kept here); {art['duplicates']} stored as a duplicate of an earlier trajectory of their "
+            "group (ART trains both copies; their audit metadata names the first).</p>"
+        )
     parts.append(f"<h2>Why rollouts were masked on {esc(ds)}</h2>")
     if q["reasons"]:
         fig = go.Figure(
