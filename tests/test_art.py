@@ -345,3 +345,37 @@ def test_a_broken_file_or_row_is_a_reject_and_one_broken_trajectory_masks_itself
         ("0001.parquet", 1, "trajectory_json is not a JSON object"),
         ("0003.parquet", 0, "ART trajectory Parquet version '3', this job reads 2"),
     ]
+
+
+def test_a_call_under_another_tool_list_starts_a_branch_of_its_own():
+    """c1 extends c0's messages and tokens but the tools changed: ART starts a new branch (the
+    context differs); c0's output, trained on the first branch, is context on the second."""
+    t = _two_calls()
+    t["exchanges"]["chat_completions"][1]["request"]["tools"] = [{"type": "function", "function": {"name": "f"}}]
+    got = read_trajectory(t, 1.0)
+    assert [r.ids.tolist() for r in got.rows] == [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7]]
+    assert [r.mask.tolist() for r in got.rows] == [[0, 0, 1, 1], [0, 0, 0, 0, 0, 1, 1]]
+    assert got.n_roots == 2
+
+
+def test_an_empty_groups_sentinel_row_is_neither_a_rollout_nor_a_reject(tmp_path):
+    import pyarrow as pa
+
+    from commands import cli
+
+    model = _model_copy(tmp_path)
+    path = model / "trajectories" / "train" / "0002.parquet"
+    table = pq.read_table(path)
+    sentinel = {name: [None] for name in table.column_names}
+    sentinel.update(format_version=[2], group_index=[7], group_json=['{"trajectories": []}'])
+    table = pa.concat_tables([table, pa.table(sentinel, schema=table.schema)])
+    pq.write_table(table, path)
+    assert pq.read_table(path).schema.metadata == table.schema.metadata
+    res = cli("build", "--layout", "art", "--input", model, "--output", tmp_path / "out", "--ds", DS)
+    assert res.returncode == 0, res.stderr
+    audit, _ = _built(tmp_path / "out")
+    assert len(audit) == 24 and not any("/g7/" in rid for rid in audit)
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "out" / "warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM rejects").fetchone() == (0,)

@@ -204,7 +204,7 @@ def _legacy(t: dict, out: ArtRollout) -> None:
                 Reason.LENGTH_MISMATCH, f"{where}: {len(content)} log probabilities for {len(ids)} tokens", where
             )
         lp = np.array([_number(x.get("logprob") if isinstance(x, dict) else None) for x in content], np.float64)
-        bad = ~np.isfinite(lp) | (lp > 0)
+        bad = (lp > 0) | ~np.isfinite(lp)
         if bad.any():
             raise Masked(Reason.INVALID_LOGPROB, f"{where}: a trained token's log probability is {lp[bad][0]:g}", where)
         p = np.asarray(prompt, np.int64)
