@@ -33,7 +33,8 @@ shard of each, the same from S3, then T(N tokens, W workers) modelled from those
 
 Usage: python scripts/benchmark.py [--tokens 10e6] [--rounds 3] [--workdir bench-out] [--workers 2]
                                   [--reuse] [--against REV]
-                                  [--local-only | --verifiers-only | --envelope-only | --s3-only | --latency-only
+                                  [--local-only | --verifiers-only | --envelope-only | --art-only | --s3-only
+                                   | --latency-only
                                    | --scale-only]
        python scripts/benchmark.py --report-only
 """
@@ -428,6 +429,47 @@ def verifiers_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_l
         f"CPU {cpu:.2f} (goal <= 1.00)  {_met(wall <= 1.0)}; verifiers load wall {spread(loads_s, 'wall')}, "
         f"rebuilt {spread(loads_r, 'wall')}"
     )
+
+
+ART_BUILD = """
+from reassembler.cli import entry
+inp, out, ds, memory = sys.argv[1:5]
+rc = entry(["build", "--layout", "art", "--input", inp, "--output", out, "--ds", ds, "--memory-limit", memory])
+assert rc == 0, rc
+"""
+
+
+def art_main(work: Path, tokens: float, rounds: int, reuse: bool, memory_limit: str) -> None:
+    """OpenPipe ART's trajectory Parquet (contract 13) against verifiers traces, per token of
+    the rows (issue 62: an ART night costs no more per row token than a verifiers night): a
+    synthetic ART model folder of about `tokens` row tokens (chains of 8 calls) and the
+    verifiers night of the same tokens, builds interleaved."""
+    from reassembler.producer.art import art_model_folder
+
+    traces, _ = night(work, "verifiers", tokens, seed=3, reuse=reuse, shape="verifiers")
+    art_root = work / "art"
+    model = art_root / ".art" / "bench" / "models" / "bench-run"
+    if not (reuse and model.exists()):
+        shutil.rmtree(art_root, ignore_errors=True)
+        art_model_folder(art_root, DS, max(8, int(tokens / 20_800)), calls=8, tokens_per_call=2600, seed=3)
+    art_out = art_root / "output"
+    art_build = lambda: run(ART_BUILD, model, art_out, DS, memory_limit)  # noqa: E731
+    builds_v, builds_a = interleaved(rounds, lambda: build(traces, 1, 1, memory_limit), art_build)
+    per = {}
+    for name, out, builds in (("verifiers", traces / "output", builds_v), ("art", art_out, builds_a)):
+        audit = pq.read_table(out / "audit" / f"ds={DS}", columns=["n_tokens"])
+        n = int(pc.sum(audit.column("n_tokens")).as_py() or 0)
+        wall, cpu = statistics.median(r["wall"] for r in builds), statistics.median(r["cpu"] for r in builds)
+        per[name] = (wall / n * 1e6, cpu / n * 1e6)
+        print(
+            f"{name:<10}{n / 1e6:.2f}M tokens in rows: build wall {spread(builds, 'wall')}, CPU {spread(builds, 'cpu')}"
+        )
+    for k, what in enumerate(("build", "build_cpu")):
+        ratio = per["art"][k] / per["verifiers"][k]
+        print(
+            f"per token    art / verifiers, {what:<9}= {ratio:.2f}  ({per['art'][k]:.2f} against "
+            f"{per['verifiers'][k]:.2f} s per M tokens; goal <= 1.00)  {_met(ratio <= 1.0)}"
+        )
 
 
 S3_BUILD = """
@@ -1019,6 +1061,7 @@ def main() -> None:
     p.add_argument(
         "--envelope-only", action="store_true", help="only NeMo Gym's compaction-agent lines against its rebuilt lines"
     )
+    p.add_argument("--art-only", action="store_true", help="only OpenPipe ART's trajectories against verifiers")
     p.add_argument("--scale-only", action="store_true", help="only the load in parts: part, merge, 1 vs 2 parts")
     p.add_argument(
         "--latency-only", action="store_true", help="only the build on S3 with 0, 20 and 100 ms added to each request"
@@ -1040,6 +1083,8 @@ def main() -> None:
         return verifiers_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     if args.envelope_only:
         return envelope_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
+    if args.art_only:
+        return art_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
     if args.scale_only:
         scale_main(work, args.tokens, args.rounds, args.reuse, args.memory_limit)
         return

@@ -32,12 +32,18 @@ VERSION_KEY = b"art.trajectory_parquet.version"
 VERSION = "2"
 TOKEN_LIMIT = 2**31
 TRAINING_MODEL = re.compile(r"^(?P<name>.+)@(?P<step>[0-9]+)$")  # `{name}@{N}`: a checkpoint ART served
-TOKEN_ID = re.compile(r"^token_id:(-?[0-9]+)$")
 
 
 def decode(text: str):
-    """ART's JSON: Python's json with its defaults (NaN, Infinity, -Infinity read as floats)."""
-    return json.loads(text)
+    """ART's JSON: Python's json with its defaults (NaN, Infinity, -Infinity read as floats).
+    orjson reads it first (several times faster); a text it refuses (those literals, or JSON
+    it judges otherwise) is read by json, whose verdict stands."""
+    import orjson
+
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 @dataclass
@@ -230,6 +236,14 @@ def _legacy(t: dict, out: ArtRollout) -> None:
     out.n_roots = len(out.rows)
 
 
+def _logprobs(values: list) -> np.ndarray:
+    """Log probabilities as float64: a number as written, NaN for anything else (null,
+    missing, a string, a boolean)."""
+    if set(map(type, values)) <= {float, int}:
+        return np.asarray(values, np.float64)
+    return np.array([_number(v) for v in values], np.float64)
+
+
 def _number(v) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
@@ -288,8 +302,6 @@ def _call(k: int, start: datetime, end: datetime, e: dict) -> Call:
 def _choice(k: int, c: dict, n: int) -> Choice:
     content = (c.get("logprobs") or {}).get("content") if isinstance(c.get("logprobs"), dict) else None
     content = content if isinstance(content, list) else []
-    named = [TOKEN_ID.match(x.get("token", "")) if isinstance(x, dict) else None for x in content]
-    from_tokens = [int(m.group(1)) for m in named if m] if content and all(named) else None
     ids = c.get("token_ids")
     message = c.get("message") if isinstance(c.get("message"), dict) else {}
     choice = Choice(
@@ -299,8 +311,40 @@ def _choice(k: int, c: dict, n: int) -> Choice:
         normalize(without_nulls(message)),
         c.get("finish_reason"),
     )
-    choice.raw = (ids, from_tokens, [x.get("logprob") if isinstance(x, dict) else None for x in content])
+    if content and not all(isinstance(x, dict) for x in content):
+        choice.raw = (ids, None, [None] * len(content))
+        return choice
+    choice.raw = (ids, _token_ids(content), [x.get("logprob") for x in content])
     return choice
+
+
+def _token_ids(content: list[dict]) -> list[int] | None:
+    """The ids a choice's log-probability entries name (`"token_id:N"`, vLLM's
+    return_tokens_as_token_ids), or None when an entry names none; judged in Arrow."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not content:
+        return None
+    try:
+        tokens = pa.array([x.get("token") for x in content], pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+    if tokens.null_count or not pc.all(pc.match_substring_regex(tokens, r"^token_id:-?[0-9]{1,18}$")).as_py():
+        return None
+    return pc.cast(pc.utf8_slice_codeunits(tokens, len("token_id:")), pa.int64()).to_pylist()
+
+
+def _ids(values) -> np.ndarray | None:
+    """`values` as int64 ids when every one is an integer in [0, 2**31) (types judged in C),
+    else None."""
+    if not isinstance(values, list) or not set(map(type, values)) <= {int}:
+        return None
+    try:
+        a = np.asarray(values, np.int64) if values else np.zeros(0, np.int64)
+    except OverflowError:
+        return None
+    return a if not len(a) or (int(a.min()) >= 0 and int(a.max()) < TOKEN_LIMIT) else None
 
 
 def _check_call(c: Call) -> None:
@@ -317,19 +361,19 @@ def _check_call(c: Call) -> None:
         if ids is not None and from_tokens is not None and ids != from_tokens:  # 3.2
             raise Masked(Reason.FIELD_MISMATCH, f"{where}: token_ids and the token_id:N tokens disagree", where)
         ids = ids if ids is not None else from_tokens
+        checked = {}
         for what, values in (("prompt_token_ids", prompt), ("token_ids", ids)):  # 3.3
-            if not isinstance(values, list) or not all(_int(v) and 0 <= v < TOKEN_LIMIT for v in values):
+            checked[what] = _ids(values)
+            if checked[what] is None:
                 raise Masked(Reason.INVALID_TOKEN, f"{where}: {what} holds a value not an integer in [0, 2**31)", where)
         if not ids:  # 3.4
             raise Masked(Reason.EMPTY_GENERATION, f"{where}: the choice has no output token", where)
         lp: Any = logprobs if logprobs else [None] * len(ids)
         if len(lp) != len(ids):  # 3.5
             raise Masked(Reason.LENGTH_MISMATCH, f"{where}: {len(lp)} log probabilities for {len(ids)} tokens", where)
-        choice.ids = np.asarray(ids, np.int64)
-        choice.logprobs = np.array(
-            [v if isinstance(v, (int, float)) and not isinstance(v, bool) else np.nan for v in lp], np.float64
-        )
-    c.prompt_ids = np.asarray(prompt, np.int64)
+        choice.ids = checked["token_ids"]
+        choice.logprobs = _logprobs(lp)
+        c.prompt_ids = checked["prompt_token_ids"]
 
 
 # ---------------------------------------------------------------- files and nights (13.2, 13.3)
