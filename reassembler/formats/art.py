@@ -361,11 +361,12 @@ def _check_call(c: Call) -> None:
         if ids is not None and from_tokens is not None and ids != from_tokens:  # 3.2
             raise Masked(Reason.FIELD_MISMATCH, f"{where}: token_ids and the token_id:N tokens disagree", where)
         ids = ids if ids is not None else from_tokens
-        checked = {}
+        checked: dict[str, np.ndarray] = {}
         for what, values in (("prompt_token_ids", prompt), ("token_ids", ids)):  # 3.3
-            checked[what] = _ids(values)
-            if checked[what] is None:
+            found = _ids(values)
+            if found is None:
                 raise Masked(Reason.INVALID_TOKEN, f"{where}: {what} holds a value not an integer in [0, 2**31)", where)
+            checked[what] = found
         if not ids:  # 3.4
             raise Masked(Reason.EMPTY_GENERATION, f"{where}: the choice has no output token", where)
         lp: Any = logprobs if logprobs else [None] * len(ids)
