@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from multiprocessing import get_context
 
 from . import call_tables, progress, storage
-from .errors import InputError
+from .errors import InputError, StoreError
 from .formats.locations import Inputs
 from .formats.night import check_output_apart
 from .load.child_process import worker_start
@@ -100,7 +100,10 @@ def load_step(
         assert load.plan is not None, "internal: a night loaded without its plan"
         with step_memory():  # what each shard reads instead of the warehouse (it sorts its calls itself)
             write_shard_rollouts(con, load.plan, staging, path_safe(run), settings.shards, plans)
-        storage.delete(storage.join(staging, STARTED))  # loaded: no longer in flight (collect_runs)
+        try:  # loaded: no longer in flight (collect_runs); best effort: left, the run looks in flight a while longer
+            storage.delete(storage.join(staging, STARTED))
+        except (StoreError, OSError) as e:
+            log.info("the in-flight mark of %s stays for now: %s", staging, e)
         # earlier loads of the night, but its current run's (a published night's, until this run publishes)
         call_tables.remove_other_runs(output, ds, {path_safe(run), *call_tables.current_runs(con, ds)})
         drop_call_files(output, kept)
