@@ -266,7 +266,10 @@ def test_the_command_builds_arts_model_folder_as_expected(tmp_path, mode):
         assert "masked, history_rewritten: the trajectory has 2 trainable branches (rows)" in res.stdout
     else:
         assert "OpenPipe ART: row 1 is branch 1: calls c0, c1.1" in res.stdout, res.stdout
-    assert "branch 1: 41 tokens, 2 trained, calls c0, c1.1" in res.stdout  # c0 and the shared prefix: branch 0
+    assert (
+        "branch 1: 41 tokens, 2 trained (9 sampled tokens trained on an earlier row: a shared prefix), calls c0, c1.1"
+        in res.stdout
+    )
 
 
 def _model_copy(tmp_path: Path) -> Path:

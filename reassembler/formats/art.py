@@ -53,6 +53,7 @@ class ArtRow:
     logprobs: np.ndarray  # float32, 0.0 off the mask
     prompt_len: int
     call_ids: list[str]
+    sampled: int = 0  # its sampled tokens (trained here or on an earlier row: first occurrence)
 
 
 @dataclass
@@ -145,6 +146,7 @@ def _read(t, reward, out: ArtRollout) -> None:
                 np.where(m, b.logprobs, 0.0).astype(np.float32),
                 first,
                 b.call_ids,
+                int(b.sampled.sum()),
             )
         )
         trained_calls.update(b.call_ids)
@@ -229,7 +231,8 @@ def _legacy(t: dict, out: ArtRollout) -> None:
         out.n_sampled += 1
     for ids_, mask, logprobs, calls in sequences:
         m = np.concatenate(mask)
-        out.rows.append(ArtRow(np.concatenate(ids_), m, np.concatenate(logprobs), int(np.flatnonzero(m)[0]), calls))
+        first = int(np.flatnonzero(m)[0])
+        out.rows.append(ArtRow(np.concatenate(ids_), m, np.concatenate(logprobs), first, calls, int(m.sum())))
     if not out.rows:  # 4
         raise Masked(Reason.EMPTY_SELECTION, "no Choice with log probabilities: nothing trains")
     out.n_selected = out.n_sampled

@@ -171,10 +171,14 @@ def derive_again(night: NightFiles, rollout: dict) -> tuple[dict, list[str]]:
         return {}, [f"{rel}: row {row} is now no trajectory"]
     r = read_trajectory(line.trajectory, line.reward)
     walked = [f"{rel} row {row}: group {line.group_index}, trajectory {line.trajectory_index}"]
-    walked += [
-        f"  branch {k}: {len(b.ids)} tokens, {int(b.mask.sum())} trained, calls {', '.join(b.call_ids)}"
-        for k, b in enumerate(r.rows)
-    ]
+    for k, b in enumerate(r.rows):
+        trained = int(b.mask.sum())
+        earlier = (
+            f" ({b.sampled - trained} sampled tokens trained on an earlier row: a shared prefix)"
+            if (b.sampled > trained)
+            else ""
+        )
+        walked.append(f"  branch {k}: {len(b.ids)} tokens, {trained} trained{earlier}, calls {', '.join(b.call_ids)}")
     if r.reason is not None:
         walked.append(f"  masked {r.reason.value}: {r.detail}")
     return token_rows(rid, art_calls(r)), walked
