@@ -382,3 +382,36 @@ def test_an_empty_groups_sentinel_row_is_neither_a_rollout_nor_a_reject(tmp_path
 
     with duckdb.connect(str(tmp_path / "out" / "warehouse.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM rejects").fetchone() == (0,)
+
+
+def test_a_night_mixing_art_files_with_nemo_gym_builds_each_as_alone(tmp_path):
+    import shutil
+
+    from conftest import read_partition
+    from reassembler.build import build_night
+
+    gym = Path(__file__).parent / "data" / "gym-0.7.0"
+    gym_ds = json.loads((gym / "expected.json").read_text())["ds"]
+    mixed, art = tmp_path / "mixed", tmp_path / "art"
+    shutil.copytree(gym, mixed, ignore=shutil.ignore_patterns("expected.json", "README.md"))
+    for root in (mixed, art):
+        folder = root / "rollouts" / f"ds={gym_ds}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for step in ("0001", "0002"):
+            shutil.copy(MODEL / "trajectories" / "train" / f"{step}.parquet", folder / f"{step}.parquet")
+
+    def outcome(root: Path, out: Path):
+        build_night(root, out, gym_ds)
+        rows = {r["row_id"]: r for r in read_partition(out, "rows", gym_ds)}
+        audit = {a["rollout_id"]: a for a in read_partition(out, "audit", gym_ds)}
+        for a in audit.values():
+            a.pop("run_id")
+        return rows, audit
+
+    both_rows, both_audit = outcome(mixed, tmp_path / "out-mixed")
+    gym_rows, gym_audit = outcome(gym, tmp_path / "out-gym")
+    art_rows, art_audit = outcome(art, tmp_path / "out-art")
+    assert len(art_audit) == 24 and {a["capture"] for a in art_audit.values()} == {"art"}
+    assert "0001/g1/t3" in art_audit  # outside --layout art: the file's path is its key (13.3)
+    assert both_rows == {**gym_rows, **art_rows} and gym_rows
+    assert both_audit == {**gym_audit, **art_audit}
