@@ -14,6 +14,19 @@ def read_partition(output: Path, kind: str, ds: str = DS) -> list[dict]:
     return pq.read_table(Path(output) / kind / f"ds={ds}").to_pylist()
 
 
+def night_outcome(root: Path, out: Path, ds: str) -> tuple[dict, dict]:
+    """The night of `root` built into `out`: its rows by row id and its audit rows by rollout
+    id (without the run id), to compare a night built alone with the same night mixed in."""
+    from reassembler.build import build_night
+
+    build_night(root, out, ds)
+    rows = {r["row_id"]: r for r in read_partition(out, "rows", ds)}
+    audit = {a["rollout_id"]: a for a in read_partition(out, "audit", ds)}
+    for a in audit.values():
+        a.pop("run_id")
+    return rows, audit
+
+
 class Built:
     def __init__(self, output: Path, summary):
         self.output, self.summary = output, summary

@@ -387,8 +387,7 @@ def test_an_empty_groups_sentinel_row_is_neither_a_rollout_nor_a_reject(tmp_path
 def test_a_night_mixing_art_files_with_nemo_gym_builds_each_as_alone(tmp_path):
     import shutil
 
-    from conftest import read_partition
-    from reassembler.build import build_night
+    from conftest import night_outcome
 
     gym = Path(__file__).parent / "data" / "gym-0.7.0"
     gym_ds = json.loads((gym / "expected.json").read_text())["ds"]
@@ -401,12 +400,7 @@ def test_a_night_mixing_art_files_with_nemo_gym_builds_each_as_alone(tmp_path):
             shutil.copy(MODEL / "trajectories" / "train" / f"{step}.parquet", folder / f"{step}.parquet")
 
     def outcome(root: Path, out: Path):
-        build_night(root, out, gym_ds)
-        rows = {r["row_id"]: r for r in read_partition(out, "rows", gym_ds)}
-        audit = {a["rollout_id"]: a for a in read_partition(out, "audit", gym_ds)}
-        for a in audit.values():
-            a.pop("run_id")
-        return rows, audit
+        return night_outcome(root, out, gym_ds)
 
     both_rows, both_audit = outcome(mixed, tmp_path / "out-mixed")
     gym_rows, gym_audit = outcome(gym, tmp_path / "out-gym")

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from commands import cli, one_line_error
-from conftest import read_partition
+from conftest import night_outcome, read_partition
 from reassembler.build import build_night
 from reassembler.errors import InputError
 from reassembler.producer.verifiers import episode, episode_line, prompt_node, sampled_node, trace
@@ -707,12 +707,7 @@ def test_a_night_mixing_verifiers_and_gym_builds_each_as_alone(tmp_path):
     (vf / "rollouts" / f"ds={DS}").rename(vf / "rollouts" / f"ds={gym_ds}")
 
     def outcome(root: Path, out: Path):
-        build_night(root, out, gym_ds)
-        rows = {r["row_id"]: r for r in read_partition(out, "rows", gym_ds)}
-        audit = {a["rollout_id"]: a for a in read_partition(out, "audit", gym_ds)}
-        for a in audit.values():
-            a.pop("run_id")
-        return rows, audit
+        return night_outcome(root, out, gym_ds)
 
     both_rows, both_audit = outcome(mixed, tmp_path / "out-mixed")
     gym_rows, gym_audit = outcome(GYM, tmp_path / "out-gym")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 from ..formats.art import ArtRollout, FileRefused, file_key, read_lines, read_trajectory, step_of
 from ..formats.night import NightFiles
-from .derived_calls import DerivedCall
+from .derived_calls import DerivedCall, without_output
 from .json_lines import reject, seen_before
 
 CAPTURE = "art"  # the rollouts' and their derived calls' capture kind
@@ -120,12 +120,7 @@ def rollout_row(
         "slot": line.trajectory_index,
         "reward": reward if reward is not None and reward == reward and abs(reward) != float("inf") else None,
         "reward_problem": None,
-        "failure_reason": None,
-        "terminal_model_call_id": None,
-        "terminal_response_id": None,
-        "generated_items": [],
-        "model_items": [],
-        "n_output_items": 0,
+        **without_output(),
         "metadata": json.dumps({**metadata, **{k: v for k, v in extra.items() if v is not None}}, sort_keys=True),
         "capture": CAPTURE,
         "capture_reason": None if r.reason is None else r.reason.value,

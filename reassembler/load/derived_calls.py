@@ -64,6 +64,20 @@ def rebuilt_calls(built: RebuiltRow) -> Iterator[DerivedCall]:
         yield DerivedCall(REBUILT_CALL.format(k), parent, "text" if parent is None else "token_in", ids, mask, logprobs)
 
 
+def without_output() -> dict:
+    """The rollout row's fields a capture that carries its own calls leaves empty: no failure
+    reason, no terminal call or response, no output items to select by (a verifiers trace, an
+    ART trajectory: each trained branch is a row)."""
+    return {
+        "failure_reason": None,
+        "terminal_model_call_id": None,
+        "terminal_response_id": None,
+        "generated_items": [],
+        "model_items": [],
+        "n_output_items": 0,
+    }
+
+
 def token_rows(rollout_id: str, calls: Iterable[DerivedCall]) -> dict[str, TokenRow]:
     """The token rows of a rollout's derived calls by staging key (`reassembler explain`)."""
     keyed = ((f"{rollout_id}/{call.call_id}", call) for call in calls)

@@ -34,7 +34,7 @@ from ..formats.verifiers import (
     describe,
     parse_episode,
 )
-from .derived_calls import DerivedCall, token_rows
+from .derived_calls import DerivedCall, token_rows, without_output
 from .json_lines import LineRange, decode, guess_ids, json_lines, reject, seen_before
 
 if TYPE_CHECKING:  # the rollout parse's child processes import this module: nothing heavy at import
@@ -158,12 +158,7 @@ def rollout_row(r: TraceRollout) -> dict:
         "slot": 0,  # the merge numbers the group's rollouts in reading order
         "reward": r.reward,
         "reward_problem": r.reward_problem,
-        "failure_reason": None,
-        "terminal_model_call_id": None,
-        "terminal_response_id": None,
-        "generated_items": [],
-        "model_items": [],
-        "n_output_items": 0,
+        **without_output(),
         "metadata": r.metadata,
         "capture": CAPTURE,
         "capture_reason": None if r.reason is None else r.reason.value,
