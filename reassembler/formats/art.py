@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -441,41 +442,52 @@ class FileRefused(Exception):
     """The whole file is a reject row (13.2.4)."""
 
 
-def read_lines(table) -> list[ArtLine]:
-    """The rows of an ART file's table (pyarrow), after the file-level checks of 13.2.4."""
-    meta = table.schema.metadata or {}
-    version = meta.get(VERSION_KEY)
+BATCH_ROWS = 8  # trajectories read and decoded at once (one holds every call's whole prompt: megabytes of JSON)
+
+
+def read_lines(file) -> Iterator[ArtLine]:
+    """The rows of an ART file (a pyarrow ParquetFile), a few at a time, after the file-level
+    checks of 13.2.4 (FileRefused): its version metadata, its columns, every row's
+    format_version (that column read alone first)."""
+    schema = file.schema_arrow
+    version = (schema.metadata or {}).get(VERSION_KEY)
     if version is None:
         raise FileRefused("a Parquet file without ART's art.trajectory_parquet.version: not an ART trajectory file")
     if version.decode(errors="replace") != VERSION:
         raise FileRefused(f"ART trajectory Parquet version {version.decode(errors='replace')!r}, this job reads 2")
+    names = set(schema.names)
     for name in ("group_index", "trajectory_index", "trajectory_json", "reward"):
-        if name not in table.column_names:
+        if name not in names:
             raise FileRefused(f"an ART trajectory file without its column {name}")
-    if "format_version" in table.column_names:
-        versions = set(table.column("format_version").to_pylist())
+    if "format_version" in names:
+        versions = set(file.read(columns=["format_version"]).column(0).to_pylist())
         if versions - {2}:
             raise FileRefused(
                 f"format_version {sorted(v for v in versions - {2} if v is not None) or [None]}, this job reads 2"
             )
-    out = []
-    columns = {n: table.column(n).to_pylist() for n in ("group_index", "trajectory_index", "trajectory_json", "reward")}
-    metadata = table.column("metadata").to_pylist() if "metadata" in table.column_names else [None] * table.num_rows
-    for k in range(table.num_rows):
-        text = columns["trajectory_json"][k]
-        try:
-            value = decode(text) if isinstance(text, str) else None
-        except ValueError as e:
-            value = e
-        out.append(
-            ArtLine(
-                k + 1,
+    wanted = [
+        "group_index",
+        "trajectory_index",
+        "trajectory_json",
+        "reward",
+        *(["metadata"] if "metadata" in names else []),
+    ]
+    row = 0
+    for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
+        columns = batch.to_pydict()
+        for k in range(batch.num_rows):
+            row += 1
+            text = columns["trajectory_json"][k]
+            try:
+                value = decode(text) if isinstance(text, str) else None
+            except ValueError as e:
+                value = e
+            yield ArtLine(
+                row,
                 columns["group_index"][k],
                 columns["trajectory_index"][k],
                 value,
                 columns["reward"][k],
-                metadata[k],
+                columns["metadata"][k] if "metadata" in columns else None,
                 text if isinstance(text, str) else "",
             )
-        )
-    return out

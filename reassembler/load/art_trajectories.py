@@ -17,10 +17,12 @@ loaded + rejected`.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 from collections.abc import Callable, Iterator
 
-from ..formats.art import ArtRollout, FileRefused, file_key, read_lines, read_trajectory, step_of
+from ..formats.art import ArtLine, ArtRollout, FileRefused, file_key, read_lines, read_trajectory, step_of
 from ..formats.night import NightFiles
 from .derived_calls import DerivedCall, without_output
 from .json_lines import reject, seen_before
@@ -40,19 +42,21 @@ def read_art_file(
 
     loc = night.path("rollouts", rel)
     try:
-        table = pq.read_table(storage.open_parquet(loc))
-        lines = read_lines(table)
+        lines = read_lines(pq.ParquetFile(storage.open_parquet(loc)))
+        first = next(lines, None)  # the file-level checks run before the first row
     except FileRefused as e:
         reject(rejects, "rollouts", rel, 0, str(e), b"")
         return number + 1
     except Exception as e:  # noqa: BLE001 - any Parquet the reader refuses is this file's reject row
         reject(rejects, "rollouts", rel, 0, f"not readable Parquet: {type(e).__name__}: {e}", b"")
         return number + 1
+    if first is not None:
+        lines = itertools.chain([first], lines)
     split, step = storage.name(storage.parent(loc)), step_of(rel)  # trajectories/{split}/{step:04d}.parquet
     key = file_key(rel, night.art_model, split)
     pairs: set[tuple[int, int]] = set()
-    texts: dict[tuple[int, str], str] = {}  # (group, trajectory_json) -> the first rollout id that wrote it
-    for line in lines:
+    texts: dict[tuple[int, bytes], str] = {}  # (group, trajectory_json's SHA-256) -> the first rollout id of it
+    for line in _readable(lines, rel, rejects):
         if line.trajectory_index is None:
             continue  # an empty group's sentinel row (13.2.4)
         number += 1
@@ -79,12 +83,35 @@ def read_art_file(
             reject(rejects, "rollouts", rel, line.row, str(seen_before(rid)), raw, rid)
             continue
         seen.add(rid)
-        duplicate_of = texts.setdefault((line.group_index, line.raw), rid)
+        duplicate_of = texts.setdefault((line.group_index, hashlib.sha256(raw).digest()), rid)
         r = read_trajectory(line.trajectory, line.reward)
         row = rollout_row(night, r, rid, f"{key}/g{line.group_index}", line, split, step, duplicate_of)
         row.update(source_file=rel, source_line=line.row, rollout_seq=len(seen))
         add(row)
     return number
+
+
+def _readable(lines: Iterator[ArtLine], rel: str, rejects) -> Iterator[ArtLine]:
+    """The file's rows until one cannot be read (a damaged page past the first batch): that
+    is one reject row for the rest of the file, and the rows before it stand."""
+    row = 0
+    while True:
+        try:
+            line = next(lines, None)
+        except Exception as e:  # noqa: BLE001 - the Parquet reader's refusal, named in the reject row
+            reject(
+                rejects,
+                "rollouts",
+                rel,
+                row + 1,
+                f"not readable Parquet from row {row + 1}: {type(e).__name__}: {e}",
+                b"",
+            )
+            return
+        if line is None:
+            return
+        row = line.row
+        yield line
 
 
 def rollout_row(
@@ -158,10 +185,12 @@ def derive_again(night: NightFiles, rollout: dict) -> tuple[dict, list[str]]:
 
     rid, rel, row = rollout["rollout_id"], rollout["source_file"], rollout["source_line"]
     try:
-        lines = read_lines(pq.read_table(storage.open_parquet(night.path("rollouts", rel))))
+        line = next(
+            (x for x in read_lines(pq.ParquetFile(storage.open_parquet(night.path("rollouts", rel)))) if x.row == row),
+            None,
+        )
     except (FileRefused, OSError) as e:
         return {}, [f"{rel}: the file is now a reject: {e}"]
-    line = next((x for x in lines if x.row == row), None)
     if line is None or not isinstance(line.trajectory, dict):
         return {}, [f"{rel}: row {row} is now no trajectory"]
     r = read_trajectory(line.trajectory, line.reward)
