@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from reassembler.formats.art import VERSION, VERSION_KEY, decode, read_trajectory
+from reassembler.formats.art import read_trajectory
+from reassembler.formats.art_files import VERSION, VERSION_KEY, decode
 
 DATA = Path(__file__).parent / "data" / "art-0.5.23"
 MODEL = DATA / "night" / ".art" / "reassembler-fixture" / "models" / "agent-001-run"

@@ -11,7 +11,7 @@ builds its rows from the training model's branches (formats/art_branches.py):
                there (0.0 elsewhere); a masked rollout has no row and names the first
                check it failed (and the call, `c{k}` or `c{k}.{i}`, for the per-call ones).
 
-Not wired into the load yet (issue 62).
+The files and nights (13.2, 13.3): formats/art_files.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -29,22 +28,8 @@ import numpy as np
 from ..reasons import Reason
 from .art_branches import Call, Choice, branch_tokens, build_branches, first_occurrence, normalize, without_nulls
 
-VERSION_KEY = b"art.trajectory_parquet.version"
-VERSION = "2"
 TOKEN_LIMIT = 2**31
 TRAINING_MODEL = re.compile(r"^(?P<name>.+)@(?P<step>[0-9]+)$")  # `{name}@{N}`: a checkpoint ART served
-
-
-def decode(text: str):
-    """ART's JSON: Python's json with its defaults (NaN, Infinity, -Infinity read as floats).
-    orjson reads it first (several times faster); a text it refuses (those literals, or JSON
-    it judges otherwise) is read by json, whose verdict stands."""
-    import orjson
-
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return json.loads(text)
 
 
 @dataclass
@@ -379,115 +364,3 @@ def _check_call(c: Call) -> None:
         choice.ids = checked["token_ids"]
         choice.logprobs = _logprobs(lp)
         c.prompt_ids = checked["prompt_token_ids"]
-
-
-# ---------------------------------------------------------------- files and nights (13.2, 13.3)
-
-TRAIN_SPLIT = "trajectories/train"  # what --layout art reads: the split ART trains (13.2.2)
-HISTORY = "history.jsonl"
-
-
-def is_art_file(rel: str) -> bool:
-    """A rollouts file read as ART trajectory Parquet (13.2.1: by its suffix here; the
-    reader refuses one without ART's version metadata, the whole file a reject row)."""
-    return rel.endswith(".parquet")
-
-
-def file_key(rel: str, model: str | None, split: str | None) -> str:
-    """13.3: `{name}/{split}/{step}` under --layout art (`model`: the model folder's name,
-    `split`: the folder the file is in), else the file's path without `.parquet`."""
-    stem = rel[: -len(".parquet")]
-    if model is None:
-        return stem
-    return f"{model}/{split}/{stem.rsplit('/', 1)[-1]}"
-
-
-def steps_recorded_on(history: str, ds: str) -> tuple[set[int], set[int]]:
-    """From ART's history.jsonl: (the train steps whose last line with a `train/` key was
-    recorded on `ds`, every step that has such a line). Lines that are not JSON objects
-    with an integer step are skipped (ART appends; a torn last line is possible)."""
-    last: dict[int, str] = {}
-    for line in history.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(obj, dict) or not _int(obj.get("step")) or not isinstance(obj.get("recorded_at"), str):
-            continue
-        if any(isinstance(k, str) and k.startswith("train/") for k in obj):
-            last[obj["step"]] = obj["recorded_at"]
-    return {step for step, at in last.items() if at[:10] == ds}, set(last)
-
-
-def step_of(rel: str) -> int | None:
-    """The step a file `NNNN.parquet` holds."""
-    name = rel.rsplit("/", 1)[-1][: -len(".parquet")]
-    return int(name) if name.isdigit() else None
-
-
-@dataclass
-class ArtLine:
-    """One row of an ART file: its place, ids and trajectory (decoded, or why not)."""
-
-    row: int  # 1-based, as a reject row's line
-    group_index: int
-    trajectory_index: int | None
-    trajectory: Any
-    reward: Any
-    metadata: Any
-    raw: str
-
-
-class FileRefused(Exception):
-    """The whole file is a reject row (13.2.4)."""
-
-
-BATCH_ROWS = 8  # trajectories read and decoded at once (one holds every call's whole prompt: megabytes of JSON)
-
-
-def read_lines(file) -> Iterator[ArtLine]:
-    """The rows of an ART file (a pyarrow ParquetFile), a few at a time, after the file-level
-    checks of 13.2.4 (FileRefused): its version metadata, its columns, every row's
-    format_version (that column read alone first)."""
-    schema = file.schema_arrow
-    version = (schema.metadata or {}).get(VERSION_KEY)
-    if version is None:
-        raise FileRefused("a Parquet file without ART's art.trajectory_parquet.version: not an ART trajectory file")
-    if version.decode(errors="replace") != VERSION:
-        raise FileRefused(f"ART trajectory Parquet version {version.decode(errors='replace')!r}, this job reads 2")
-    names = set(schema.names)
-    for name in ("group_index", "trajectory_index", "trajectory_json", "reward"):
-        if name not in names:
-            raise FileRefused(f"an ART trajectory file without its column {name}")
-    if "format_version" in names:
-        versions = set(file.read(columns=["format_version"]).column(0).to_pylist())
-        if versions - {2}:
-            raise FileRefused(
-                f"format_version {sorted(v for v in versions - {2} if v is not None) or [None]}, this job reads 2"
-            )
-    wanted = [
-        "group_index",
-        "trajectory_index",
-        "trajectory_json",
-        "reward",
-        *(["metadata"] if "metadata" in names else []),
-    ]
-    row = 0
-    for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
-        columns = batch.to_pydict()
-        for k in range(batch.num_rows):
-            row += 1
-            text = columns["trajectory_json"][k]
-            try:
-                value = decode(text) if isinstance(text, str) else None
-            except ValueError as e:
-                value = e
-            yield ArtLine(
-                row,
-                columns["group_index"][k],
-                columns["trajectory_index"][k],
-                value,
-                columns["reward"][k],
-                columns["metadata"][k] if "metadata" in columns else None,
-                text if isinstance(text, str) else "",
-            )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import storage
 from ..errors import InputError
-from .art import HISTORY, is_art_file, step_of, steps_recorded_on
+from .art_files import HISTORY, is_art_file, step_of, steps_recorded_on
 from .gym_envelope import CONTRACT_KEYS
 from .gym_local import CAPTURE_SUFFIXES, capture_file
 from .locations import Inputs, Location, allowed_roots, inside, real

@@ -1,5 +1,5 @@
 """A night's OpenPipe ART trajectory Parquet files into rollout rows, derived calls and token
-rows (CONTRACT.md 13; the file, its checks and its rows: formats/art.py).
+rows (CONTRACT.md 13; the files: formats/art_files.py; a trajectory's checks and rows: formats/art.py).
 
 `read_art_file` reads one file where the rollout lines are read (load/rollout_lines.py),
 sharing the night's rollout ids: each trajectory row gives one rollout row, checked as it is
@@ -21,10 +21,14 @@ import hashlib
 import itertools
 import json
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
-from ..formats.art import ArtLine, ArtRollout, FileRefused, file_key, read_lines, read_trajectory, step_of
+from ..formats.art_files import ArtLine, FileRefused, file_key, read_lines, step_of
 from ..formats.night import NightFiles
 from .derived_calls import DerivedCall, without_output
+
+if TYPE_CHECKING:  # the rollout parse's children import this module: numpy only once a file is read
+    from ..formats.art import ArtRollout
 from .json_lines import reject, seen_before
 
 CAPTURE = "art"  # the rollouts' and their derived calls' capture kind
@@ -39,6 +43,7 @@ def read_art_file(
     import pyarrow.parquet as pq
 
     from .. import storage
+    from ..formats.art import read_trajectory
 
     loc = night.path("rollouts", rel)
     try:
@@ -181,6 +186,7 @@ def derive_again(night: NightFiles, rollout: dict) -> tuple[dict, list[str]]:
     import pyarrow.parquet as pq
 
     from .. import storage
+    from ..formats.art import read_trajectory
     from .derived_calls import token_rows
 
     rid, rel, row = rollout["rollout_id"], rollout["source_file"], rollout["source_line"]

@@ -25,7 +25,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 
 from .. import storage
-from ..formats.art import is_art_file
+from ..formats.art_files import is_art_file
 from ..formats.gym_envelope import CAPTURE as ENVELOPE
 from ..formats.night import NightFiles
 from ..formats.records import parse_rollout
