@@ -410,3 +410,15 @@ def test_a_night_mixing_art_files_with_nemo_gym_builds_each_as_alone(tmp_path):
     assert "0001/g1/t3" in art_audit  # outside --layout art: the file's path is its key (13.3)
     assert both_rows == {**gym_rows, **art_rows} and gym_rows
     assert both_audit == {**gym_audit, **art_audit}
+
+
+def test_arts_json_dialect_is_read_from_the_files_bytes():
+    """orjson first, Python's json for ART's bare NaN / Infinity; bytes that are not UTF-8 are
+    a ValueError (the row's reject), never another error."""
+    import math
+
+    assert decode(memoryview(b'{"a": [1, 2]}')) == {"a": [1, 2]}
+    value = decode(memoryview(b'{"lp": NaN, "x": -Infinity}'))
+    assert math.isnan(value["lp"]) and value["x"] == float("-inf")
+    with pytest.raises(ValueError):
+        decode(memoryview(b'{"a": "\xff"}'))

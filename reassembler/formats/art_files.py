@@ -20,7 +20,7 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def decode(text: str):
+def decode(text: str | bytes | memoryview):
     """ART's JSON: Python's json with its defaults (NaN, Infinity, -Infinity read as floats).
     orjson reads it first (several times faster); a text it refuses (those literals, or JSON
     it judges otherwise) is read by json, whose verdict stands."""
@@ -29,7 +29,7 @@ def decode(text: str):
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
-        return json.loads(text)
+        return json.loads(bytes(text).decode("utf-8") if not isinstance(text, str) else text)
 
 
 TRAIN_SPLIT = "trajectories/train"  # what --layout art reads: the split ART trains (13.2.2)
@@ -84,7 +84,7 @@ class ArtLine:
     trajectory: Any
     reward: Any
     metadata: Any
-    raw: str
+    raw: bytes | memoryview  # trajectory_json's UTF-8 bytes, as stored (a view of the file's batch)
 
 
 class FileRefused(Exception):
@@ -123,12 +123,13 @@ def read_lines(file) -> Iterator[ArtLine]:
     ]
     row = 0
     for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
-        columns = batch.to_pydict()
+        texts = _utf8_views(batch.column(batch.schema.get_field_index("trajectory_json")))
+        columns = batch.drop_columns(["trajectory_json"]).to_pydict()
         for k in range(batch.num_rows):
             row += 1
-            text = columns["trajectory_json"][k]
+            text = texts[k]
             try:
-                value = decode(text) if isinstance(text, str) else None
+                value = decode(text) if text is not None else None
             except ValueError as e:
                 value = e
             yield ArtLine(
@@ -138,5 +139,19 @@ def read_lines(file) -> Iterator[ArtLine]:
                 value,
                 columns["reward"][k],
                 columns["metadata"][k] if "metadata" in columns else None,
-                text if isinstance(text, str) else "",
+                text if text is not None else b"",
             )
+
+
+def _utf8_views(array) -> list[memoryview | None]:
+    """Each value of a (large) string column as a view of its UTF-8 bytes in the batch's own
+    buffer: orjson reads them as they are, no copy into Python strings (a trajectory is megabytes)."""
+    import numpy as np
+
+    _, offsets, data = array.buffers()
+    if data is None:
+        return [None] * len(array)
+    width = np.int64 if str(array.type) == "large_string" else np.int32
+    ends = np.frombuffer(offsets, width, len(array) + 1, array.offset * np.dtype(width).itemsize)
+    view, valid = memoryview(data), array.is_valid().to_pylist()
+    return [view[int(ends[k]) : int(ends[k + 1])] if valid[k] else None for k in range(len(array))]

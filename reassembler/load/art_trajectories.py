@@ -65,11 +65,11 @@ def read_art_file(
         if line.trajectory_index is None:
             continue  # an empty group's sentinel row (13.2.4)
         number += 1
-        raw = line.raw.encode()
+        raw = line.raw  # a view of the batch's bytes: copied only into a reject row
         rid = f"{key}/g{line.group_index}/t{line.trajectory_index}"
         if not isinstance(line.trajectory, dict):
             why = line.trajectory if isinstance(line.trajectory, ValueError) else "not a JSON object"
-            reject(rejects, "rollouts", rel, line.row, f"trajectory_json is {why}", raw, rid)
+            reject(rejects, "rollouts", rel, line.row, f"trajectory_json is {why}", bytes(raw), rid)
             continue
         pair = (line.group_index, line.trajectory_index)
         if pair in pairs:
@@ -79,13 +79,13 @@ def read_art_file(
                 rel,
                 line.row,
                 f"group {pair[0]} trajectory {pair[1]} repeats an earlier row",
-                raw,
+                bytes(raw),
                 rid,
             )
             continue
         pairs.add(pair)
         if rid in seen:
-            reject(rejects, "rollouts", rel, line.row, str(seen_before(rid)), raw, rid)
+            reject(rejects, "rollouts", rel, line.row, str(seen_before(rid)), bytes(raw), rid)
             continue
         seen.add(rid)
         duplicate_of = texts.setdefault((line.group_index, hashlib.sha256(raw).digest()), rid)
